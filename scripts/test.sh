@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Quick start 2: install, then lint (ruff), type-check (mypy --strict) and run the test suite.
+# Extra arguments go to pytest (e.g. `-m "not slow"` to skip the default-model tests).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check specdec tests
+.venv/bin/mypy --strict specdec
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,47 @@
+"""specdec: lossless speculative decoding for Hugging Face causal LMs.
+
+>>> import specdec
+>>> result = specdec.run("default", "Repeat: the cat sat on the mat.", drafter="pld")  # doctest: +SKIP
+>>> result.text, result.stats.mat  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from specdec.api import Generator, generate, run
+from specdec.drafters import available_drafters, make_factory
+from specdec.engine import StopRules
+from specdec.errors import DatastoreError, InvalidDraftTreeError, SpecDecError, UnsupportedModelError
+from specdec.models import load_model
+from specdec.types import (
+    Drafter,
+    DraftTree,
+    Feedback,
+    GenerationResult,
+    GenerationStats,
+    StepRecord,
+    Verification,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DatastoreError",
+    "DraftTree",
+    "Drafter",
+    "Feedback",
+    "GenerationResult",
+    "GenerationStats",
+    "Generator",
+    "InvalidDraftTreeError",
+    "SpecDecError",
+    "StepRecord",
+    "StopRules",
+    "UnsupportedModelError",
+    "Verification",
+    "__version__",
+    "available_drafters",
+    "generate",
+    "load_model",
+    "make_factory",
+    "run",
+]

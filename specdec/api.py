@@ -1,0 +1,201 @@
+"""The public face: :func:`run`, :func:`generate` and :class:`Generator`.
+
+``run`` is the one-call entry point (model, prompt, drafter); ``Generator`` keeps a model,
+its tokenizer, a verifier and a drafter kind for many prompts; ``generate`` is the
+token-in/token-out call with no tokenizer involved.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from specdec.backends import make_verifier
+from specdec.drafters import resolve_drafter
+from specdec.engine import StopRules, decode
+from specdec.errors import SpecDecError
+from specdec.models import encode_prompt, eos_token_ids, load_model
+from specdec.types import Drafter, DrafterFactory, GenerationResult
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Any
+ModelSpec = str | os.PathLike[str] | Any
+
+_LOADED: dict[str, tuple[Any, Any]] = {}
+
+
+def _resolve_model(model: ModelSpec, tokenizer: Any) -> tuple[Any, Any]:
+    """A model object (loading a path or "default" once per process) and its tokenizer."""
+    if isinstance(model, (str, os.PathLike)):
+        key = str(model)
+        if key not in _LOADED:
+            _LOADED[key] = load_model(None if key == "default" else key)
+        loaded_model, loaded_tokenizer = _LOADED[key]
+        return loaded_model, tokenizer if tokenizer is not None else loaded_tokenizer
+    if model is None:
+        raise SpecDecError("model is None: pass a Hugging Face causal LM, a checkpoint path or 'default'")
+    return model, tokenizer
+
+
+def _prompt_ids(prompt: Any, tokenizer: Any, chat_template: bool | None) -> list[int]:
+    """Token ids from text, chat messages, a list of ids or a ``[1, L]``/``[L]`` tensor."""
+    if hasattr(prompt, "tolist") and hasattr(prompt, "shape"):  # torch or NumPy array
+        if len(prompt.shape) == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if len(prompt.shape) != 1:
+            raise SpecDecError(f"a tensor prompt must be [L] or [1, L] (one sequence), got shape {tuple(prompt.shape)}")
+        prompt = prompt.tolist()
+    if isinstance(prompt, str):
+        if not prompt:
+            raise SpecDecError("the prompt is empty")
+        if tokenizer is None:
+            raise SpecDecError("a text prompt needs a tokenizer: pass tokenizer=... or token ids")
+        ids = encode_prompt(tokenizer, prompt, chat_template)
+    elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        if tokenizer is None:
+            raise SpecDecError("chat messages need a tokenizer")
+        ids = encode_prompt(tokenizer, list(prompt), chat_template)
+    elif isinstance(prompt, Sequence):
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+            raise SpecDecError("a prompt list must hold token ids (ints) or chat messages (dicts)")
+        ids = [int(t) for t in prompt]
+    else:
+        raise SpecDecError(f"unsupported prompt type {type(prompt).__name__}: give text, token ids or chat messages")
+    if not ids:
+        raise SpecDecError("the prompt is empty: give at least one token")
+    return ids
+
+
+class Generator:
+    """A target model with its tokenizer, verifier and drafter kind, for many prompts.
+
+    ``drafter`` is a registered name (a fresh drafter per prompt), a factory, or a
+    :class:`~specdec.types.Drafter` object, which is reused across prompts with whatever
+    state it learns (Token Recycling's matrix).
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec = "default",
+        tokenizer: Any = None,
+        *,
+        drafter: str | Drafter | DrafterFactory = "pld",
+        drafter_options: Mapping[str, Any] | None = None,
+        backend: str = "auto",
+    ) -> None:
+        self.model, self.tokenizer = _resolve_model(model, tokenizer)
+        self.verifier = make_verifier(self.model, backend)
+        self._drafter_spec = drafter
+        self._drafter_options = dict(drafter_options or {})
+        resolve_drafter(drafter, self._drafter_options)  # fail at construction on a bad name or option
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 256,
+        chat_template: bool | None = None,
+        stop: str | Sequence[str] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        max_nodes: int | None = None,
+        prompt_feedback: bool = False,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> GenerationResult:
+        """Generate a continuation of ``prompt``; see :func:`run` for the arguments."""
+        ids = _prompt_ids(prompt, self.tokenizer, chat_template)
+        if ignore_eos:
+            eos: tuple[int, ...] = ()
+        elif eos_token_id is not None:
+            eos = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+        else:
+            eos = eos_token_ids(self.model, self.tokenizer)
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        tokenizer = self.tokenizer
+        decode_text = None if tokenizer is None else (lambda t: str(tokenizer.decode(t, skip_special_tokens=True)))
+        rules = StopRules(max_new_tokens, frozenset(eos), stops, decode_text)
+        drafter = resolve_drafter(self._drafter_spec, self._drafter_options)
+        result = decode(
+            self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback,
+            on_tokens=on_tokens,
+        )
+        if decode_text is not None:
+            result.text = decode_text(result.tokens)
+        return result
+
+
+def run(
+    model: ModelSpec,
+    prompt: Prompt,
+    drafter: str | Drafter | DrafterFactory = "pld",
+    *,
+    tokenizer: Any = None,
+    max_new_tokens: int = 256,
+    chat_template: bool | None = None,
+    stop: str | Sequence[str] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    ignore_eos: bool = False,
+    max_nodes: int | None = None,
+    backend: str = "auto",
+    drafter_options: Mapping[str, Any] | None = None,
+    prompt_feedback: bool = False,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Generate from ``prompt`` with speculative decoding; the output equals plain greedy decoding.
+
+    Args:
+        model: a Hugging Face causal LM object, a local checkpoint path, or ``"default"``
+            (SmolLM2-135M-Instruct, see :func:`specdec.load_model`).
+        prompt: text (the chat template is applied when the tokenizer has one, unless
+            ``chat_template=False``), chat messages, or token ids.
+        drafter: a registered name (``specdec.available_drafters()``), a factory or a drafter object.
+        tokenizer: needed for text prompts, stop strings and ``result.text`` when ``model`` is an object.
+        max_new_tokens: the most tokens to generate (at least 1).
+        stop: stop string(s); generation ends at the first token whose text completes one.
+        eos_token_id: override the model's end-of-sequence id(s); ``ignore_eos`` disables them.
+        max_nodes: cap on draft-tree nodes per step (root included); None lets the drafter decide.
+        backend: ``"auto"`` or ``"torch"``.
+        drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
+        prompt_feedback: give learning drafters the model's predictions over the prompt too.
+        on_tokens: called with each batch of new token ids as they are decided (streaming).
+
+    Returns:
+        :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
+    """
+    generator = Generator(model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend)
+    return generator.generate(
+        prompt,
+        max_new_tokens=max_new_tokens,
+        chat_template=chat_template,
+        stop=stop,
+        eos_token_id=eos_token_id,
+        ignore_eos=ignore_eos,
+        max_nodes=max_nodes,
+        prompt_feedback=prompt_feedback,
+        on_tokens=on_tokens,
+    )
+
+
+def generate(
+    model: Any,
+    input_ids: Sequence[int] | Any,
+    drafter: str | Drafter | DrafterFactory = "pld",
+    *,
+    max_new_tokens: int = 256,
+    eos_token_id: int | Sequence[int] | None = None,
+    max_nodes: int | None = None,
+    backend: str = "auto",
+    drafter_options: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Token ids in, new token ids out: :func:`run` without a tokenizer."""
+    result = run(
+        model,
+        input_ids,
+        drafter,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        max_nodes=max_nodes,
+        backend=backend,
+        drafter_options=drafter_options,
+    )
+    return result.tokens

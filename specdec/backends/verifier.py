@@ -1,0 +1,226 @@
+"""Verification of draft trees with a Hugging Face causal LM.
+
+:class:`ModelVerifier` owns the model side of the loop and nothing else: prefill, one
+forward over a draft tree under a tree-attention mask, acceptance, KV compaction. The
+three tree operations (inputs, acceptance, compaction) come from a :class:`TreeOps`
+table, so the compiled backend (``cuda_ext``) swaps them in while the model plumbing
+stays one piece of code. :class:`TorchTreeOps` is the readable reference those ops are
+diffed against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from specdec.backends.tree import tree_attention_inputs
+from specdec.errors import SpecDecError, UnsupportedModelError
+from specdec.models import SUPPORTED_ATTENTION, context_length
+from specdec.sampling import Greedy
+from specdec.types import DraftTree, Feedback, TokenChooser, Verification
+
+
+@dataclass
+class KVState:
+    """Per-sequence verifier state: the KV cache and how many committed tokens it holds."""
+
+    cache: Any  # transformers DynamicCache
+    committed_len: int
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What :meth:`TreeOps.accept` returns, all on the host.
+
+    ``path``: accepted node indices, root first; ``bonus``: the model's token after the
+    path's last node; ``topk``: int64 ``[N, k]`` top ids per node (None when k == 0).
+    """
+
+    path: tuple[int, ...]
+    bonus: int
+    topk: np.ndarray[Any, np.dtype[np.int64]] | None
+
+
+class TreeOps(Protocol):
+    """The three tree operations a verification step needs."""
+
+    name: str
+
+    def tree_inputs(
+        self, tree: DraftTree, committed_len: int, device: torch.device, additive_dtype: torch.dtype | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(mask [1, 1, N, C+N] or None, position_ids int64 [1, N])``."""
+        ...
+
+    def accept(
+        self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor, chooser: TokenChooser, topk: int
+    ) -> Acceptance:
+        """Choose the model's token at every node (``logits`` float ``[N, V]``) and walk the tree."""
+        ...
+
+    def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
+        """Keep only the path's KV: slot ``committed_len + path[i]`` moves to ``committed_len + i``."""
+        ...
+
+
+class TorchTreeOps:
+    """Reference tree operations in plain PyTorch/NumPy; the oracle for compiled ops."""
+
+    name = "torch"
+
+    def tree_inputs(
+        self, tree: DraftTree, committed_len: int, device: torch.device, additive_dtype: torch.dtype | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        return tree_attention_inputs(tree, committed_len, device=device, additive_dtype=additive_dtype)
+
+    def accept(
+        self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor, chooser: TokenChooser, topk: int
+    ) -> Acceptance:
+        # positions[i] is node i's position; the token chosen there sits one further.
+        choices: list[int] = chooser.choose(logits, positions + 1).tolist()  # host sync: the walk needs them
+        children = tree.children()
+        node, path = 0, [0]
+        while (child := children[node].get(choices[node])) is not None:
+            path.append(child)
+            node = child
+        top = None
+        if topk > 0:
+            top = logits.topk(topk, dim=-1).indices.to("cpu", torch.int64).numpy()
+        return Acceptance(tuple(path), choices[node], top)
+
+    def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
+        keep = committed_len + len(path)
+        first_moved = next((i for i, node in enumerate(path) if node != i), None)
+        for layer in cache.layers:
+            if first_moved is not None:
+                # Accepted nodes that are not already in place: gather their slots, write them down.
+                device = layer.keys.device
+                src = torch.tensor([committed_len + node for node in path[first_moved:]], device=device)
+                dst = slice(committed_len + first_moved, keep)
+                layer.keys[:, :, dst] = layer.keys.index_select(2, src)
+                layer.values[:, :, dst] = layer.values.index_select(2, src)
+            layer.keys = layer.keys[:, :, :keep]
+            layer.values = layer.values[:, :, :keep]
+
+
+def check_model(model: Any) -> None:
+    """Refuse models whose verification would be silently wrong; the message says what to use."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "forward"):
+        raise UnsupportedModelError(f"expected a Hugging Face causal LM, got {type(model).__name__}")
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    if implementation not in SUPPORTED_ATTENTION:
+        raise UnsupportedModelError(
+            f"attention implementation {implementation!r} ignores the 4D tree-attention mask that verification "
+            "needs; load the model with attn_implementation='sdpa' (or 'eager'), or call "
+            "model.set_attn_implementation('sdpa')"
+        )
+    if getattr(model, "training", False):
+        raise UnsupportedModelError(
+            "the model is in training mode (dropout would change its outputs): call model.eval()"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            "encoder-decoder models are not supported: specdec verifies decoder-only causal LMs"
+        )
+
+
+class ModelVerifier:
+    """Runs the target model: prefill and tree verification for one sequence at a time.
+
+    ``ops`` supplies mask/positions, acceptance and compaction (reference or compiled);
+    ``chooser`` decides the model's token at each node (greedy or sampling).
+    """
+
+    def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
+        check_model(model)
+        self.model = model
+        self.ops: TreeOps = ops or TorchTreeOps()
+        self.chooser: TokenChooser = chooser or Greedy()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.context_length = context_length(model)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+        # Eager attention adds the mask to its scores, so it needs the additive form; sdpa takes bool.
+        self.additive_dtype = self.dtype if implementation == "eager" else None
+
+    @property
+    def name(self) -> str:
+        return self.ops.name
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        for layer in getattr(cache, "layers", []):
+            if type(layer) is not DynamicLayer:
+                raise UnsupportedModelError(
+                    f"cache layer {type(layer).__name__} (sliding-window or linear attention) is not supported: "
+                    "tree verification needs full-attention layers whose KV can be gathered and cropped"
+                )
+        return cache
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise SpecDecError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
+
+    def prefill(
+        self, prompt: Sequence[int], prompt_topk: int = 0
+    ) -> tuple[KVState, int, Feedback | None]:
+        """Run the prompt; return the state, the first pending token and optional per-position feedback.
+
+        Only the last position's logits are computed unless ``prompt_topk`` asks for the
+        model's top ids after every prompt token (Token Recycling's warm start).
+        """
+        if len(prompt) == 0:
+            raise SpecDecError("the prompt is empty: give at least one token")
+        self._check_tokens(prompt)
+        if self.context_length is not None and len(prompt) > self.context_length:
+            raise SpecDecError(
+                f"the prompt has {len(prompt)} tokens, past the model's context length of {self.context_length}"
+            )
+        cache = self._new_cache()
+        input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if prompt_topk else 1
+            )
+        logits = out.logits[0].float() if out.logits.dtype != torch.float32 else out.logits[0]  # [L or 1, V]
+        position = torch.tensor([len(prompt)], device=self.device)
+        pending = int(self.chooser.choose(logits[-1:], position)[0])
+        feedback = None
+        if prompt_topk:
+            top = logits.topk(prompt_topk, dim=-1).indices.to("cpu", torch.int64).numpy()
+            feedback = Feedback(np.asarray(prompt, dtype=np.int64), top)
+        return KVState(cache, len(prompt)), pending, feedback
+
+    def verify(self, state: KVState, tree: DraftTree, topk: int = 0) -> Verification:
+        """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path."""
+        self._check_tokens(tree.tokens)
+        committed = state.committed_len
+        mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
+        input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=state.cache,
+                use_cache=True,
+            )
+            logits = out.logits[0]  # [N, V]
+            acceptance = self.ops.accept(tree, logits, position_ids[0], self.chooser, topk)
+            self.ops.compact(state.cache, committed, acceptance.path)
+        state.committed_len = committed + len(acceptance.path)
+        feedback = None
+        if acceptance.topk is not None:
+            feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), acceptance.topk)
+        accepted_tokens = tuple(tree.tokens[i] for i in acceptance.path)
+        return Verification(acceptance.path, accepted_tokens, acceptance.bonus, feedback)

