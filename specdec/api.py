@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specdec.backends import make_verifier
-from specdec.drafters import resolve_drafter
+from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids, load_model
@@ -85,9 +85,25 @@ class Generator:
     ) -> None:
         self.model, self.tokenizer = _resolve_model(model, tokenizer)
         self.verifier = make_verifier(self.model, backend)
+        self.context = DrafterContext(
+            vocab_size=self.verifier.vocab_size,
+            tokenizer=self.tokenizer,
+            eos_token_ids=eos_token_ids(self.model, self.tokenizer),
+        )
         self._drafter_spec = drafter
-        self._drafter_options = dict(drafter_options or {})
-        resolve_drafter(drafter, self._drafter_options)  # fail at construction on a bad name or option
+        # A named drafter's factory is made once (it may load a datastore) and checked here,
+        # so a bad name or option fails at construction, before any generation.
+        self._factory: DrafterFactory | None = None
+        if isinstance(drafter, str):
+            self._factory = make_factory(drafter, drafter_options, self.context)
+        elif drafter_options:
+            raise SpecDecError("drafter options apply only when the drafter is given by name")
+
+    def new_drafter(self) -> Drafter:
+        """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
+        if self._factory is not None:
+            return self._factory.create()
+        return resolve_drafter(self._drafter_spec)
 
     def generate(
         self,
@@ -114,7 +130,7 @@ class Generator:
         tokenizer = self.tokenizer
         decode_text = None if tokenizer is None else (lambda t: str(tokenizer.decode(t, skip_special_tokens=True)))
         rules = StopRules(max_new_tokens, frozenset(eos), stops, decode_text)
-        drafter = resolve_drafter(self._drafter_spec, self._drafter_options)
+        drafter = self.new_drafter()
         result = decode(
             self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback,
             on_tokens=on_tokens,

@@ -148,10 +148,7 @@ def load_model(
             f"attention mask, which only {', '.join(SUPPORTED_ATTENTION)} honour"
         )
     if path is None or str(path) == "default":
-        target = _converted_dir(default_gguf_path())
-        if not (target / "specdec.json").is_file():
-            _convert_gguf(default_gguf_path(), target)
-        path = target
+        path = _default_checkpoint()
         dtype = dtype or torch.float32
     local = Path(path)
     if not local.exists():
@@ -162,6 +159,24 @@ def load_model(
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
     return model, tokenizer
+
+
+def _default_checkpoint() -> Path:
+    """The converted default model's directory, converting it on first use."""
+    target = _converted_dir(default_gguf_path())
+    if not (target / "specdec.json").is_file():
+        _convert_gguf(default_gguf_path(), target)
+    return target
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
+    """The tokenizer of a local checkpoint, or of the default model (``None`` or ``"default"``)."""
+    from transformers import AutoTokenizer
+
+    local = _default_checkpoint() if path is None or str(path) == "default" else Path(path)
+    if not local.exists():
+        raise SpecDecError(f"no tokenizer at {str(path)!r}: pass a local checkpoint directory or 'default'")
+    return AutoTokenizer.from_pretrained(local, local_files_only=True)
 
 
 def context_length(model: PreTrainedModel) -> int | None:

@@ -230,6 +230,19 @@ class Drafter(Protocol):
         ...
 
 
+@runtime_checkable
+class RetrievalDrafter(Drafter, Protocol):
+    """A drafter whose draft continues a match of the context's ending (PLD, suffix automata, REST).
+
+    Composites (SAM-Decoding's Algorithm 2) choose between a retrieval draft and an
+    auxiliary drafter's tree by how long that match is.
+    """
+
+    def match_length(self) -> int:
+        """Tokens of the context's ending (pending token included) behind the last proposal; 0: no match."""
+        ...
+
+
 class DrafterFactory(Protocol):
     """Makes per-sequence drafters that share read-only indexes (datastores)."""
 

@@ -9,26 +9,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specdec.drafters.base import Factory, parse_options
+from specdec.drafters.base import DrafterContext, Factory, parse_options
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
 from specdec.errors import SpecDecError
 from specdec.types import Drafter, DrafterFactory
 
 
-def _none_factory(options: Mapping[str, Any]) -> DrafterFactory:
+def _none_factory(options: Mapping[str, Any], context: DrafterContext) -> DrafterFactory:
     if options:
         raise SpecDecError(f"drafter 'none' takes no options, got {sorted(options)}")
     return Factory("none", NoDrafter)
 
 
-def _pld_factory(options: Mapping[str, Any]) -> DrafterFactory:
+def _pld_factory(options: Mapping[str, Any], context: DrafterContext) -> DrafterFactory:
     config = parse_options(PLDConfig, "pld", options)
     return Factory("pld", lambda: PromptLookupDrafter(config))
 
 
-# name -> builder of a factory from the user's options
-REGISTRY: dict[str, Callable[[Mapping[str, Any]], DrafterFactory]] = {
+# name -> builder of a factory from the user's options and what is known of the target
+REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]] = {
     "none": _none_factory,
     "pld": _pld_factory,
 }
@@ -39,20 +39,26 @@ def available_drafters() -> list[str]:
     return sorted(REGISTRY)
 
 
-def make_factory(name: str, options: Mapping[str, Any] | None = None) -> DrafterFactory:
+def make_factory(
+    name: str, options: Mapping[str, Any] | None = None, context: DrafterContext | None = None
+) -> DrafterFactory:
     """The factory for drafter ``name`` with ``options``; a clear error lists the valid names."""
     if not isinstance(name, str):
         raise SpecDecError(f"drafter must be a name or a Drafter object, got {type(name).__name__}")
     builder = REGISTRY.get(name.strip().lower())
     if builder is None:
         raise SpecDecError(f"unknown drafter {name!r}; valid names: {', '.join(available_drafters())}")
-    return builder(dict(options or {}))
+    return builder(dict(options or {}), context or DrafterContext())
 
 
-def resolve_drafter(spec: str | Drafter | DrafterFactory, options: Mapping[str, Any] | None = None) -> Drafter:
+def resolve_drafter(
+    spec: str | Drafter | DrafterFactory,
+    options: Mapping[str, Any] | None = None,
+    context: DrafterContext | None = None,
+) -> Drafter:
     """A drafter instance from a name, a factory, or an instance (used as is, keeping its state)."""
     if isinstance(spec, str):
-        return make_factory(spec, options).create()
+        return make_factory(spec, options, context).create()
     if options:
         raise SpecDecError("drafter options apply only when the drafter is given by name")
     if isinstance(spec, Drafter):
@@ -65,4 +71,12 @@ def resolve_drafter(spec: str | Drafter | DrafterFactory, options: Mapping[str, 
     raise SpecDecError(f"drafter must be a name, a Drafter or a factory, got {type(spec).__name__}")
 
 
-__all__ = ["REGISTRY", "NoDrafter", "PromptLookupDrafter", "available_drafters", "make_factory", "resolve_drafter"]
+__all__ = [
+    "REGISTRY",
+    "DrafterContext",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "available_drafters",
+    "make_factory",
+    "resolve_drafter",
+]

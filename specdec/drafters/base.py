@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from specdec.datastores.format import TokenizerIdentity
 from specdec.errors import SpecDecError
 from specdec.types import Drafter
 
 ConfigT = TypeVar("ConfigT")
+
+
+@dataclass
+class DrafterContext:
+    """What a drafter factory may know of the target: its vocabulary, tokenizer and EOS ids.
+
+    Datastore-backed drafters check their file against :meth:`tokenizer_identity` (a hash
+    of the vocabulary, computed on first use, ~50 ms) or, with no tokenizer, ``vocab_size``.
+    """
+
+    vocab_size: int | None = None
+    tokenizer: Any = None
+    eos_token_ids: tuple[int, ...] = ()
+    _identity: Any = field(default=None, repr=False)
+
+    def tokenizer_identity(self) -> TokenizerIdentity | None:
+        if self._identity is None and self.tokenizer is not None:
+            self._identity = TokenizerIdentity.of(self.tokenizer)
+        return self._identity  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class PromptLookupDrafter:
         self.config = config or PLDConfig()
         self._tokens: list[int] = []
         self._first_end: dict[tuple[int, ...], int] = {}
+        self._match_length = 0
 
     def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
         self._tokens = []
@@ -62,17 +63,24 @@ class PromptLookupDrafter:
         """The draft after ``pending`` (up to ``num_draft`` tokens), possibly empty."""
         tokens, config = self._tokens, self.config
         context_len = len(tokens) + 1
+        self._match_length = 0
         for n in range(min(config.max_ngram, context_len - 1), config.min_ngram - 1, -1):
             end = self._first_end.get((*tokens[len(tokens) - n + 1 :], pending))
             if end is None:
                 continue
+            self._match_length = n
             draft = tokens[end + 1 : end + 1 + num_draft]
             if len(draft) < num_draft:  # the continuation runs into the pending token itself
                 draft.append(pending)
             return draft
         return []
 
+    def match_length(self) -> int:
+        """The n-gram length behind the last proposal (0: none, or the budget allowed no draft)."""
+        return self._match_length
+
     def propose(self, pending: int, max_nodes: int) -> DraftTree:
+        self._match_length = 0
         draft = self.find(pending, min(self.config.num_draft, max_nodes - 1)) if max_nodes > 1 else []
         return DraftTree.chain(pending, draft, source=self.name)
 

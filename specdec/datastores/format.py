@@ -1,0 +1,254 @@
+"""The datastore file format shared by every persistent index (static automaton, REST).
+
+One file, memory-mapped on load::
+
+    offset 0   magic      8 bytes   b"SPECDEC\\x00"
+    offset 8   container  u32 LE    CONTAINER_VERSION (this layout)
+    offset 12  meta_len   u32 LE    length of the JSON metadata that follows
+    offset 16  meta_crc   u32 LE    CRC-32 of the JSON metadata
+    offset 20  reserved   u32
+    offset 24  metadata   JSON      kind, kind_version, tokenizer identity, vocab size, sections, ...
+    ...        sections   raw little-endian arrays, each starting on a 64-byte boundary
+
+The metadata lists every section (name, dtype, shape, offset, byte length, CRC-32). A
+reader checks, in order, and fails with :class:`DatastoreError` naming what is wrong:
+the magic (not a datastore), the container version (newer than this code), the metadata
+checksum, the kind and its version, the tokenizer identity and vocabulary size, that the
+file is long enough for every section (truncation), and (unless ``verify=False``) every
+section's CRC-32 (corruption). A datastore never yields a draft it was not built for.
+
+Sections are mapped read-only with :func:`numpy.memmap`, so loading costs the checks and
+page faults on first touch, not a copy; many sequences (and processes) share the pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec.errors import DatastoreError
+
+MAGIC = b"SPECDEC\x00"
+CONTAINER_VERSION = 1
+_PREFIX = struct.Struct("<8sIIII")  # magic, container, meta_len, meta_crc, reserved
+_ALIGN = 64
+_CRC_BLOCK = 1 << 24  # bytes per crc32 call: bounded memory for huge sections
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """Who can use a datastore: a hash of the tokenizer's vocabulary and its size.
+
+    ``fingerprint`` hashes the sorted (token string, id) pairs, so two tokenizers agree
+    only when every id means the same string. ``name`` is informative (error messages).
+    """
+
+    fingerprint: str
+    vocab_size: int
+    name: str = ""
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TokenizerIdentity:
+        vocab = tokenizer.get_vocab()
+        digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
+        size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
+        return cls(digest.hexdigest()[:24], int(size), str(getattr(tokenizer, "name_or_path", "")))
+
+
+@dataclass(frozen=True)
+class Section:
+    """Where one array lives in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    crc32: int
+
+
+@dataclass
+class Datastore:
+    """A loaded datastore: its metadata and its sections as read-only memory maps."""
+
+    path: Path
+    kind: str
+    kind_version: int
+    tokenizer: TokenizerIdentity
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
+        return self.arrays[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays.values())
+
+
+def _crc(array: npt.NDArray[Any]) -> int:
+    view = np.ascontiguousarray(array).data.cast("B")
+    crc = 0
+    for start in range(0, len(view), _CRC_BLOCK):
+        crc = zlib.crc32(view[start : start + _CRC_BLOCK], crc)
+    return crc
+
+
+def write_datastore(
+    path: str | os.PathLike[str],
+    *,
+    kind: str,
+    kind_version: int,
+    tokenizer: TokenizerIdentity,
+    arrays: Mapping[str, npt.NDArray[Any]],
+    meta: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``arrays`` and metadata to ``path`` atomically (a temp file renamed into place)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prepared = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+    for name, array in prepared.items():
+        if array.dtype.byteorder == ">":
+            raise DatastoreError(f"section {name!r} is big-endian; datastores are little-endian")
+
+    def layout(data_start: int) -> list[Section]:
+        sections, offset = [], data_start
+        for name, array in prepared.items():
+            offset = -(-offset // _ALIGN) * _ALIGN
+            sections.append(Section(name, array.dtype.str, tuple(int(s) for s in array.shape), offset,
+                                    int(array.nbytes), _crc(array)))
+            offset += int(array.nbytes)
+        return sections
+
+    def metadata(sections: list[Section]) -> bytes:
+        document = {
+            "kind": kind,
+            "kind_version": int(kind_version),
+            "tokenizer": {"fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
+                          "name": tokenizer.name},
+            "meta": dict(meta or {}),
+            "sections": [s.__dict__ | {"shape": list(s.shape)} for s in sections],
+        }
+        return json.dumps(document, sort_keys=True).encode()
+
+    # The metadata's length fixes where the data starts; offsets are padded numbers, so
+    # iterate until the layout is stable (twice at most in practice).
+    data_start = 0
+    for _ in range(8):
+        sections = layout(data_start)
+        blob = metadata(sections)
+        needed = -(-(_PREFIX.size + len(blob)) // _ALIGN) * _ALIGN
+        if needed == data_start:
+            break
+        data_start = needed
+    else:  # pragma: no cover - the layout converges in two rounds
+        raise DatastoreError("could not lay out the datastore header")
+
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(_PREFIX.pack(MAGIC, CONTAINER_VERSION, len(blob), zlib.crc32(blob), 0))
+            out.write(blob)
+            for section, array in zip(sections, prepared.values(), strict=True):
+                out.write(b"\x00" * (section.offset - out.tell()))
+                out.write(array.data.cast("B"))
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The metadata of a datastore file, after the magic, version and metadata checks."""
+    source = Path(path)
+    if not source.is_file():
+        raise DatastoreError(f"no datastore file at {str(source)!r}")
+    with open(source, "rb") as handle:
+        prefix = handle.read(_PREFIX.size)
+        if len(prefix) < _PREFIX.size:
+            raise DatastoreError(f"{source} is not a specdec datastore (only {len(prefix)} bytes)")
+        magic, container, meta_len, meta_crc, _ = _PREFIX.unpack(prefix)
+        if magic != MAGIC:
+            raise DatastoreError(f"{source} is not a specdec datastore (bad magic {magic!r})")
+        if container > CONTAINER_VERSION:
+            raise DatastoreError(
+                f"{source} uses datastore container version {container}, newer than this specdec supports "
+                f"({CONTAINER_VERSION}): upgrade specdec or rebuild the datastore"
+            )
+        blob = handle.read(meta_len)
+    if len(blob) < meta_len:
+        raise DatastoreError(f"{source} is truncated: its header is cut short")
+    if zlib.crc32(blob) != meta_crc:
+        raise DatastoreError(f"{source} is corrupt: its header checksum does not match")
+    header: dict[str, Any] = json.loads(blob)
+    return header
+
+
+def read_datastore(
+    path: str | os.PathLike[str],
+    *,
+    kind: str,
+    supported_versions: tuple[int, ...],
+    tokenizer: TokenizerIdentity | None = None,
+    vocab_size: int | None = None,
+    verify: bool = True,
+) -> Datastore:
+    """Open and check a datastore of ``kind``; sections come back as read-only memory maps.
+
+    ``tokenizer`` (when known) must match the one the datastore was built with;
+    otherwise ``vocab_size`` (the model's) must at least cover the datastore's ids.
+    ``verify=False`` skips the per-section CRC-32 (a full read of the file).
+    """
+    source = Path(path)
+    header = read_header(source)
+    if header.get("kind") != kind:
+        raise DatastoreError(f"{source} is a {header.get('kind')!r} datastore, not {kind!r}")
+    version = int(header.get("kind_version", -1))
+    if version not in supported_versions:
+        newer = version > max(supported_versions)
+        raise DatastoreError(
+            f"{source} is a {kind!r} datastore of version {version}; this specdec reads versions "
+            f"{', '.join(map(str, supported_versions))}" + (": upgrade specdec" if newer else ": rebuild it")
+        )
+    stored = header["tokenizer"]
+    identity = TokenizerIdentity(stored["fingerprint"], int(stored["vocab_size"]), stored.get("name", ""))
+    if tokenizer is not None and tokenizer.fingerprint != identity.fingerprint:
+        raise DatastoreError(
+            f"{source} was built with another tokenizer ({identity.name or 'unnamed'}, vocabulary hash "
+            f"{identity.fingerprint}) than this model's ({tokenizer.name or 'unnamed'}, {tokenizer.fingerprint}): "
+            "rebuild it with this model's tokenizer"
+        )
+    if vocab_size is not None and identity.vocab_size > vocab_size:
+        raise DatastoreError(
+            f"{source} holds token ids up to {identity.vocab_size - 1}, past this model's vocabulary of {vocab_size}"
+        )
+    file_size = source.stat().st_size
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for raw in header["sections"]:
+        section = Section(raw["name"], raw["dtype"], tuple(raw["shape"]), raw["offset"], raw["nbytes"], raw["crc32"])
+        if section.offset + section.nbytes > file_size:
+            raise DatastoreError(
+                f"{source} is truncated: section {section.name!r} needs bytes up to {section.offset + section.nbytes}, "
+                f"the file has {file_size}"
+            )
+        if section.nbytes == 0:
+            array: np.ndarray[Any, Any] = np.zeros(section.shape, dtype=np.dtype(section.dtype))
+        else:
+            array = np.memmap(source, dtype=np.dtype(section.dtype), mode="r", offset=section.offset,
+                              shape=section.shape)
+        if verify and _crc(array) != section.crc32:
+            raise DatastoreError(f"{source} is corrupt: section {section.name!r} fails its checksum")
+        arrays[section.name] = array
+    return Datastore(source, kind, version, identity, dict(header.get("meta", {})), arrays)
