@@ -82,6 +82,7 @@ class Generator:
         drafter: str | Drafter | DrafterFactory = "pld",
         drafter_options: Mapping[str, Any] | None = None,
         backend: str = "auto",
+        datastore: str | os.PathLike[str] | None = None,
     ) -> None:
         self.model, self.tokenizer = _resolve_model(model, tokenizer)
         self.verifier = make_verifier(self.model, backend)
@@ -94,9 +95,12 @@ class Generator:
         # A named drafter's factory is made once (it may load a datastore) and checked here,
         # so a bad name or option fails at construction, before any generation.
         self._factory: DrafterFactory | None = None
+        options = dict(drafter_options or {})
+        if datastore is not None:  # shorthand for the datastore option of retrieval drafters
+            options["datastore"] = os.fspath(datastore)
         if isinstance(drafter, str):
-            self._factory = make_factory(drafter, drafter_options, self.context)
-        elif drafter_options:
+            self._factory = make_factory(drafter, options, self.context)
+        elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
 
     def new_drafter(self) -> Drafter:
@@ -154,6 +158,7 @@ def run(
     max_nodes: int | None = None,
     backend: str = "auto",
     drafter_options: Mapping[str, Any] | None = None,
+    datastore: str | os.PathLike[str] | None = None,
     prompt_feedback: bool = False,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
@@ -172,13 +177,16 @@ def run(
         max_nodes: cap on draft-tree nodes per step (root included); None lets the drafter decide.
         backend: ``"auto"`` or ``"torch"``.
         drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
+        datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
         prompt_feedback: give learning drafters the model's predictions over the prompt too.
         on_tokens: called with each batch of new token ids as they are decided (streaming).
 
     Returns:
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
     """
-    generator = Generator(model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend)
+    generator = Generator(
+        model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend, datastore=datastore
+    )
     return generator.generate(
         prompt,
         max_new_tokens=max_new_tokens,
