@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specdec.backends import make_verifier
+from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
@@ -72,6 +74,10 @@ class Generator:
     ``drafter`` is a registered name (a fresh drafter per prompt), a factory, or a
     :class:`~specdec.types.Drafter` object, which is reused across prompts with whatever
     state it learns (Token Recycling's matrix).
+
+    ``budget`` is the default draft budget of :meth:`generate` (see :func:`run`). What the
+    budget planner learns (acceptance per drafter source and feature, the measured
+    throughput) lives here and carries over from one prompt to the next.
     """
 
     def __init__(
@@ -83,9 +89,13 @@ class Generator:
         drafter_options: Mapping[str, Any] | None = None,
         backend: str = "auto",
         datastore: str | os.PathLike[str] | None = None,
+        budget: str | int = "auto",
     ) -> None:
         self.model, self.tokenizer = _resolve_model(model, tokenizer)
         self.verifier = make_verifier(self.model, backend)
+        self.budget = Budget.parse(budget)
+        self.acceptance = AcceptanceModel()
+        self.throughput = Throughput()
         self.context = DrafterContext(
             vocab_size=self.verifier.vocab_size,
             tokenizer=self.tokenizer,
@@ -119,6 +129,7 @@ class Generator:
         eos_token_id: int | Sequence[int] | None = None,
         ignore_eos: bool = False,
         max_nodes: int | None = None,
+        budget: str | int | None = None,
         prompt_feedback: bool = False,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerationResult:
@@ -134,9 +145,13 @@ class Generator:
         tokenizer = self.tokenizer
         decode_text = None if tokenizer is None else (lambda t: str(tokenizer.decode(t, skip_special_tokens=True)))
         rules = StopRules(max_new_tokens, frozenset(eos), stops, decode_text)
+        step_budget = self.budget if budget is None else Budget.parse(budget)
+        if step_budget.nodes is not None:  # a fixed budget is a node cap
+            max_nodes = step_budget.nodes if max_nodes is None else min(max_nodes, step_budget.nodes)
+        planner = BudgetPlanner(self.verifier, step_budget, self.acceptance, self.throughput)
         drafter = self.new_drafter()
         result = decode(
-            self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback,
+            self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback, planner=planner,
             on_tokens=on_tokens,
         )
         if decode_text is not None:
@@ -156,6 +171,7 @@ def run(
     eos_token_id: int | Sequence[int] | None = None,
     ignore_eos: bool = False,
     max_nodes: int | None = None,
+    budget: str | int = "auto",
     backend: str = "auto",
     drafter_options: Mapping[str, Any] | None = None,
     datastore: str | os.PathLike[str] | None = None,
@@ -175,6 +191,12 @@ def run(
         stop: stop string(s); generation ends at the first token whose text completes one.
         eos_token_id: override the model's end-of-sequence id(s); ``ignore_eos`` disables them.
         max_nodes: cap on draft-tree nodes per step (root included); None lets the drafter decide.
+        budget: how many of the drafter's nodes each step verifies. ``"auto"`` (default):
+            the number that maximizes expected tokens per second, from the verifier's
+            measured cost per tree size (calibrated once per model, device and dtype, then
+            cached) and the acceptance learned per drafter source; a step whose draft
+            cannot pay is a plain step. ``"full"``: the drafter's whole tree (the papers'
+            fixed budgets). An int ``N``: every tree cut to its first ``N`` nodes.
         backend: ``"auto"`` or ``"torch"``.
         drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
         datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
@@ -185,7 +207,8 @@ def run(
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
     """
     generator = Generator(
-        model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend, datastore=datastore
+        model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend, datastore=datastore,
+        budget=budget,
     )
     return generator.generate(
         prompt,
@@ -210,6 +233,7 @@ def generate(
     max_nodes: int | None = None,
     backend: str = "auto",
     drafter_options: Mapping[str, Any] | None = None,
+    budget: str | int = "auto",
 ) -> list[int]:
     """Token ids in, new token ids out: :func:`run` without a tokenizer."""
     result = run(
@@ -221,5 +245,6 @@ def generate(
         max_nodes=max_nodes,
         backend=backend,
         drafter_options=drafter_options,
+        budget=budget,
     )
     return result.tokens

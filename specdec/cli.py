@@ -94,6 +94,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat_template=False if args.no_chat else None,
         stop=args.stop or None,
         max_nodes=args.max_nodes,
+        budget=args.budget,
         on_tokens=None if args.quiet else stream,
     )
     if args.quiet:
@@ -110,7 +111,21 @@ def _stats_text(summary: dict[str, Any]) -> str:
         f"[{summary['new_tokens']} tokens in {summary['total_s']:.2f} s: {summary['tokens_per_s']:.2f} tokens/s, "
         f"{summary['steps']} steps, MAT {summary['mat']:.2f}, mean tree {summary['mean_tree_size']:.1f} nodes; "
         f"draft {summary['draft_s']:.3f} s, verify {summary['verify_s']:.3f} s, prefill {summary['prefill_s']:.3f} s, "
-        f"other {summary['other_s']:.3f} s; stop: {summary['stop_reason']}]"
+        f"other {summary['other_s']:.3f} s; stop: {summary['stop_reason']}]" + _budget_text(summary)
+    )
+
+
+def _budget_text(summary: dict[str, Any]) -> str:
+    """The budget's line: nodes offered vs verified, expected vs realised accepted tokens per step."""
+    if not summary.get("budget"):
+        return ""
+    expected = summary["expected_accepted"]
+    realised = summary["realised_accepted"]
+    return (
+        f"\n[budget {summary['budget']}: {summary['mean_offered']:.1f} nodes offered, "
+        f"{summary['mean_tree_size']:.1f} verified per step; steps by reason {summary['steps_by_reason']}; "
+        f"accepted per step: expected {expected if expected is not None else '-'}, "
+        f"realised {realised if realised is not None else '-'}]"
     )
 
 
@@ -121,7 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if "none" not in drafters:
         drafters.insert(0, "none")
     print(f"Loading the model ({args.model}) ...", file=sys.stderr)
-    generators = {name: Generator(args.model, drafter=name) for name in drafters}
+    generators = {name: Generator(args.model, drafter=name, budget=args.budget) for name in drafters}
     prompt = args.prompt or DEMO_PROMPT
     print(f"Prompt:\n{prompt}\n", file=sys.stderr)
     generators["none"].generate(prompt, max_new_tokens=8)  # warm-up: first calls pay one-time costs
@@ -150,6 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec.budget.cli import budget_arg
     from specdec.drafters import available_drafters
 
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for Hugging Face LMs.")
@@ -162,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a drafter option")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--max-nodes", type=int, default=None, help="cap on draft-tree nodes per step")
+    gen.add_argument("--budget", default="auto", type=budget_arg,
+                     help="draft nodes per step: auto (cost-aware), full, or a count N")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--backend", default="auto")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -174,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--drafters", default="none,pld")
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument("--budget", default="auto", type=budget_arg,
+                      help="draft nodes per step: auto (cost-aware), full, or a count N")
     demo.set_defaults(func=cmd_demo)
 
     for module in SUBCOMMAND_MODULES:
@@ -182,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add subcommands; each has `register(subparsers)` and is imported only here.
-SUBCOMMAND_MODULES: list[str] = ["specdec.datastores.cli"]
+SUBCOMMAND_MODULES: list[str] = ["specdec.datastores.cli", "specdec.budget.cli"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specdec.backends.verifier import ModelVerifier
+from specdec.budget.planner import BudgetPlanner
 from specdec.errors import SpecDecError
 from specdec.types import Drafter, GenerationResult, GenerationStats, StepRecord
 
@@ -81,18 +82,21 @@ def decode(
     max_nodes: int | None = None,
     prompt_feedback: bool = False,
     on_tokens: Callable[[list[int]], None] | None = None,
+    planner: BudgetPlanner | None = None,
 ) -> GenerationResult:
     """Generate from ``prompt`` (token ids) with ``drafter`` proposing and ``verifier`` checking.
 
     ``max_nodes`` caps every draft tree (root included); None lets the drafter decide, up
     to :data:`MAX_TREE_NODES`. ``prompt_feedback`` hands the drafter the model's top ids
     after every prompt token at reset (when it asks for feedback). ``on_tokens`` receives
-    each batch of emitted tokens as soon as the stop rules have cut it.
+    each batch of emitted tokens as soon as the stop rules have cut it. ``planner`` decides
+    each step's draft budget from the drafter's tree (:mod:`specdec.budget`; None: verify
+    the tree as the drafter and ``max_nodes`` leave it) and learns from every step.
     """
     if max_nodes is not None and max_nodes < 1:
         raise SpecDecError(f"max_nodes must be at least 1, got {max_nodes}")
     cap = min(max_nodes or MAX_TREE_NODES, MAX_TREE_NODES)
-    stats = GenerationStats(prompt_tokens=len(prompt))
+    stats = GenerationStats(prompt_tokens=len(prompt), budget="" if planner is None else str(planner.budget))
     started = time.perf_counter()
 
     topk = drafter.feedback_topk
@@ -122,15 +126,24 @@ def decode(
 
         mark = time.perf_counter()
         tree = drafter.propose(pending, cap).pruned(cap, max_depth)
-        drafted = time.perf_counter()
         if tree.tokens[0] != pending:
             raise SpecDecError(
                 f"drafter {drafter.name!r} rooted its tree at token {tree.tokens[0]}, not the pending {pending}"
             )
+        offered, plan = tree.size, None
+        if planner is not None:
+            plan = planner.plan(tree, state.committed_len)
+            tree = plan.tree
+            stats.calibration_s += plan.calibration_s  # one-time; kept out of draft_s
+            mark += plan.calibration_s
+        committed = state.committed_len
+        drafted = time.perf_counter()
         result = verifier.verify(state, tree, topk)
         verified = time.perf_counter()
         drafter.update(result.accepted_tokens, result.feedback)
         updated = time.perf_counter()
+        if plan is not None and planner is not None:
+            planner.observe(plan, result.accepted_nodes, committed, verified - drafted, updated - mark)
 
         draft_s = (drafted - mark) + (updated - verified)
         stats.steps += 1
@@ -140,6 +153,10 @@ def decode(
         stats.records.append(
             StepRecord(tree.size, len(result.accepted_nodes) - 1, tree.source, draft_s, verified - drafted)
         )
+        record = stats.records[-1]
+        record.offered = offered
+        if plan is not None:
+            record.reason, record.expected, record.predicted_s = plan.reason, plan.expected, plan.predicted_s
         start = len(output)
         output.extend(result.accepted_tokens[1:])
         output.append(result.bonus)

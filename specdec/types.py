@@ -51,6 +51,10 @@ class DraftTree:
 
     ``source`` names the drafter that produced the tree (composites label each step);
     ``node_sources`` optionally labels every node (merged trees from several sources).
+    ``node_features`` optionally gives every node a small int ``>= 0`` saying what the
+    drafter knew when it proposed it (PLD's n-gram length, a suffix automaton's match
+    length): the budget planner learns acceptance per source, feature, depth and sibling
+    rank (:mod:`specdec.budget.acceptance`); without features, per source, depth and rank.
 
     >>> tree = DraftTree.chain(7, [8, 9])
     >>> tree.parents, tree.depths
@@ -61,6 +65,7 @@ class DraftTree:
     parents: tuple[int, ...]
     source: str = ""
     node_sources: tuple[str, ...] | None = None
+    node_features: tuple[int, ...] | None = None
     depths: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +82,13 @@ class DraftTree:
             raise InvalidDraftTreeError(f"parents[0] must be -1 (node 0 is the root), got {parents[0]}")
         if self.node_sources is not None and len(self.node_sources) != n:
             raise InvalidDraftTreeError(f"node_sources has {len(self.node_sources)} entries for {n} nodes")
+        if self.node_features is not None:
+            features = tuple(map(int, self.node_features))
+            object.__setattr__(self, "node_features", features)
+            if len(features) != n:
+                raise InvalidDraftTreeError(f"node_features has {len(features)} entries for {n} nodes")
+            if min(features) < 0:
+                raise InvalidDraftTreeError(f"node_features must be >= 0, got {min(features)}")
         depths = [0] * n
         seen_children: set[tuple[int, int]] = set()
         for i in range(n):
@@ -103,10 +115,11 @@ class DraftTree:
         return cls((pending,), (-1,), source)
 
     @classmethod
-    def chain(cls, pending: int, draft: Sequence[int], source: str = "") -> DraftTree:
-        """A linear draft ``pending -> draft[0] -> draft[1] ...``."""
+    def chain(cls, pending: int, draft: Sequence[int], source: str = "", feature: int | None = None) -> DraftTree:
+        """A linear draft ``pending -> draft[0] -> draft[1] ...``; ``feature`` labels every node."""
         n = len(draft) + 1
-        return cls((pending, *draft), tuple(range(-1, n - 1)), source)
+        features = None if feature is None else (feature,) * n
+        return cls((pending, *draft), tuple(range(-1, n - 1)), source, None, features)
 
     # -- derived views ------------------------------------------------------------------
     @property
@@ -132,18 +145,32 @@ class DraftTree:
         if max_nodes >= self.size:
             return self
         sources = None if self.node_sources is None else self.node_sources[:max_nodes]
-        return DraftTree(self.tokens[:max_nodes], self.parents[:max_nodes], self.source, sources)
+        features = None if self.node_features is None else self.node_features[:max_nodes]
+        return DraftTree(self.tokens[:max_nodes], self.parents[:max_nodes], self.source, sources, features)
 
     def pruned(self, max_nodes: int, max_depth: int) -> DraftTree:
         """At most ``max_nodes`` nodes, none deeper than ``max_depth`` (order kept)."""
         tree = self.prefix(max_nodes)
         if tree.max_depth <= max_depth:
             return tree
-        keep = [i for i in range(tree.size) if tree.depths[i] <= max_depth]
-        remap = {old: new for new, old in enumerate(keep)}
-        parents = tuple(-1 if i == 0 else remap[tree.parents[i]] for i in keep)
-        sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in keep)
-        return DraftTree(tuple(tree.tokens[i] for i in keep), parents, tree.source, sources)
+        return tree.select([i for i in range(tree.size) if tree.depths[i] <= max_depth])
+
+    def select(self, nodes: Sequence[int]) -> DraftTree:
+        """The subtree of ``nodes`` (increasing indices, root first, each node's parent among them). O(N).
+
+        >>> DraftTree((5, 6, 7, 8), (-1, 0, 0, 1)).select([0, 1, 3]).parents
+        (-1, 0, 1)
+        """
+        remap = {old: new for new, old in enumerate(nodes)}
+        if not nodes or nodes[0] != 0 or list(nodes) != sorted(remap):
+            raise InvalidDraftTreeError(f"select needs increasing node indices from the root 0, got {list(nodes)}")
+        orphans = [i for i in nodes[1:] if self.parents[i] not in remap]
+        if orphans:
+            raise InvalidDraftTreeError(f"select keeps node {orphans[0]} without its parent {self.parents[orphans[0]]}")
+        parents = tuple(-1 if i == 0 else remap[self.parents[i]] for i in nodes)
+        sources = None if self.node_sources is None else tuple(self.node_sources[i] for i in nodes)
+        features = None if self.node_features is None else tuple(self.node_features[i] for i in nodes)
+        return DraftTree(tuple(self.tokens[i] for i in nodes), parents, self.source, sources, features)
 
     def children(self) -> list[dict[int, int]]:
         """``children()[i][token] = j`` when node j is the child of node i carrying ``token``."""
@@ -273,6 +300,14 @@ class StepRecord:
     source: str
     draft_s: float
     verify_s: float
+    # The draft budget (see specdec.budget): nodes the drafter offered before the budget cut
+    # them to tree_size, why that size ("no draft", "declined": no draft could pay, "auto",
+    # "probe", "fixed", "full"), the accepted draft tokens the acceptance model expected of
+    # the verified tree, and the verification seconds the cost model predicted (None: no model).
+    offered: int = 0
+    reason: str = ""
+    expected: float | None = None
+    predicted_s: float | None = None
 
 
 @dataclass
@@ -294,6 +329,8 @@ class GenerationStats:
     total_s: float = 0.0
     stop_reason: str = ""
     records: list[StepRecord] = field(default_factory=list)
+    budget: str = ""  # "auto", "full" or a node count; "" when no budget planner ran
+    calibration_s: float = 0.0  # one-time cost-model calibration inside this run (first use only)
 
     @property
     def mat(self) -> float:
@@ -329,6 +366,31 @@ class GenerationStats:
     def mean_tree_size(self) -> float:
         return sum(r.tree_size for r in self.records) / len(self.records) if self.records else 0.0
 
+    def budget_summary(self) -> dict[str, Any]:
+        """What the draft budget did: nodes offered vs verified, expected vs realised acceptance.
+
+        ``steps_by_reason``: why each step verified the nodes it did (``"declined"``: the
+        draft was cut to the root alone, since no draft could pay); ``expected_accepted``
+        and ``realised_accepted``: mean accepted draft tokens per step as the acceptance
+        model predicted them and as they came (over the steps it predicted);
+        ``predicted_verify_s`` vs ``measured_verify_s``: the cost model's total against the
+        measured one (over the steps it predicted).
+        """
+        records = self.records
+        expected = [r for r in records if r.expected is not None]
+        expected_mean = sum(r.expected or 0.0 for r in expected) / len(expected) if expected else 0.0
+        predicted = [r for r in records if r.predicted_s is not None]
+        return {
+            "budget": self.budget,
+            "mean_offered": round(sum(r.offered for r in records) / len(records), 2) if records else 0.0,
+            "steps_by_reason": dict(Counter(r.reason for r in records)),
+            "expected_accepted": round(expected_mean, 3) if expected else None,
+            "realised_accepted": round(sum(r.accepted for r in expected) / len(expected), 3) if expected else None,
+            "predicted_verify_s": round(sum(r.predicted_s or 0.0 for r in predicted), 4) if predicted else None,
+            "measured_verify_s": round(sum(r.verify_s for r in predicted), 4) if predicted else None,
+            "calibration_s": round(self.calibration_s, 3),
+        }
+
     def summary(self) -> dict[str, Any]:
         """A flat, JSON-friendly view."""
         return {
@@ -347,6 +409,7 @@ class GenerationStats:
             "accepted_histogram": self.accepted_histogram,
             "steps_by_source": self.steps_by_source,
             "accepted_by_source": self.accepted_by_source,
+            **self.budget_summary(),
         }
 
 

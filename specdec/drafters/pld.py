@@ -82,7 +82,9 @@ class PromptLookupDrafter:
     def propose(self, pending: int, max_nodes: int) -> DraftTree:
         self._match_length = 0
         draft = self.find(pending, min(self.config.num_draft, max_nodes - 1)) if max_nodes > 1 else []
-        return DraftTree.chain(pending, draft, source=self.name)
+        # The n-gram length is what PLD knows of its draft's quality: the budget planner learns
+        # acceptance per n (a 3-gram match predicts a longer accepted run than a 1-gram one).
+        return DraftTree.chain(pending, draft, source=self.name, feature=self._match_length)
 
     def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
         self._extend(accepted)

@@ -1,0 +1,216 @@
+"""The acceptance model: how likely each draft node is to be accepted, learned from verified steps.
+
+Symbols. For draft node ``i`` with parent ``parent(i)``:
+
+- ``q_i = P(i accepted | parent(i) accepted)``, the **conditional acceptance** of the node;
+- ``p_i = P(i accepted) = q_i * p_parent(i)``, with ``p_0 = 1`` (the root, the pending
+  token, is always accepted).
+
+Greedy acceptance walks one path, so a node set ``S`` that is prefix-closed (every parent
+in ``S`` with its child) accepts ``sum(p_i for i in S, i >= 1)`` draft tokens on average,
+and the step emits one more (the bonus). Since ``q_i <= 1``, ``p`` never grows from a parent
+to its child: the ``k`` nodes of largest ``p`` (ties to the lower index) always form a
+prefix-closed subtree, which is what lets the planner cut any tree to any budget.
+
+**What ``q`` depends on.** Only on what the drafter knew when it proposed the node, as a
+key of four parts: the node's **source** (``DraftTree.node_sources`` or the tree's
+``source``), its **feature** (``DraftTree.node_features``: an int the drafter chose, such as
+PLD's n-gram length or a suffix automaton's match length; ``-1`` when the drafter reports
+none), its **depth** and its **rank** among its siblings in the drafter's order (0 = the
+drafter's first choice). Depths above :data:`MAX_DEPTH_KEY` and ranks above
+:data:`MAX_RANK_KEY` share a key.
+
+**Estimation.** Every verified node whose parent was accepted is a Bernoulli trial of its
+``q``: a hit when the node is on the accepted path. Trials of a node with no accepted
+parent say nothing of ``q`` and are skipped. Counts are kept at four nested levels,
+``(source)`` contains ``(source, feature)`` contains ``(source, feature, depth)`` contains
+the full key, so the trials of a key split into disjoint **rings**: its own, those of its
+depth level but other ranks, of its feature but other depths, of its source but other
+features. Each ring shrinks toward the estimate of the rings outside it (a hierarchical
+Beta prior, every trial counted once)::
+
+    q_0 = prior
+    q_L = (hits in ring L + prior_weight * q_{L-1}) / (trials in ring L + prior_weight)   L = 1..4
+
+(ring 1 the outermost, ring 4 the key's own trials), so a key seen rarely borrows from
+its neighbours, and a source never seen gets ``prior``. Siblings are exclusive (at most
+one child of a node is accepted), so when the ``q`` of a node's children sum past 1 they
+are scaled down to sum to 1.
+
+**Memory.** All counts decay by ``memory`` per verified step (one clock for all keys, so
+the rings stay consistent): the model follows a drift in acceptance (a new kind of prompt)
+within ~``1 / (1 - memory)`` steps, and a key whose estimate fell too low to be verified
+again drifts back toward its neighbours' rate and is retried: exploration comes from
+forgetting, not from a separate rule.
+
+Cost: O(N) dictionary lookups per tree of ``N`` nodes for both :meth:`AcceptanceModel.estimate`
+and :meth:`AcceptanceModel.observe` (four levels per node; repeated keys are memoized).
+Memory: two floats and a stamp per key and level seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec.errors import SpecDecError
+from specdec.types import DraftTree
+
+FloatArray = npt.NDArray[np.float64]
+
+# Keys beyond these share one bucket: deep nodes of a long chain behave alike, and a
+# drafter's 9th choice is as rare as its 12th.
+MAX_DEPTH_KEY = 16
+MAX_RANK_KEY = 7
+NO_FEATURE = -1
+
+NodeKey = tuple[str, int, int, int]  # (source, feature, depth bucket, rank bucket)
+
+
+def node_keys(tree: DraftTree) -> list[NodeKey]:
+    """The key of every node (the root's is a placeholder, never estimated). O(N).
+
+    >>> node_keys(DraftTree((5, 6, 7, 8), (-1, 0, 0, 1), source="t"))[1:]
+    [('t', -1, 1, 0), ('t', -1, 1, 1), ('t', -1, 2, 0)]
+    """
+    sources = tree.node_sources
+    features = tree.node_features
+    next_rank = [0] * tree.size  # children seen so far, per parent
+    keys: list[NodeKey] = [(tree.source, NO_FEATURE, 0, 0)]
+    for i in range(1, tree.size):
+        parent = tree.parents[i]
+        rank = next_rank[parent]
+        next_rank[parent] = rank + 1
+        keys.append(
+            (
+                tree.source if sources is None else sources[i],
+                NO_FEATURE if features is None else features[i],
+                min(tree.depths[i], MAX_DEPTH_KEY),
+                min(rank, MAX_RANK_KEY),
+            )
+        )
+    return keys
+
+
+@dataclass
+class _Counts:
+    """Trials and hits of one key at one level, decayed up to step ``stamp``."""
+
+    trials: float = 0.0
+    hits: float = 0.0
+    stamp: int = 0
+
+
+class AcceptanceModel:
+    """Per-key conditional acceptance ``q``, learned online; see the module docstring.
+
+    >>> model = AcceptanceModel(prior=0.5, prior_weight=2.0, memory=1.0)
+    >>> tree = DraftTree.chain(1, [2, 3], source="pld")
+    >>> [round(float(p), 3) for p in model.estimate(tree, node_keys(tree))[1]]
+    [1.0, 0.5, 0.25]
+    >>> model.observe(tree, node_keys(tree), accepted_nodes=(0, 1))  # node 1 hit, node 2 missed
+    >>> round(model.conditional(("pld", -1, 1, 0)), 3), round(model.conditional(("pld", -1, 2, 0)), 3)
+    (0.556, 0.444)
+    """
+
+    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0, memory: float = 0.995) -> None:
+        if not 0.0 < prior < 1.0:
+            raise SpecDecError(f"acceptance prior must be in (0, 1), got {prior!r}")
+        if not prior_weight > 0.0:
+            raise SpecDecError(f"acceptance prior_weight must be > 0, got {prior_weight!r}")
+        if not 0.0 < memory <= 1.0:
+            raise SpecDecError(f"acceptance memory must be in (0, 1], got {memory!r}")
+        self.prior = float(prior)
+        self.prior_weight = float(prior_weight)
+        self.memory = float(memory)
+        self.steps = 0  # the clock: verified trees observed
+        self._counts: dict[tuple[object, ...], _Counts] = {}
+
+    def _current(self, level_key: tuple[object, ...]) -> tuple[float, float]:
+        """``(trials, hits)`` of one level's key, decayed to now."""
+        counts = self._counts.get(level_key)
+        if counts is None:
+            return 0.0, 0.0
+        factor = self.memory ** (self.steps - counts.stamp)
+        return counts.trials * factor, counts.hits * factor
+
+    def conditional(self, key: NodeKey) -> float:
+        """``q`` for one key, before the sibling constraint: rings shrunk from the outside in."""
+        levels = [self._current(key[:level]) for level in range(1, 5)]  # nested: trials never grow inward
+        q = self.prior
+        weight = self.prior_weight
+        for level in range(4):
+            trials, hits = levels[level]
+            if level < 3:  # this ring is the level minus the next one in
+                trials, hits = trials - levels[level + 1][0], hits - levels[level + 1][1]
+            trials, hits = max(trials, 0.0), min(max(hits, 0.0), max(trials, 0.0))
+            q = (hits + weight * q) / (trials + weight)
+        return q
+
+    def estimate(self, tree: DraftTree, keys: Sequence[NodeKey]) -> tuple[FloatArray, FloatArray]:
+        """``(q, p)`` for every node of ``tree``, float64 ``[N]`` each; ``q[0] = p[0] = 1``. O(N)."""
+        n = tree.size
+        q = np.ones(n, dtype=np.float64)
+        memo: dict[NodeKey, float] = {}
+        sibling_sum = np.zeros(n, dtype=np.float64)  # [N] sum of q over each node's children
+        parents = tree.parents
+        for i in range(1, n):
+            key = keys[i]
+            value = memo.get(key)
+            if value is None:
+                value = memo[key] = self.conditional(key)
+            q[i] = value
+            sibling_sum[parents[i]] += value
+        parent_index = np.asarray(parents[1:], dtype=np.int64)  # [N-1]
+        q[1:] /= np.maximum(sibling_sum[parent_index], 1.0)  # exclusive siblings sum to <= 1
+        p = q.copy()
+        for i in range(1, n):
+            p[i] *= p[parents[i]]
+        return q, p
+
+    def observe(self, tree: DraftTree, keys: Sequence[NodeKey], accepted_nodes: Sequence[int]) -> None:
+        """Learn from one verified tree: each node whose parent was accepted is one trial. O(N)."""
+        self.steps += 1
+        accepted = set(accepted_nodes)
+        now = self.steps
+        for i in range(1, tree.size):
+            if tree.parents[i] not in accepted:
+                continue
+            hit = 1.0 if i in accepted else 0.0
+            key = keys[i]
+            for level in range(1, 5):
+                counts = self._counts.get(key[:level])
+                if counts is None:
+                    counts = self._counts[key[:level]] = _Counts(stamp=now)
+                elif counts.stamp != now:
+                    factor = self.memory ** (now - counts.stamp)
+                    counts.trials *= factor
+                    counts.hits *= factor
+                    counts.stamp = now
+                counts.trials += 1.0
+                counts.hits += hit
+
+    def trials(self, key_prefix: tuple[object, ...]) -> float:
+        """Decayed trial count at one level (``(source,)``, ``(source, feature)``, ...); 0 if unseen."""
+        return self._current(key_prefix)[0]
+
+    def table(self) -> list[dict[str, object]]:
+        """Every full key seen, with its decayed trials, hit rate and estimate ``q`` (for reports)."""
+        rows = []
+        for key in sorted((k for k in self._counts if len(k) == 4), key=lambda k: tuple(map(str, k))):
+            trials, hits = self._current(key)
+            rows.append(
+                {
+                    "source": key[0],
+                    "feature": key[1],
+                    "depth": key[2],
+                    "rank": key[3],
+                    "trials": round(trials, 2),
+                    "hit_rate": round(hits / trials, 4) if trials else None,
+                    "q": round(self.conditional(key), 4),  # type: ignore[arg-type]
+                }
+            )
+        return rows

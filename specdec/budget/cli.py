@@ -1,0 +1,113 @@
+"""``specdec calibrate``: measure (or show the cached) verification cost, and the budgets it implies.
+
+    specdec calibrate                       # the default model on this machine's device
+    specdec calibrate --recalibrate --json  # measure again, overwrite the cache, print JSON
+    specdec calibrate --device cuda --dtype float16
+
+The table gives the seconds one verification takes per tree size and context length; the
+budget table shows what ``budget="auto"`` would verify of a chain draft whose tokens are
+each accepted with probability ``q`` (given the previous one was), at plain decoding's
+rate: long drafts where verification is cheap (a GPU), short or none where it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+from specdec.errors import SpecDecError
+
+# Per-token conditional acceptance of the example chains, and their length (a SAM-sized chain).
+EXAMPLE_ACCEPTANCE = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+EXAMPLE_CHAIN = 40
+EXAMPLE_CONTEXT = 512
+
+
+def budget_examples(model: Any, context: int = EXAMPLE_CONTEXT, chain: int = EXAMPLE_CHAIN) -> list[dict[str, Any]]:
+    """For each example ``q``: nodes ``auto`` verifies of a ``chain``-node chain, and the expected speedup.
+
+    ``model`` is a :class:`~specdec.budget.cost.VerifyCostModel`; the rate is plain decoding's
+    (``1 / cost(1)``), what a run starts from. O(len(EXAMPLE_ACCEPTANCE) * chain).
+    """
+    from specdec.budget.planner import choose_budget
+
+    costs = model.predict(np.arange(1, chain + 1), context)  # [chain]
+    rows = []
+    for q in EXAMPLE_ACCEPTANCE:
+        accept_probs = q ** np.arange(chain, dtype=np.float64)  # [chain] p_i = q^i along a chain
+        k, _ = choose_budget(accept_probs, costs, 1.0 / float(costs[0]))
+        expected = float(accept_probs[:k].sum())  # 1 (bonus) + expected accepted draft tokens
+        rows.append({"q": q, "nodes": k, "expected_tokens": round(expected, 3),
+                     "expected_speedup": round(expected / float(costs[k - 1]) * float(costs[0]), 3)})
+    return rows
+
+
+def budget_arg(text: str) -> str:
+    """The argparse type of ``--budget``: a bad value fails before any model loads."""
+    from specdec.budget.planner import Budget
+
+    try:
+        Budget.parse(text)
+    except SpecDecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.backends import make_verifier
+    from specdec.budget.cost import calibration_path, cost_model, model_identity
+    from specdec.models import load_model
+
+    dtype = None if args.dtype is None else getattr(torch, args.dtype, None)
+    if args.dtype is not None and not isinstance(dtype, torch.dtype):
+        raise SpecDecError(f"--dtype {args.dtype!r} is not a torch dtype (float32, float16, bfloat16, ...)")
+    model, _ = load_model(None if args.model == "default" else args.model, dtype=dtype)
+    model.to(args.device)
+    verifier = make_verifier(model, args.backend)
+    cost, spent = cost_model(verifier, recalibrate=args.recalibrate)
+    table = cost.table
+    ms_rows = [[round(s * 1e3, 2) for s in row] for row in table.seconds]
+    budgets = budget_examples(cost)
+    report: dict[str, Any] = {
+        "identity": model_identity(verifier),
+        "cache": str(calibration_path(model_identity(verifier))),
+        "calibration_s": round(spent, 2),
+        "sizes": list(table.sizes),
+        "contexts": list(table.contexts),
+        "ms": ms_rows,
+        "budgets": budgets,
+    }
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"{report['identity']['device']}, {report['identity']['dtype']}: "
+          f"{'measured in ' + str(report['calibration_s']) + ' s' if spent else 'cached'} ({report['cache']})")
+    print("verification ms by tree size (columns) and context length (rows):")
+    print("context  " + "  ".join(f"{s:>7}" for s in table.sizes))
+    for context, ms_row in zip(table.contexts, ms_rows, strict=True):
+        print(f"{context:>7}  " + "  ".join(f"{ms:7.2f}" for ms in ms_row))
+    print(f"\nbudget='auto' on a {EXAMPLE_CHAIN}-node chain at context {EXAMPLE_CONTEXT}, plain decoding's rate:")
+    print("   q   nodes  expected tokens  expected speedup")
+    for row in budgets:
+        print(f"{row['q']:>5}  {row['nodes']:>5}  {row['expected_tokens']:>15}  {row['expected_speedup']:>16}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "calibrate", help="measure the verification cost per tree size (cached) and show the budgets it implies",
+        description="Calibrates the cost model behind budget='auto' for a model, device and dtype (or shows the "
+        "cached calibration) and prints the draft budgets it picks for example acceptance rates.",
+    )
+    parser.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: %(default)s)")
+    parser.add_argument("--dtype", default=None, help="parameter dtype, e.g. float32, float16, bfloat16")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--recalibrate", action="store_true", help="measure again and overwrite the cache")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=cmd_calibrate)

@@ -1,0 +1,343 @@
+"""The cost model: seconds one verification takes, as a function of tree size and context length.
+
+``cost(N, C)`` is the wall time of :meth:`ModelVerifier.verify` for an ``N``-node tree
+after ``C`` committed tokens (forward, acceptance, KV compaction: what ``StepRecord.verify_s``
+measures). Its shape is what decides whether speculation pays: on this project's CPU a
+16-node verification costs ~1.9x a one-node step, on a datacenter GPU ~1.0x.
+
+**Calibration** (once per model, device and dtype, then cached): prefill ``max(contexts)``
+random tokens, then time verifications of chains of every size in ``sizes`` at every
+context in ``contexts`` (the cache is cropped back after each), rounds interleaved so a
+drift of the machine's load hits all sizes alike; keep the fastest of ``repeats`` rounds
+(other jobs on a shared machine only ever add time, so the minimum is the cost of the
+model itself). Two physical bounds then remove what noise is left: costs are made
+non-decreasing in ``N`` (a larger tree never costs less) and at most ``N * cost(1)`` (one
+forward over ``N`` tokens never costs more than ``N`` one-token forwards). ~60
+verifications in all: ~10 s on a 2-core CPU for a 135M model, ~1 s on a GPU.
+
+**Prediction**: linear interpolation in ``N`` between calibrated sizes (linear extrapolation
+past the largest) and in ``C`` between the two calibrated contexts (attention grows with
+``C``; extrapolated linearly, floored at half the smallest context's cost), times an
+online **correction**.
+
+**Online refinement**: every real step's measured ``verify_s`` is compared with the
+prediction; the ratio updates a running mean for the nearest calibrated size (an
+exponential moving average once a size has ``1 / MIN_RATE`` observations), and sizes not
+seen lately are shrunk toward the ratio over all sizes. So the model follows the
+machine's present load and corrects calibration noise, while the shape measured at
+calibration stays in force where no step has been seen. Ratios are clipped to
+``[1/5, 5]``: one preempted step must not rewrite the model.
+
+**Cache**: ``<cache_dir>/calibration/<key>.json``, ``key`` a hash of the identity: the
+model's architecture (its config, minus names and paths: two checkpoints of one
+architecture cost the same), parameter dtype, device (CPU model or GPU name), attention
+implementation, torch version and thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec.backends.verifier import ModelVerifier
+from specdec.errors import SpecDecError
+from specdec.models import cache_dir
+from specdec.types import DraftTree
+
+FloatArray = npt.NDArray[np.float64]
+
+# Bump when calibration changes what it measures, so stale cache files are re-measured.
+CALIBRATION_VERSION = 2
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_CONTEXTS = (64, 1024)
+DEFAULT_REPEATS = 3
+MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
+RATIO_CLIP = 5.0
+SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Calibrated verification seconds: ``seconds[c][j]`` for ``sizes[j]`` nodes after ``contexts[c]`` tokens."""
+
+    sizes: tuple[int, ...]
+    contexts: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    identity: dict[str, str]
+
+    def __post_init__(self) -> None:
+        if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
+            raise SpecDecError(f"calibration sizes must be increasing positive ints, got {list(self.sizes)}")
+        if not self.contexts or list(self.contexts) != sorted(set(self.contexts)) or self.contexts[0] < 0:
+            raise SpecDecError(f"calibration contexts must be increasing non-negative ints, got {list(self.contexts)}")
+        if len(self.seconds) != len(self.contexts) or any(len(row) != len(self.sizes) for row in self.seconds):
+            raise SpecDecError(
+                f"calibration table must be {len(self.contexts)} x {len(self.sizes)}, got "
+                f"{[len(row) for row in self.seconds]}"
+            )
+        if any(not (s > 0.0 and np.isfinite(s)) for row in self.seconds for s in row):
+            raise SpecDecError(f"calibration times must be positive and finite, got {self.seconds}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": CALIBRATION_VERSION,
+            "identity": self.identity,
+            "sizes": list(self.sizes),
+            "contexts": list(self.contexts),
+            "seconds": [list(row) for row in self.seconds],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostTable:
+        if data.get("version") != CALIBRATION_VERSION:
+            raise SpecDecError(f"calibration format version {data.get('version')!r}, expected {CALIBRATION_VERSION}")
+        return cls(
+            tuple(int(s) for s in data["sizes"]),
+            tuple(int(c) for c in data["contexts"]),
+            tuple(tuple(float(s) for s in row) for row in data["seconds"]),
+            {str(k): str(v) for k, v in data["identity"].items()},
+        )
+
+
+class VerifyCostModel:
+    """Predicted verification seconds from a :class:`CostTable`, refined online (module docstring).
+
+    >>> table = CostTable((1, 2, 4), (0, 100), ((1.0, 1.5, 2.0), (2.0, 3.0, 4.0)), {})
+    >>> model = VerifyCostModel(table)
+    >>> [round(float(s), 3) for s in model.predict(np.array([1, 3, 8]), 50)]
+    [1.5, 2.625, 4.5]
+    """
+
+    def __init__(self, table: CostTable, *, learn: bool = True) -> None:
+        self.table = table
+        self.learn = learn  # False: predictions stay the table's (reproducible budgets, tests)
+        self._sizes = np.asarray(table.sizes, dtype=np.float64)  # [S]
+        self._log_sizes = np.log(self._sizes)  # [S]
+        self._seconds = np.asarray(table.seconds, dtype=np.float64)  # [Cn, S]
+        self._ratio = np.ones(len(table.sizes), dtype=np.float64)  # [S] measured / calibrated, per size
+        self._count = np.zeros(len(table.sizes), dtype=np.float64)  # [S] observations per size
+        self._global_ratio = 1.0
+        self._global_count = 0.0
+
+    @property
+    def observations(self) -> int:
+        """Real steps this model has learned from."""
+        return int(self._global_count)
+
+    def _along_sizes(self, row: FloatArray, sizes: FloatArray) -> FloatArray:
+        """Linear interpolation of ``row[S]`` at ``sizes[K]``, extrapolated linearly past the ends."""
+        out = np.interp(sizes, self._sizes, row)
+        if len(self._sizes) > 1:
+            slope = (row[-1] - row[-2]) / (self._sizes[-1] - self._sizes[-2])
+            beyond = sizes > self._sizes[-1]
+            out[beyond] = row[-1] + slope * (sizes[beyond] - self._sizes[-1])
+        return out
+
+    def calibrated(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
+        """The calibration table's prediction for ``sizes`` int ``[K]`` after ``committed_len`` tokens, ``[K]``."""
+        x = np.asarray(sizes, dtype=np.float64)
+        rows = [self._along_sizes(row, x) for row in self._seconds]
+        contexts = self.table.contexts
+        if len(rows) == 1:
+            return rows[0]
+        lo, hi = rows[0], rows[-1]
+        t = (committed_len - contexts[0]) / (contexts[-1] - contexts[0])
+        return np.maximum(lo + t * (hi - lo), 0.5 * lo)
+
+    def correction(self, sizes: npt.NDArray[np.int64]) -> FloatArray:
+        """The online ratio measured / calibrated at ``sizes`` ``[K]``: per size, shrunk toward the global one."""
+        shrunk = (self._count * self._ratio + SHRINK_STEPS * self._global_ratio) / (self._count + SHRINK_STEPS)
+        return np.interp(np.log(np.asarray(sizes, dtype=np.float64)), self._log_sizes, shrunk)
+
+    def predict(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
+        """Predicted seconds to verify trees of ``sizes`` ``[K]`` nodes after ``committed_len`` tokens. O(K log S)."""
+        return self.calibrated(sizes, committed_len) * self.correction(sizes)
+
+    def observe(self, size: int, committed_len: int, seconds: float) -> None:
+        """Learn from one real verification of ``size`` nodes that took ``seconds``. O(S)."""
+        if not self.learn or seconds <= 0.0 or size < 1:
+            return
+        base = float(self.calibrated(np.array([size]), committed_len)[0])
+        ratio = min(max(seconds / base, 1.0 / RATIO_CLIP), RATIO_CLIP)
+        j = int(np.argmin(np.abs(self._log_sizes - np.log(size))))
+        self._count[j] += 1.0
+        self._ratio[j] += max(1.0 / self._count[j], MIN_RATE) * (ratio - self._ratio[j])
+        self._global_count += 1.0
+        self._global_ratio += max(1.0 / self._global_count, MIN_RATE) * (ratio - self._global_ratio)
+
+
+# -- calibration ------------------------------------------------------------------------
+
+
+def _device_name(verifier: ModelVerifier) -> str:
+    import torch
+
+    device = verifier.device
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{device.type}:{cpu}"
+
+
+def model_identity(verifier: ModelVerifier) -> dict[str, str]:
+    """What the verification cost depends on (module docstring), as strings."""
+    import torch
+
+    config = verifier.model.config.to_dict()
+    architecture = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("name_or_path",)}
+    digest = hashlib.sha256(json.dumps(architecture, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {
+        "model_type": str(config.get("model_type", type(verifier.model).__name__)),
+        "config": digest,
+        "dtype": str(verifier.dtype).removeprefix("torch."),
+        "device": _device_name(verifier),
+        "attention": str(getattr(verifier.model.config, "_attn_implementation", None) or "eager"),
+        "backend": verifier.name,
+        "torch": torch.__version__,
+        "threads": str(torch.get_num_threads()) if verifier.device.type == "cpu" else "-",
+        "version": str(CALIBRATION_VERSION),
+    }
+
+
+def identity_key(identity: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def calibration_plan(
+    verifier: ModelVerifier, sizes: Sequence[int], contexts: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The sizes and contexts that fit the model's context length (a tiny model has a short one)."""
+    sizes = tuple(sorted(set(int(s) for s in sizes)))
+    contexts = tuple(sorted(set(int(c) for c in contexts)))
+    if not sizes or sizes[0] < 1:
+        raise SpecDecError(f"calibration sizes must be positive ints, got {list(sizes)}")
+    if not contexts or contexts[0] < 1:
+        raise SpecDecError(f"calibration contexts must be positive ints, got {list(contexts)}")
+    limit = verifier.context_length
+    if limit is None:
+        return sizes, contexts
+    # The largest tree after the largest context must fit; shrink the contexts first, then the sizes.
+    sizes = tuple(s for s in sizes if s <= limit // 2) or (1,)
+    room = limit - sizes[-1]
+    fitted = tuple(sorted({min(c, room) for c in contexts} - {0}))
+    if not fitted:
+        raise SpecDecError(f"the model's context length {limit} leaves no room to calibrate")
+    return sizes, fitted
+
+
+def calibrate(
+    verifier: ModelVerifier,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    repeats: int = DEFAULT_REPEATS,
+    seed: int = 0,
+) -> CostTable:
+    """Measure verification seconds for every size at every context (module docstring).
+
+    Costs ``(len(contexts) * repeats + 1) * len(sizes)`` verifications plus one prefill
+    of ``max(contexts)`` tokens. Random tokens stand in for text: the cost of a forward
+    does not depend on which tokens it sees.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise SpecDecError(f"calibration repeats must be a positive int, got {repeats!r}")
+    sizes, contexts = calibration_plan(verifier, sizes, contexts)
+    rng = random.Random(seed)
+    vocab = verifier.vocab_size
+    prompt = [rng.randrange(vocab) for _ in range(contexts[-1])]
+    state, pending, _ = verifier.prefill(prompt)
+    seconds: list[tuple[float, ...]] = []
+    for context in reversed(contexts):  # crop the one prefilled cache down, context by context
+        state.cache.crop(-(state.committed_len - context))
+        state.committed_len = context
+        times: list[list[float]] = [[] for _ in sizes]
+        warmup = 1 if context == contexts[-1] else 0  # the first round warms up (allocator growth, kernel choice)
+        for round_ in range(warmup + repeats):
+            for j, size in enumerate(sizes):
+                tree = DraftTree.chain(pending, [rng.randrange(vocab) for _ in range(size - 1)])
+                started = time.perf_counter()
+                verifier.verify(state, tree)  # ends in a host sync: the walk needs the choices
+                elapsed = time.perf_counter() - started
+                state.cache.crop(-(state.committed_len - context))
+                state.committed_len = context
+                if round_ >= warmup:
+                    times[j].append(elapsed)
+        fastest = np.maximum.accumulate(np.array([min(t) for t in times]))  # [S] non-decreasing
+        fastest = np.minimum(fastest, np.asarray(sizes, dtype=np.float64) * fastest[0])  # subadditive
+        seconds.append(tuple(float(s) for s in fastest))
+    seconds.reverse()
+    return CostTable(sizes, contexts, tuple(seconds), model_identity(verifier))
+
+
+# -- cache ------------------------------------------------------------------------------
+
+_MODELS: dict[str, VerifyCostModel] = {}
+
+
+def calibration_path(identity: dict[str, str]) -> Path:
+    return cache_dir() / "calibration" / f"{identity_key(identity)}.json"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=".calibration-", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def cost_model(verifier: ModelVerifier, *, recalibrate: bool = False) -> tuple[VerifyCostModel, float]:
+    """The cost model for ``verifier``'s model, device and dtype, and the seconds spent calibrating.
+
+    One model per identity and process (so online refinements are shared by every
+    generator of that model); loaded from the cache file when there is one, else
+    calibrated (and saved). ``recalibrate`` measures again and overwrites the file. A
+    corrupt or stale cache file is measured again, not trusted.
+    """
+    identity = model_identity(verifier)
+    key = identity_key(identity)
+    if not recalibrate and key in _MODELS:
+        return _MODELS[key], 0.0
+    path = calibration_path(identity)
+    table = None
+    if not recalibrate and path.is_file():
+        try:
+            table = CostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError):  # SpecDecError is a ValueError
+            table = None
+        if table is not None and table.identity != identity:
+            table = None
+    spent = 0.0
+    if table is None:
+        started = time.perf_counter()
+        table = calibrate(verifier)
+        spent = time.perf_counter() - started
+        _write_atomically(path, json.dumps(table.to_json(), indent=1))
+    model = _MODELS[key] = VerifyCostModel(table)
+    return model, spent
+
+
+def forget_cost_models() -> None:
+    """Drop the in-process cost models (tests; a changed cache directory)."""
+    _MODELS.clear()

@@ -1,0 +1,259 @@
+"""The decision rule: how many draft nodes each step verifies, and which.
+
+Given a drafter's tree (up to its own cap, e.g. PLD's 10 tokens, SAM's 40, a Token
+Recycling template's 80), the planner estimates every node's acceptance probability
+``p_i`` (:mod:`specdec.budget.acceptance`) and the verification cost ``cost(k, C)`` of a
+``k``-node tree after ``C`` committed tokens (:mod:`specdec.budget.cost`), and verifies
+the ``k`` nodes of largest ``p`` (a prefix-closed subtree, since ``p`` never grows from a
+parent to its child), with ``k`` chosen to maximize
+
+    E(k) - rate * cost(k, C)          E(k) = 1 + (sum of the k - 1 largest p_i, i >= 1)
+
+where ``E(k)`` is the expected number of tokens the step emits (accepted draft tokens plus
+the bonus) and ``rate`` the throughput the run achieves, in tokens per second.
+
+**Why not maximize** ``E(k) / cost(k)`` **per step.** What a user gets is the long-run rate
+``sum E / sum time``. A step that maximizes its own ratio stops adding nodes when the next
+one lowers *that step's* ratio, even when the node's expected tokens per extra second
+(``p / delta cost``) beat the run's rate, so it leaves throughput on the table. By the
+renewal-reward argument (Dinkelbach's method for ratio objectives), the long-run rate is
+maximized by maximizing ``E - rate * time`` at each step with ``rate`` the optimal
+long-run rate; we use the measured one, which the rule itself drives up to it.
+A per-step overhead (drafting, the loop) adds the same time whatever ``k`` is, so it
+changes the choice only through ``rate``.
+
+**Never worse than plain decoding.** ``rate`` is floored at plain decoding's,
+``1 / (cost(1, C) + overhead)``. Then a draft is verified only when
+``E(k) - 1 > rate * (cost(k) - cost(1))``, which implies ``E(k) / (cost(k) + overhead) >
+1 / (cost(1) + overhead)``: in expectation, every step that drafts beats a plain step.
+When no draft pays, ``k = 1``: the step is a plain step.
+
+**Probes.** Calibration on a busy machine can overstate what larger trees cost, and a
+size the rule never picks is never measured again. So every :data:`PROBE_EVERY`-th step
+on which the rule cut the tree verifies twice the chosen nodes instead (the next best by
+``p``): a bounded exploration (at most one step in ``PROBE_EVERY`` pays ``cost(2k) -
+cost(k)``, ~1% on a CPU) that keeps the cost model honest where the decision is made,
+and gives the acceptance model trials of nodes just past the cut.
+
+Budgets: ``"auto"`` (the rule above), ``"full"`` (the drafter's whole tree: the papers'
+fixed budgets) or an int ``N`` (every tree cut to its first ``N`` nodes). Fixed budgets
+still run the acceptance model, so their stats also show expected vs realised acceptance.
+
+Cost per step: O(N log N) for an ``N``-node tree (sorting ``p``), ~50 us at N = 80.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec.backends.verifier import ModelVerifier
+from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
+from specdec.budget.cost import VerifyCostModel, cost_model
+from specdec.errors import SpecDecError
+from specdec.types import DraftTree
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+BUDGET_MODES = ("auto", "full")
+# Why a step verified the nodes it did: the drafter offered only the root; the rule found
+# that no draft pays; the rule's choice; a probe (module docstring); a fixed or full budget.
+REASONS = ("no draft", "declined", "auto", "probe", "fixed", "full")
+PROBE_EVERY = 16  # one step in this many that the rule cut verifies twice the nodes (module docstring)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How each step's node budget is decided: ``mode`` "auto", "full", or "fixed" with ``nodes``.
+
+    >>> Budget.parse("auto"), Budget.parse(16).nodes, str(Budget.parse("full"))
+    (Budget(mode='auto', nodes=None), 16, 'full')
+    """
+
+    mode: str
+    nodes: int | None = None
+
+    @classmethod
+    def parse(cls, value: str | int | Budget) -> Budget:
+        """``"auto"``, ``"full"``, a positive int (or its decimal string); anything else is an error naming it."""
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in BUDGET_MODES:
+                return cls(text)
+            if text.isdigit():
+                value = int(text)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return cls("fixed", value)
+        raise SpecDecError(f"budget must be 'auto', 'full' or a positive number of nodes, got {value!r}")
+
+    def __str__(self) -> str:
+        return str(self.nodes) if self.mode == "fixed" else self.mode
+
+
+def best_nodes(accept_probs: FloatArray, k: int) -> IntArray:
+    """The root and the ``k - 1`` non-root nodes of largest ``p``, in increasing order: int64 ``[k]``.
+
+    ``accept_probs`` float ``[N]`` never grows from parent to child and ties go to the lower
+    index, so every chosen node's parent is chosen before it: a prefix-closed subtree. O(N log N).
+    """
+    order = np.argsort(-accept_probs[1:], kind="stable")[: k - 1] + 1
+    return np.sort(np.concatenate((np.zeros(1, dtype=np.int64), order.astype(np.int64))))
+
+
+def choose_budget(accept_probs: FloatArray, costs: FloatArray, rate: float) -> tuple[int, IntArray]:
+    """The node count ``k`` maximizing ``E(k) - rate * costs[k - 1]``, and the chosen nodes.
+
+    ``accept_probs`` float ``[N]``: ``p_i`` per node, ``p_0 = 1`` (root), non-increasing from
+    parent to child; ``costs`` float ``[N]``: seconds to verify ``k = 1..N`` nodes; ``rate``:
+    tokens per second. Returns ``(k, nodes)`` with ``nodes`` from :func:`best_nodes`: the
+    root and the ``k - 1`` nodes of largest ``p``, a prefix-closed subtree. Ties between
+    values of ``k`` go to the smaller. O(N log N).
+
+    >>> p = np.array([1.0, 0.9, 0.1, 0.8])          # node 3 is node 1's child
+    >>> choose_budget(p, np.array([1.0, 1.1, 1.2, 1.3]), rate=1.0)
+    (3, array([0, 1, 3]))
+    >>> choose_budget(p, np.array([1.0, 2.0, 3.0, 4.0]), rate=1.0)[0]   # drafting cannot pay
+    1
+    """
+    n = len(accept_probs)
+    if len(costs) != n:
+        raise SpecDecError(f"choose_budget: {n} probabilities but {len(costs)} costs")
+    gains = np.empty(n, dtype=np.float64)  # [N] E(k) for k = 1..N
+    gains[0] = 1.0
+    np.cumsum(-np.sort(-accept_probs[1:]), out=gains[1:])
+    gains[1:] += 1.0
+    k = int(np.argmax(gains - rate * costs)) + 1  # argmax returns the first maximum: the smaller k
+    return k, best_nodes(accept_probs, k)
+
+
+@dataclass
+class Throughput:
+    """The run's rate (tokens per second) and per-step overhead, as decayed running sums.
+
+    A step's time counts as the cost model's prediction for its verification (when there
+    is one) plus the measured overhead: the cost model is refined from measured times, so
+    this is the measured rate without the noise of single steps, and with a frozen cost
+    model the rule's decisions depend on no clock at all (tests, reproducible budgets).
+    ``memory`` per step: ~``1 / (1 - memory)`` recent steps weigh in.
+    """
+
+    memory: float = 0.95
+    tokens: float = 0.0
+    seconds: float = 0.0
+    overhead_s: float = 0.0
+    steps: int = 0
+
+    def observe(self, emitted: int, step_s: float, verify_s: float, predicted_verify_s: float | None) -> None:
+        """One step: ``emitted`` tokens in ``step_s`` seconds, ``verify_s`` of them verifying."""
+        rate = max(1.0 / (self.steps + 1), 1.0 - self.memory)
+        self.overhead_s += rate * (max(step_s - verify_s, 0.0) - self.overhead_s)
+        verify = verify_s if predicted_verify_s is None else predicted_verify_s
+        self.tokens = self.memory * self.tokens + emitted
+        self.seconds = self.memory * self.seconds + verify + self.overhead_s
+        self.steps += 1
+
+    def rate(self, floor: float) -> float:
+        """Tokens per second lately, never below ``floor`` (plain decoding's rate)."""
+        measured = self.tokens / self.seconds if self.seconds > 0.0 else 0.0
+        return max(measured, floor)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One step's decision: the tree to verify and why.
+
+    ``keys``: the acceptance key of each node of ``tree``; ``offered``: nodes the drafter
+    proposed (after depth pruning); ``expected``: expected accepted draft tokens of ``tree``;
+    ``predicted_s``: predicted verification seconds (None without a cost model);
+    ``calibration_s``: seconds spent calibrating the cost model in this call (first use only);
+    ``reason``: why this size (:data:`REASONS`).
+    """
+
+    tree: DraftTree
+    keys: Sequence[NodeKey]
+    offered: int
+    expected: float
+    predicted_s: float | None = None
+    calibration_s: float = 0.0
+    reason: str = ""
+
+
+class BudgetPlanner:
+    """Decides each step's tree under a :class:`Budget` and learns from every verified step.
+
+    ``acceptance`` and ``throughput`` carry what was learned; pass the same objects to the
+    planners of later generations to keep it (a :class:`~specdec.api.Generator` does).
+    The cost model is shared per model, device and dtype (:func:`~specdec.budget.cost.cost_model`),
+    loaded or calibrated the first time a tree of more than one node needs a decision.
+    """
+
+    def __init__(
+        self,
+        verifier: ModelVerifier,
+        budget: Budget | str | int = "auto",
+        acceptance: AcceptanceModel | None = None,
+        throughput: Throughput | None = None,
+        cost: VerifyCostModel | None = None,
+    ) -> None:
+        self.verifier = verifier
+        self.budget = Budget.parse(budget)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self.throughput = throughput if throughput is not None else Throughput()
+        self._cost = cost
+        self._since_probe = 0  # steps the rule cut since the last probe
+
+    @property
+    def cost(self) -> VerifyCostModel | None:
+        """The cost model, once loaded (None before the first decision that needed it)."""
+        return self._cost
+
+    def plan(self, tree: DraftTree, committed_len: int) -> Plan:
+        """The tree to verify after ``committed_len`` committed tokens, cut from the drafter's ``tree``."""
+        keys = node_keys(tree)
+        offered = tree.size
+        if offered == 1 or self.budget.mode != "auto":  # nothing to decide: say what is expected
+            predicted = None
+            if self._cost is not None:
+                predicted = float(self._cost.predict(np.array([offered]), committed_len)[0])
+            expected = 0.0 if offered == 1 else float(self.acceptance.estimate(tree, keys)[1][1:].sum())
+            reason = "no draft" if offered == 1 else self.budget.mode
+            return Plan(tree, keys, offered, expected, predicted, reason=reason)
+        _, accept_probs = self.acceptance.estimate(tree, keys)
+        calibration_s = 0.0
+        if self._cost is None:
+            self._cost, calibration_s = cost_model(self.verifier)
+        costs = self._cost.predict(np.arange(1, offered + 1), committed_len)  # [N]
+        rate = self.throughput.rate(1.0 / (costs[0] + self.throughput.overhead_s))
+        k, nodes = choose_budget(accept_probs, costs, rate)
+        reason = "declined" if k == 1 else "auto"
+        if k < offered:
+            self._since_probe += 1
+            if self._since_probe >= PROBE_EVERY:
+                self._since_probe = 0
+                k, reason = min(offered, 2 * k), "probe"
+                nodes = best_nodes(accept_probs, k)
+            chosen = nodes.tolist()
+            tree = tree.select(chosen)
+            keys = [keys[i] for i in chosen]
+        expected = float(accept_probs[nodes[1:]].sum())
+        return Plan(tree, keys, offered, expected, float(costs[k - 1]), calibration_s, reason)
+
+    def observe(
+        self, plan: Plan, accepted_nodes: Sequence[int], committed_len: int, verify_s: float, step_s: float
+    ) -> None:
+        """Learn from the verified ``plan.tree``: acceptance, verification cost and throughput.
+
+        ``committed_len`` is the committed length the tree was verified after; ``step_s``
+        the whole step's wall time (drafting, planning, verification, the drafter's update).
+        """
+        self.acceptance.observe(plan.tree, plan.keys, accepted_nodes)
+        if self._cost is not None:
+            self._cost.observe(plan.tree.size, committed_len, verify_s)
+        self.throughput.observe(len(accepted_nodes), step_s, verify_s, plan.predicted_s)
+

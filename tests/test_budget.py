@@ -1,0 +1,473 @@
+"""Cost-aware draft budgets (specdec.budget): the decision rule, the acceptance and cost models,
+calibration caching, and token identity under every budget.
+
+Layers: hand cases of the rule (drafting cannot pay -> one node; verification nearly free
+-> the whole tree), properties against brute force over every prefix-closed subtree,
+the models' learning on synthetic data, calibration caching on a tiny model, and
+differential runs (budget="auto" vs plain greedy decoding) on tiny fp64 models with
+synthetic (frozen) cost models, so no test depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from conftest import IDENTITY_COUNTS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_lossless import hf_greedy, random_prompt
+from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+
+import specdec
+from specdec.backends import make_verifier
+from specdec.budget import AcceptanceModel, Budget, BudgetPlanner, CostTable, VerifyCostModel, choose_budget
+from specdec.budget.acceptance import MAX_DEPTH_KEY, MAX_RANK_KEY, node_keys
+from specdec.budget.cost import calibrate, calibration_path, cost_model, forget_cost_models, model_identity
+from specdec.budget.planner import PROBE_EVERY
+from specdec.cli import main
+from specdec.engine import StopRules, decode
+from specdec.errors import InvalidDraftTreeError, SpecDecError
+from specdec.types import DraftTree, Feedback
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def frozen_costs(seconds_per_size: Sequence[float]) -> VerifyCostModel:
+    """A cost model that predicts ``seconds_per_size`` (one per entry of SIZES) at every context, never learning."""
+    row = tuple(float(s) for s in seconds_per_size)
+    return VerifyCostModel(CostTable(SIZES, (1, 1000), (row, row), {}), learn=False)
+
+
+FLAT = frozen_costs([1.0] * len(SIZES))  # verification nearly free: a GPU's small trees
+STEEP = frozen_costs([float(s) for s in SIZES])  # k nodes cost k plain steps: drafting never pays
+
+
+# -- the decision rule ------------------------------------------------------------------
+
+
+def test_drafting_that_cannot_pay_is_a_plain_step() -> None:
+    p = np.array([1.0, 0.9, 0.8, 0.7])
+    k, nodes = choose_budget(p, np.array([1.0, 2.0, 3.0, 4.0]), rate=1.0)
+    assert (k, nodes.tolist()) == (1, [0])
+
+
+def test_nearly_free_verification_takes_the_whole_tree() -> None:
+    p = np.array([1.0, 0.3, 0.2, 0.1, 0.05])
+    k, nodes = choose_budget(p, np.array([1.0, 1.0, 1.0, 1.0, 1.0001]), rate=1.0)
+    assert (k, nodes.tolist()) == (5, [0, 1, 2, 3, 4])
+
+
+def test_the_best_nodes_are_chosen_not_the_first() -> None:
+    # Root with children 1 (p 0.1) and 2 (p 0.9); node 3 under node 2 (p 0.8).
+    p = np.array([1.0, 0.1, 0.9, 0.8])
+    k, nodes = choose_budget(p, np.array([1.0, 1.2, 1.4, 1.6]), rate=1.0)
+    assert (k, nodes.tolist()) == (3, [0, 2, 3])
+
+
+def test_ties_go_to_the_smaller_budget() -> None:
+    k, _ = choose_budget(np.array([1.0, 0.5]), np.array([1.0, 1.5]), rate=1.0)  # 1 - 1 == 1.5 - 1.5
+    assert k == 1
+
+
+def test_choose_budget_rejects_mismatched_lengths() -> None:
+    with pytest.raises(SpecDecError, match="3 probabilities but 2 costs"):
+        choose_budget(np.ones(3), np.ones(2), rate=1.0)
+
+
+@st.composite
+def tree_problems(draw: st.DrawFn) -> tuple[list[int], np.ndarray, np.ndarray, float, float]:
+    """A random tree (parents), per-node p from random q, increasing costs, overhead and a rate >= the floor."""
+    n = draw(st.integers(1, 7))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    q = [draw(st.floats(0.0, 1.0)) for _ in range(n)]
+    p = np.ones(n)
+    for i in range(1, n):
+        p[i] = q[i] * p[parents[i]]
+    steps = [draw(st.floats(0.0, 2.0)) for _ in range(n - 1)]
+    costs = np.cumsum([draw(st.floats(0.1, 3.0)), *steps])
+    overhead = draw(st.floats(0.0, 1.0))
+    floor = 1.0 / (costs[0] + overhead)
+    rate = floor * draw(st.floats(1.0, 4.0))
+    return parents, p, costs, overhead, rate
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree_problems())
+def test_choice_is_optimal_prefix_closed_and_never_worse_than_plain(
+    problem: tuple[list[int], np.ndarray, np.ndarray, float, float],
+) -> None:
+    parents, p, costs, overhead, rate = problem
+    n = len(parents)
+    k, nodes = choose_budget(p, costs, rate)
+    chosen = nodes.tolist()
+    assert len(chosen) == k and chosen[0] == 0 and chosen == sorted(set(chosen))
+    assert all(parents[i] in chosen for i in chosen[1:]), f"not prefix-closed: {chosen} in {parents}"
+    value = 1.0 + p[chosen[1:]].sum() - rate * costs[k - 1]
+    # Brute force over every prefix-closed node set containing the root.
+    best = -np.inf
+    for mask in range(1 << (n - 1)):
+        subset = [0] + [i for i in range(1, n) if mask >> (i - 1) & 1]
+        if all(parents[i] in subset for i in subset[1:]):
+            best = max(best, 1.0 + p[subset[1:]].sum() - rate * costs[len(subset) - 1])
+    assert value >= best - 1e-9
+    # Never worse than a plain step, in expectation.
+    expected_rate = (1.0 + p[chosen[1:]].sum()) / (costs[k - 1] + overhead)
+    assert expected_rate >= 1.0 / (costs[0] + overhead) - 1e-9
+
+
+# -- budgets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "mode", "nodes"), [("auto", "auto", None), ("FULL", "full", None), (16, "fixed", 16),
+                                                       (" 4 ", "fixed", 4), (1, "fixed", 1)])
+def test_budget_parse(value: str | int, mode: str, nodes: int | None) -> None:
+    budget = Budget.parse(value)
+    assert (budget.mode, budget.nodes) == (mode, nodes)
+    assert Budget.parse(str(budget)) == budget
+
+
+@pytest.mark.parametrize("value", [0, -3, "fast", "", True, 2.5, None, "1e3"])
+def test_bad_budget_is_an_error_naming_it(value: object) -> None:
+    with pytest.raises(SpecDecError, match="budget must be") as error:
+        Budget.parse(value)  # type: ignore[arg-type]
+    assert repr(value) in str(error.value)
+
+
+def test_bad_budget_fails_in_run_and_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SpecDecError, match="'fast'"):
+        specdec.run(tiny_model("llama"), [1, 2, 3], "pld", max_new_tokens=4, budget="fast")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "hello", "--budget", "0"])
+    assert exit_info.value.code == 2
+    assert "budget must be 'auto', 'full' or a positive number of nodes, got 0" in capsys.readouterr().err
+
+
+# -- the acceptance model ---------------------------------------------------------------
+
+
+def test_node_keys_carry_source_feature_depth_and_rank() -> None:
+    # Root with 10 children (ranks 0..9), then a chain of 20 under child 1.
+    tokens = [0, *range(1, 11), *range(11, 31)]
+    parents = [-1, *([0] * 10), 1, *range(11, 30)]
+    tree = DraftTree(tuple(tokens), tuple(parents), "t", None, tuple(range(31)))
+    keys = node_keys(tree)
+    assert keys[1] == ("t", 1, 1, 0) and keys[3] == ("t", 3, 1, 2)
+    assert keys[10][3] == MAX_RANK_KEY  # rank 9 shares the last rank bucket
+    assert keys[30][2] == MAX_DEPTH_KEY  # depth 21 shares the last depth bucket
+    labelled = DraftTree((0, 1, 2), (-1, 0, 0), "mix", ("mix", "a", "b"))
+    assert [k[:2] for k in node_keys(labelled)[1:]] == [("a", -1), ("b", -1)]
+
+
+def test_unseen_sources_get_the_prior() -> None:
+    model = AcceptanceModel(prior=0.4)
+    tree = DraftTree.chain(0, [1, 2, 3], source="new")
+    q, p = model.estimate(tree, node_keys(tree))
+    assert np.allclose(q, [1.0, 0.4, 0.4, 0.4]) and np.allclose(p, [1.0, 0.4, 0.16, 0.064])
+
+
+def test_sibling_estimates_sum_to_at_most_one() -> None:
+    model = AcceptanceModel(prior=0.5)
+    tree = DraftTree((0, 1, 2, 3, 4), (-1, 0, 0, 0, 0), "fan")
+    q, _ = model.estimate(tree, node_keys(tree))
+    assert q[1:].sum() == pytest.approx(1.0)
+
+
+def test_acceptance_is_learned_per_feature() -> None:
+    model = AcceptanceModel()
+    good = DraftTree.chain(0, [1, 2], source="pld", feature=3)
+    bad = DraftTree.chain(0, [1, 2], source="pld", feature=1)
+    for _ in range(60):
+        model.observe(good, node_keys(good), (0, 1, 2))
+        model.observe(bad, node_keys(bad), (0,))
+    assert model.conditional(("pld", 3, 1, 0)) > 0.9
+    assert model.conditional(("pld", 1, 1, 0)) < 0.1
+    # Node 2 of the bad chain never had an accepted parent: no trial at depth 2.
+    assert model.trials(("pld", 1, 2)) == 0.0
+    assert model.trials(("pld", 3, 2)) > 0.0
+    rows = {(r["feature"], r["depth"]): r for r in model.table()}
+    assert rows[(1, 1)]["hit_rate"] == 0.0 and rows[(3, 2)]["hit_rate"] == 1.0
+
+
+def test_a_key_rejected_long_ago_drifts_back_to_its_neighbours() -> None:
+    """Forgetting is the exploration: a key no longer verified regains its neighbours' rate."""
+    model = AcceptanceModel(memory=0.95)
+    bad = DraftTree.chain(0, [1], source="s", feature=1)
+    good = DraftTree.chain(0, [1], source="s", feature=2)
+    for _ in range(20):
+        model.observe(bad, node_keys(bad), (0,))
+    low = model.conditional(("s", 1, 1, 0))
+    for _ in range(200):
+        model.observe(good, node_keys(good), (0, 1))
+    assert low < 0.1 < 0.8 < model.conditional(("s", 1, 1, 0))
+
+
+@pytest.mark.parametrize(("option", "value"), [("prior", 0.0), ("prior", 1.0), ("prior_weight", 0.0),
+                                               ("memory", 0.0), ("memory", 1.5)])
+def test_bad_acceptance_options_are_errors(option: str, value: float) -> None:
+    with pytest.raises(SpecDecError, match=f"{option} must be .* got {value}"):
+        AcceptanceModel(**{option: value})
+
+
+# -- the cost model ---------------------------------------------------------------------
+
+
+def test_costs_interpolate_in_size_and_context() -> None:
+    table = CostTable((1, 2, 4), (100, 300), ((1.0, 2.0, 3.0), (2.0, 3.0, 5.0)), {})
+    model = VerifyCostModel(table)
+    assert model.predict(np.array([1, 3, 6]), 100).tolist() == pytest.approx([1.0, 2.5, 4.0])
+    assert model.predict(np.array([1, 3, 6]), 200).tolist() == pytest.approx([1.5, 3.25, 5.5])
+    assert model.predict(np.array([1]), 500).tolist() == pytest.approx([3.0])  # extrapolated past 300
+    assert model.predict(np.array([1]), 0).tolist() == pytest.approx([0.5])  # floored at half of context 100
+
+
+def test_online_refinement_follows_the_machine() -> None:
+    model = VerifyCostModel(CostTable((1, 8, 64), (1, 1000), ((1.0, 2.0, 4.0), (1.0, 2.0, 4.0)), {}))
+    for _ in range(100):
+        model.observe(1, 10, 2.0)  # the machine got twice as slow for plain steps
+        model.observe(8, 10, 2.0)  # while 8-node trees cost what calibration said
+    assert model.predict(np.array([1, 8]), 10).tolist() == pytest.approx([2.0, 2.0], rel=0.02)
+    assert model.observations == 200
+    model.observe(1, 10, 1000.0)  # one preempted step: its ratio is clipped
+    assert model.predict(np.array([1]), 10)[0] < 2.0 * 1.25
+
+
+def test_a_frozen_cost_model_does_not_learn() -> None:
+    before = FLAT.predict(np.array([1, 5, 100]), 10).tolist()
+    FLAT.observe(5, 10, 123.0)
+    assert FLAT.predict(np.array([1, 5, 100]), 10).tolist() == before
+
+
+@pytest.mark.parametrize(
+    ("sizes", "contexts", "seconds", "message"),
+    [
+        ((2, 1), (1,), ((1.0, 1.0),), "sizes must be increasing"),
+        ((1, 2), (5, 5), ((1.0, 1.0), (1.0, 1.0)), "contexts must be increasing"),
+        ((1, 2), (1,), ((1.0,),), "table must be 1 x 2"),
+        ((1, 2), (1,), ((1.0, 0.0),), "times must be positive"),
+    ],
+)
+def test_bad_cost_tables_are_errors(
+    sizes: tuple[int, ...], contexts: tuple[int, ...], seconds: tuple[tuple[float, ...], ...], message: str
+) -> None:
+    with pytest.raises(SpecDecError, match=message):
+        CostTable(sizes, contexts, seconds, {})
+
+
+def test_cost_table_json_round_trip_and_version_check() -> None:
+    table = CostTable((1, 4), (8, 16), ((1.0, 2.0), (1.5, 2.5)), {"device": "x"})
+    assert CostTable.from_json(json.loads(json.dumps(table.to_json()))) == table
+    with pytest.raises(SpecDecError, match="calibration format version 0"):
+        CostTable.from_json({**table.to_json(), "version": 0})
+
+
+# -- calibration ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> object:
+    """A fresh cache directory and no cost model in memory."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    forget_cost_models()
+    yield tmp_path
+    forget_cost_models()
+
+
+def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object) -> None:
+    verifier = make_verifier(tiny_model("llama"))
+    model, spent = cost_model(verifier)
+    path = calibration_path(model_identity(verifier))
+    assert spent > 0.0 and path.is_file()
+    table = model.table
+    assert table.identity["dtype"] == "float64" and table.identity["model_type"] == "llama"
+    # The tiny model has 256 positions: calibration fits its sizes and contexts inside them.
+    assert max(table.sizes) + max(table.contexts) <= 256
+    for row in table.seconds:
+        assert list(row) == sorted(row)  # non-decreasing in size
+        assert all(s <= size * row[0] + 1e-12 for s, size in zip(row, table.sizes, strict=True))  # subadditive
+    assert cost_model(verifier) == (model, 0.0)  # in memory: the same object, shared online refinement
+    forget_cost_models()
+    reloaded, spent = cost_model(verifier)
+    assert spent == 0.0 and reloaded is not model and reloaded.table == table  # from the file
+    # Another architecture config or dtype is another identity, hence another file.
+    other = make_verifier(tiny_model("llama", seed=1).to(torch.float32))
+    assert calibration_path(model_identity(other)) != path
+    assert calibration_path(model_identity(make_verifier(tiny_model("qwen2")))) != path
+    path.write_text("{not json")
+    forget_cost_models()
+    _, spent = cost_model(verifier)  # a corrupt file is measured again, not trusted
+    assert spent > 0.0 and CostTable.from_json(json.loads(path.read_text())).sizes == table.sizes
+
+
+def test_calibrate_rejects_bad_arguments() -> None:
+    verifier = make_verifier(tiny_model("llama"))
+    with pytest.raises(SpecDecError, match="repeats must be a positive int, got 0"):
+        calibrate(verifier, repeats=0)
+    with pytest.raises(SpecDecError, match="sizes must be positive ints, got \\[0, 2\\]"):
+        calibrate(verifier, sizes=(0, 2))
+    with pytest.raises(SpecDecError, match="contexts must be positive ints, got \\[0\\]"):
+        calibrate(verifier, contexts=(0,))
+
+
+def test_first_use_calibrates_once_and_says_so(private_cache: object) -> None:
+    model = tiny_model("gpt2")
+    generator = specdec.Generator(model, drafter=ChainOracle.factory(model, [5, 6, 7, 5, 6], 30))
+    first = generator.generate([5, 6, 7, 5, 6], max_new_tokens=30)
+    second = generator.generate([5, 6, 7, 5, 6], max_new_tokens=30)
+    assert first.stats.calibration_s > 0.0 and second.stats.calibration_s == 0.0
+    assert first.stats.summary()["calibration_s"] == round(first.stats.calibration_s, 3)
+    assert first.tokens == second.tokens
+
+
+# -- token identity and behaviour under every budget -------------------------------------
+
+
+class ChainOracle:
+    """Drafts chains of the known plain-decoding output, half of them broken at their first token.
+
+    ``feature`` says which (2: intact, 1: broken), as a drafter's match length would say
+    how much to trust it; ``log`` keeps the feature of every proposal.
+    """
+
+    name = "chain-oracle"
+    feedback_topk = 0
+
+    def __init__(self, truth: Sequence[int], length: int = 8, seed: int = 0) -> None:
+        self.truth = list(truth)
+        self.length = length
+        self.rng = random.Random(seed)
+        self.position = 0
+        self.log: list[int] = []
+
+    @classmethod
+    def factory(cls, model: torch.nn.Module, prompt: list[int], max_new: int) -> ChainOracle:
+        return cls(hf_greedy(model, prompt, max_new))
+
+    def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
+        self.position = 0
+
+    def propose(self, pending: int, max_nodes: int) -> DraftTree:
+        draft = self.truth[self.position + 1 : self.position + 1 + min(self.length, max_nodes - 1)]
+        feature = 2
+        if draft and self.rng.random() < 0.5:
+            draft = [(draft[0] + 1) % VOCAB, *draft[1:]]
+            feature = 1
+        self.log.append(feature)
+        return DraftTree.chain(pending, draft, source=self.name, feature=feature)
+
+    def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
+        assert list(accepted) == self.truth[self.position : self.position + len(accepted)]
+        self.position += len(accepted)
+
+
+def run_with_costs(arch: str, costs: VerifyCostModel, max_new: int = 60, seed: int = 0) -> tuple[
+    specdec.GenerationResult, list[int], ChainOracle
+]:
+    model = tiny_model(arch)
+    prompt = random_prompt(random.Random(f"budget-{arch}-{seed}"))
+    truth = hf_greedy(model, prompt, max_new)
+    verifier = make_verifier(model)
+    drafter = ChainOracle(truth, seed=seed)
+    planner = BudgetPlanner(verifier, "auto", cost=costs)
+    result = decode(verifier, drafter, prompt, StopRules(max_new), planner=planner)
+    return result, truth, drafter
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_auto_is_lossless_and_drafts_when_verification_is_nearly_free(arch: str) -> None:
+    result, truth, _ = run_with_costs(arch, FLAT)
+    assert result.tokens == truth
+    IDENTITY_COUNTS[f"{arch}/chain-oracle/auto-flat"] += 1
+    records = result.stats.records
+    assert all(r.tree_size == r.offered for r in records)  # every node is worth verifying when it is free
+    assert result.stats.mat > 2.0  # regression guard: the intact chains were verified and accepted
+    assert all(r.expected is not None and r.predicted_s == pytest.approx(1.0) for r in records)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_auto_never_drafts_when_drafting_cannot_pay(arch: str) -> None:
+    result, truth, _ = run_with_costs(arch, STEEP)
+    assert result.tokens == truth
+    IDENTITY_COUNTS[f"{arch}/chain-oracle/auto-steep"] += 1
+    stats = result.stats
+    assert stats.mat == 1.0 + sum(r.accepted for r in stats.records) / stats.steps
+    offered = sum(1 for r in stats.records if r.offered > 1)
+    reasons = stats.budget_summary()["steps_by_reason"]
+    # Declined, but for the probes: every PROBE_EVERY-th cut step verifies two nodes.
+    assert reasons.get("declined", 0) + reasons.get("probe", 0) == offered > 0
+    assert reasons.get("probe", 0) == offered // PROBE_EVERY
+    assert all(r.tree_size == (2 if r.reason == "probe" else 1) for r in stats.records)
+
+
+def test_features_steer_the_budget() -> None:
+    """Once learned, broken drafts (feature 1) are declined and intact ones (feature 2) verified."""
+    costs = frozen_costs([1.0 + 0.1 * (s - 1) for s in SIZES])
+    result, truth, drafter = run_with_costs("llama", costs, max_new=150, seed=1)
+    assert result.tokens == truth
+    records = result.stats.records
+    late = [(feature, record) for feature, record in zip(drafter.log, records, strict=True)][len(records) // 2 :]
+    broken = [r for f, r in late if f == 1 and r.offered > 1]
+    intact = [r for f, r in late if f == 2 and r.offered > 1]
+    assert broken and intact
+    assert all(r.tree_size > 1 for r in intact)
+    # Broken drafts are declined, but for the rare retry when their key's count has decayed
+    # (forgetting is the model's exploration).
+    assert sum(r.tree_size == 1 for r in broken) >= 0.75 * len(broken)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_neox"])
+def test_every_budget_matches_plain_greedy(arch: str) -> None:
+    model = tiny_model(arch)
+    rng = random.Random(f"budgets-{arch}")
+    generator = specdec.Generator(model, drafter="pld")
+    for budget in ("auto", "full", 3, 1):
+        prompt = random_prompt(rng)
+        expected = hf_greedy(model, prompt, 40)
+        result = generator.generate(prompt, max_new_tokens=40, budget=budget)
+        assert result.tokens == expected, f"{arch}, budget {budget!r}"
+        IDENTITY_COUNTS[f"{arch}/pld/budget-{budget}"] += 1
+        stats = result.stats
+        assert stats.budget == str(Budget.parse(budget))
+        if budget == "full":
+            assert all(r.tree_size == r.offered for r in stats.records)
+        if isinstance(budget, int):
+            assert max(r.tree_size for r in stats.records) <= budget
+        summary = stats.summary()
+        assert {"budget", "mean_offered", "steps_by_reason", "expected_accepted", "realised_accepted"} <= set(summary)
+    assert generator.acceptance.steps > 0  # what the planner learned stays with the generator
+
+
+def test_the_generator_default_budget_and_its_override() -> None:
+    model = tiny_model("llama")
+    generator = specdec.Generator(model, drafter="pld", budget=2)
+    assert generator.generate([4, 5, 6, 4, 5], max_new_tokens=12).stats.budget == "2"
+    assert generator.generate([4, 5, 6, 4, 5], max_new_tokens=12, budget="full").stats.budget == "full"
+    assert specdec.run(model, [4, 5, 6, 4, 5], "pld", max_new_tokens=12).stats.budget == "auto"
+
+
+def test_draft_tree_features_and_select() -> None:
+    tree = DraftTree((5, 6, 7, 8), (-1, 0, 0, 1), "t", ("t", "a", "b", "a"), (0, 1, 2, 3))
+    cut = tree.select([0, 1, 3])
+    assert (cut.tokens, cut.parents, cut.node_sources, cut.node_features) == (
+        (5, 6, 8), (-1, 0, 1), ("t", "a", "a"), (0, 1, 3)
+    )
+    assert tree.prefix(2).node_features == (0, 1)
+    assert tree.pruned(4, 1).node_features == (0, 1, 2)
+    assert DraftTree.chain(1, [2, 3], feature=4).node_features == (4, 4, 4)
+    with pytest.raises(InvalidDraftTreeError, match="node_features has 2 entries for 3 nodes"):
+        DraftTree((1, 2, 3), (-1, 0, 1), node_features=(1, 2))
+    with pytest.raises(InvalidDraftTreeError, match="node_features must be >= 0, got -1"):
+        DraftTree((1, 2), (-1, 0), node_features=(0, -1))
+    with pytest.raises(InvalidDraftTreeError, match="keeps node 3 without its parent 1"):
+        tree.select([0, 2, 3])
+    with pytest.raises(InvalidDraftTreeError, match="increasing node indices from the root 0"):
+        tree.select([0, 2, 1])
+    for subset in itertools.combinations(range(1, 4), 2):
+        nodes = [0, *subset]
+        if all(tree.parents[i] in nodes for i in subset):
+            assert tree.select(nodes).size == 3
