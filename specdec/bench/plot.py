@@ -1,0 +1,50 @@
+"""The speedup plot: one group of bars per category, one bar per method, baseline at 1.0.
+
+Drawn with matplotlib's Agg backend (files only, no display), so it works on a server.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from specdec.bench.report import summarize
+
+
+def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a PNG of speedup per category per method (the baseline is the dashed line at 1.0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    summary = summarize(results)
+    baseline = results["baseline"]
+    labels = [m["label"] for m in results["methods"] if m["label"] != baseline]
+    categories = list(summary)
+    width = 0.8 / max(1, len(labels))
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.3 * len(categories) + 1.5), 4.2))
+    for k, label in enumerate(labels):
+        offsets = [i - 0.4 + width * (k + 0.5) for i in range(len(categories))]
+        values = [summary[c][label]["speedup"] or 0.0 for c in categories]
+        bars = axes.bar(offsets, values, width, label=label)
+        axes.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=6, padding=1)
+    axes.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
+    counts = [summary[c][baseline]["questions"] for c in categories]
+    axes.set_xticks(range(len(categories)), [f"{c}\n({n})" for c, n in zip(categories, counts, strict=True)],
+                    fontsize=8)
+    axes.set_ylabel(f"speedup over {baseline} (mean tokens/s)")
+    meta = results["meta"]
+    axes.set_title(
+        f"{meta['model']['name']}, {meta['settings']['max_new_tokens']} new tokens"
+        f", {meta['machine']['cpu'] or meta['machine']['platform']}",
+        fontsize=8,
+    )
+    axes.legend(fontsize=7, ncols=min(4, max(1, len(labels))))
+    figure.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=130)
+    plt.close(figure)
+    return out

@@ -1,0 +1,258 @@
+"""Deterministic quality figures: MAT and steps of every drafter on fixed prompts.
+
+Greedy decoding on a fixed prompt is deterministic, and so is what a drafter proposes
+along the way, so MAT and the number of target forwards do not move with machine noise:
+they are the figures a regression check can hold to a saved value. (Wall times do
+move; pytest-benchmark compares those, see ``docs/benchmarks.md``.)
+
+The suite is every registered drafter but ``none`` plus the featured composites whose
+parts are registered, each with its default options and ``budget="full"`` when the loop
+has budgets (the drafter's whole tree: the planner's ``auto`` budget learns from measured
+costs, which differ between machines). Drafters that need a datastore (REST) get one built
+over GSM8K's training problems (``../shared/data``), or are left out, and said to be,
+where that corpus is absent.
+
+Refresh the saved values after a deliberate change (see ``docs/benchmarks.md``)::
+
+    python -m specdec.bench.quality --write tests/data/quality_baseline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import SpecDecError
+
+MAX_NEW_TOKENS = 48
+# Relative MAT drop that fails the check: well above the drift a near-tie flip on another
+# CPU can cause on these prompts, well below what a worse drafter setting costs.
+TOLERANCE = 0.03
+# The corpus of the datastores drafters such as REST need, relative to the repository root.
+GSM8K = Path("..") / "shared" / "data" / "corpora" / "gsm8k_train.jsonl"
+# Composites worth guarding, when both parts are registered.
+FEATURED_COMPOSITES = ("sam+recycling",)
+
+PROMPTS: dict[str, str] = {
+    "code_edit": (
+        "Here is a Python function:\n\n"
+        "def count_words(text, min_length):\n"
+        "    counts = {}\n"
+        "    for word in text.split():\n"
+        "        word = word.strip('.,;:!?').lower()\n"
+        "        if len(word) < min_length:\n"
+        "            continue\n"
+        "        counts[word] = counts.get(word, 0) + 1\n"
+        "    return counts\n\n"
+        "Rename the function to `word_histogram` and the argument `text` to `document`. "
+        "Reply with the whole updated function only."
+    ),
+    "summarize": (
+        "Summarize the following report in three sentences.\n\n"
+        "The city council met on Tuesday to review the water utility's annual report. The utility "
+        "replaced 14 kilometres of cast-iron mains, which cut leaks by a fifth compared with last year. "
+        "Average household bills rose by 4 percent, mostly because of higher electricity prices at the "
+        "pumping stations. The council approved a plan to install smart meters in 12,000 homes over the "
+        "next two years, paid for by a state grant. Residents who spoke at the meeting asked for clearer "
+        "bills and for advance notice of planned outages; the utility agreed to send text alerts at "
+        "least 48 hours before any planned outage."
+    ),
+    "math": (
+        "A bakery sells muffins for $3 each and cookies for $1.50 each. On Monday it sold 40 muffins and "
+        "twice as many cookies. How much money did the bakery make on Monday? Explain step by step."
+    ),
+}
+
+
+def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """``(specs, left_out)``: registered drafters and featured composites, labelled by name.
+
+    Each spec runs the drafter with its default options and ``budget="full"`` when the loop
+    has budgets. ``context`` is the target's :class:`~specdec.drafters.DrafterContext`. A
+    drafter that cannot be built without a datastore gets ``datastores[name]`` (a datastore
+    of the kind named like it), or is left out (its name returned in ``left_out``) when there
+    is none; any other error building one is raised.
+    """
+    from specdec.drafters import available_drafters, make_factory
+
+    datastores = datastores or {}
+    names = [n for n in available_drafters() if n != "none"]
+    names += [c for c in FEATURED_COMPOSITES if all(p in names for p in c.split("+"))]
+    specs, left_out = [], []
+    for name in names:
+        options = ":budget=full" if _has_budgets() else ""
+        try:
+            make_factory(name, {}, context)
+        except SpecDecError as error:
+            if "datastore" not in str(error):
+                raise
+            if name not in datastores:
+                left_out.append(name)
+                continue
+            options += f":datastore={datastores[name]}"
+        specs.append(f"{name}={name}{options}")
+    return specs, left_out
+
+
+def build_datastores(tokenizer: Any, corpus: str | os.PathLike[str], directory: str | os.PathLike[str],
+                     kinds: Sequence[str] = ("rest",), max_tokens: int = 400_000) -> dict[str, str]:
+    """Datastores of ``kinds`` over the first ``max_tokens`` of a GSM8K-style jsonl corpus.
+
+    GSM8K's training problems (``question`` and ``answer`` fields), the team's shared corpus:
+    the same file and cut give the same datastore, hence the same figures, on every machine.
+    """
+    from specdec.datastores import BUILDERS
+    from specdec.datastores.corpus import iter_texts, tokenize_documents
+    from specdec.datastores.format import TokenizerIdentity
+
+    texts = iter_texts([corpus], fields=("question", "answer"))
+    documents = tokenize_documents(tokenizer, texts, max_tokens=max_tokens, progress=False)
+    paths = {}
+    for kind in kinds:
+        module_name, _, function_name = BUILDERS[kind].partition(":")
+        path = Path(directory) / f"quality.{kind}"
+        getattr(importlib.import_module(module_name), function_name)(
+            documents, path, TokenizerIdentity.of(tokenizer), progress=False
+        )
+        paths[kind] = str(path)
+    return paths
+
+
+def _has_budgets() -> bool:
+    from specdec.api import Generator
+
+    return "budget" in inspect.signature(Generator.generate).parameters
+
+
+def measure(model: Any, tokenizer: Any, specs: Sequence[str], *, prompts: Mapping[str, str] = PROMPTS,
+            max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Any]:
+    """``{label: {"mat", "steps", "new_tokens", "prompts": {name: {...}}}}`` for every spec.
+
+    The outputs are also checked against plain greedy decoding through the same loop
+    (``none``): a figure measured on a wrong output would be no guard at all.
+    """
+    from specdec.bench.methods import ForwardMeter, build_methods, parse_methods
+    from specdec.models import encode_prompt
+    from specdec.testing import compare_outputs
+
+    meter = ForwardMeter(model)
+    try:
+        methods = build_methods(parse_methods(["none", *specs]), model, tokenizer, meter)
+        encoded = {name: encode_prompt(tokenizer, text) for name, text in prompts.items()}
+        plain = {name: methods[0].generate(ids, max_new_tokens).tokens for name, ids in encoded.items()}
+        figures: dict[str, Any] = {}
+        for method in methods[1:]:
+            per_prompt: dict[str, Any] = {}
+            for name, ids in encoded.items():
+                measurement = method.generate(ids, max_new_tokens)
+                comparison = compare_outputs(model, ids, measurement.tokens, plain[name])
+                if not comparison.acceptable:
+                    raise SpecDecError(f"{method.spec.label} on prompt {name!r}: {comparison.describe()}")
+                per_prompt[name] = {"mat": round(measurement.emitted_by_steps / max(1, measurement.steps), 4),
+                                    "steps": measurement.steps, "emitted": measurement.emitted_by_steps,
+                                    "new_tokens": measurement.new_tokens}
+            steps = sum(p["steps"] for p in per_prompt.values())
+            emitted = sum(p["emitted"] for p in per_prompt.values())
+            figures[method.spec.label] = {"mat": round(emitted / max(1, steps), 4), "steps": steps,
+                                          "prompts": per_prompt}
+    finally:
+        meter.close()
+    return figures
+
+
+def check(measured: Mapping[str, Any], saved: Mapping[str, Any], tolerance: float = TOLERANCE) -> list[str]:
+    """Problems with ``measured`` against ``saved`` (empty: all is well).
+
+    A drafter fails when its MAT over the prompts fell by more than ``tolerance`` (relative)
+    or its steps rose by more than that; a drafter with no saved figures fails too, so a new
+    drafter is guarded from the day it lands (refresh the file to add it).
+    """
+    problems = []
+    for label, figures in measured.items():
+        if label not in saved:
+            problems.append(f"{label}: no saved figures; refresh them with "
+                            "`python -m specdec.bench.quality --write tests/data/quality_baseline.json`")
+            continue
+        before = saved[label]
+        if figures["mat"] < before["mat"] * (1 - tolerance) or figures["steps"] > before["steps"] * (1 + tolerance):
+            per_prompt = ", ".join(
+                f"{name} {p['mat']:.3f} (saved {before['prompts'].get(name, {}).get('mat', float('nan')):.3f})"
+                for name, p in figures["prompts"].items()
+            )
+            problems.append(
+                f"{label}: MAT {figures['mat']:.3f} in {figures['steps']} steps, saved {before['mat']:.3f} in "
+                f"{before['steps']} steps (tolerance {tolerance:.0%}); per prompt: {per_prompt}"
+            )
+    return problems
+
+
+def improvements(measured: Mapping[str, Any], saved: Mapping[str, Any], tolerance: float = TOLERANCE) -> list[str]:
+    """Drafters whose MAT rose past the tolerance: worth a refresh, so the guard holds the new level."""
+    return [
+        f"{label}: MAT {figures['mat']:.3f}, saved {saved[label]['mat']:.3f}"
+        for label, figures in measured.items()
+        if label in saved and figures["mat"] > saved[label]["mat"] * (1 + tolerance)
+    ]
+
+
+def load_saved(path: str | os.PathLike[str]) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import torch
+    import transformers
+
+    from specdec.bench.methods import drafter_context
+    from specdec.models import load_model
+
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench.quality", description=__doc__.split("\n")[0])
+    parser.add_argument("--write", metavar="PATH", help="save the figures here (the regression baseline)")
+    parser.add_argument("--check", metavar="PATH", help="compare with the figures saved here")
+    parser.add_argument("--drafters", default=None, help="comma-separated method specs (default: the suite)")
+    parser.add_argument("--corpus", default=str(GSM8K), help="GSM8K jsonl for the datastores (default: %(default)s)")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_model()
+    with tempfile.TemporaryDirectory() as directory:
+        datastores = build_datastores(tokenizer, args.corpus, directory) if Path(args.corpus).is_file() else {}
+        if args.drafters:
+            specs = args.drafters.split(",")
+        else:
+            specs, left_out = suite(drafter_context(model, tokenizer), datastores)
+            if left_out:
+                print(f"left out (no corpus at {args.corpus} for their datastore): {', '.join(left_out)}",
+                      file=sys.stderr)
+        figures = measure(model, tokenizer, specs)
+    print(json.dumps({label: {"mat": f["mat"], "steps": f["steps"]} for label, f in figures.items()}, indent=1))
+    if args.check:
+        problems = check(figures, load_saved(args.check)["drafters"])
+        print("\n".join(problems) or "no regression", file=sys.stderr)
+        if problems:
+            return 1
+    if args.write:
+        document = {
+            "about": "MAT and steps of each drafter on specdec.bench.quality.PROMPTS, checked by "
+                     "tests/test_quality.py. Refresh: python -m specdec.bench.quality --write "
+                     "tests/data/quality_baseline.json",
+            "max_new_tokens": MAX_NEW_TOKENS,
+            "tolerance": TOLERANCE,
+            "measured_with": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "drafters": figures,
+        }
+        Path(args.write).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.write}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
