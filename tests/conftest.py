@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,18 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent (../shared/data ships with the team's checkout, not the project)")
     return path
+
+
+def native_or_skip(name: str, load: Callable[[], Any]) -> Any:
+    """``load()``'s compiled extension; a build failure skips with the compiler's output (fails in CI)."""
+    from specdec.native import NativeBuildError
+
+    try:
+        return load()
+    except NativeBuildError as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"the {name} extension must build in CI: {error}")
+        pytest.skip(f"the {name} extension did not build here: {error}")
 
 
 def _default_model_installed() -> bool:

@@ -12,4 +12,4 @@ returns a dict of build statistics to print.
 
 from __future__ import annotations
 
-BUILDERS: dict[str, str] = {"sam": "specdec.datastores.sam:build"}
+BUILDERS: dict[str, str] = {"rest": "specdec.datastores.rest:build", "sam": "specdec.datastores.sam:build"}
