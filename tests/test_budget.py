@@ -471,3 +471,17 @@ def test_draft_tree_features_and_select() -> None:
         nodes = [0, *subset]
         if all(tree.parents[i] in nodes for i in subset):
             assert tree.select(nodes).size == 3
+
+
+def test_calibrate_examples_follow_the_cost_table() -> None:
+    """`specdec calibrate`'s budget table: the whole chain when verification is free, nothing when it never pays."""
+    from specdec.budget.cli import EXAMPLE_ACCEPTANCE, EXAMPLE_CHAIN, budget_examples
+
+    flat = [row["nodes"] for row in budget_examples(FLAT)]
+    # Every node while its p adds anything at float64 resolution (0.3**30 ~ 2e-16 does not).
+    assert flat[-1] == EXAMPLE_CHAIN and min(flat) > 30
+    assert [row["nodes"] for row in budget_examples(STEEP)] == [1] * len(EXAMPLE_ACCEPTANCE)
+    middle = budget_examples(frozen_costs([1.0 + 0.05 * (s - 1) for s in SIZES]))
+    nodes = [row["nodes"] for row in middle]
+    assert nodes == sorted(nodes) and nodes[0] < nodes[-1]  # more acceptance buys more nodes
+    assert all(row["expected_speedup"] >= 1.0 for row in middle)

@@ -18,7 +18,7 @@ docs/budget.md has the derivations and the measured numbers.
 
 from __future__ import annotations
 
-from specdec.budget.acceptance import AcceptanceModel, node_keys
+from specdec.budget.acceptance import AcceptanceModel, length_feature, node_keys
 from specdec.budget.cost import CostTable, VerifyCostModel, calibrate, cost_model
 from specdec.budget.planner import Budget, BudgetPlanner, Plan, Throughput, choose_budget
 
@@ -33,5 +33,6 @@ __all__ = [
     "calibrate",
     "choose_budget",
     "cost_model",
+    "length_feature",
     "node_keys",
 ]

@@ -50,6 +50,7 @@ Memory: two floats and a stamp per key and level seen.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +69,22 @@ MAX_RANK_KEY = 7
 NO_FEATURE = -1
 
 NodeKey = tuple[str, int, int, int]  # (source, feature, depth bucket, rank bucket)
+
+# Upper edges of the match-length buckets of :func:`length_feature`: exact up to 4, then two per octave.
+_LENGTH_EDGES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65)
+
+
+def length_feature(length: int) -> int:
+    """A node feature from a match length: exact up to 4, then two buckets per doubling (0..13).
+
+    Features are categories to the acceptance model; a drafter whose natural feature is an
+    unbounded length (a suffix automaton's match, REST's query) buckets it here, so that
+    lengths that predict alike share their trials. O(log 13).
+
+    >>> [length_feature(n) for n in (0, 1, 4, 5, 6, 7, 12, 13, 40, 500)]
+    [0, 1, 4, 5, 5, 6, 7, 8, 11, 13]
+    """
+    return bisect.bisect_right(_LENGTH_EDGES, max(int(length), 0))
 
 
 def node_keys(tree: DraftTree) -> list[NodeKey]:
@@ -138,16 +155,33 @@ class AcceptanceModel:
         return counts.trials * factor, counts.hits * factor
 
     def conditional(self, key: NodeKey) -> float:
-        """``q`` for one key, before the sibling constraint: rings shrunk from the outside in."""
-        levels = [self._current(key[:level]) for level in range(1, 5)]  # nested: trials never grow inward
-        q = self.prior
-        weight = self.prior_weight
+        """``q`` for one key, before the sibling constraint: rings shrunk from the outside in.
+
+        The hot path of :meth:`estimate` (once per distinct key of a tree), hence plain
+        comparisons instead of ``min``/``max`` and one pass over the four levels.
+        """
+        counts, memory, now = self._counts, self.memory, self.steps
+        trials = [0.0, 0.0, 0.0, 0.0]  # decayed counts of the nested levels, outermost first
+        hits = [0.0, 0.0, 0.0, 0.0]
         for level in range(4):
-            trials, hits = levels[level]
+            found = counts.get(key[: level + 1])
+            if found is not None:
+                factor = 1.0 if found.stamp == now else memory ** (now - found.stamp)
+                trials[level] = found.trials * factor
+                hits[level] = found.hits * factor
+        q, weight = self.prior, self.prior_weight
+        for level in range(4):
+            ring_trials, ring_hits = trials[level], hits[level]
             if level < 3:  # this ring is the level minus the next one in
-                trials, hits = trials - levels[level + 1][0], hits - levels[level + 1][1]
-            trials, hits = max(trials, 0.0), min(max(hits, 0.0), max(trials, 0.0))
-            q = (hits + weight * q) / (trials + weight)
+                ring_trials -= trials[level + 1]
+                ring_hits -= hits[level + 1]
+                if ring_trials < 0.0:  # rounding of the decayed sums
+                    ring_trials = 0.0
+                if ring_hits < 0.0:
+                    ring_hits = 0.0
+                elif ring_hits > ring_trials:
+                    ring_hits = ring_trials
+            q = (ring_hits + weight * q) / (ring_trials + weight)
         return q
 
     def estimate(self, tree: DraftTree, keys: Sequence[NodeKey]) -> tuple[FloatArray, FloatArray]:

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.budget.acceptance import length_feature
 from specdec.datastores.sam import Cursor, StaticSuffixAutomaton, native
 from specdec.drafters.base import DrafterContext, Factory, parse_options, require_positive
 from specdec.errors import SpecDecError
@@ -118,7 +119,9 @@ class SamDrafter:
         else:
             assert self._static_view is not None, "a static match needs a static automaton"
             self.last_source, draft = SOURCE_STATIC, self._static_view.draft(static_state, wanted)
-        return DraftTree.chain(pending, draft, source=self.last_source)
+        # The match length behind the chain (bucketed) is what the budget planner learns acceptance by.
+        match = self.m_dynamic if self.last_source == SOURCE_DYNAMIC else self.m_static
+        return DraftTree.chain(pending, draft, source=self.last_source, feature=length_feature(match))
 
     def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
         tokens = list(accepted)
