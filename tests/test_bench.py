@@ -19,7 +19,14 @@ import pytest
 from tiny_models import VOCAB, tiny_model
 
 from specdec.bench.cli import REPORT_FILE
-from specdec.bench.methods import ForwardMeter, build_methods, parse_method, parse_methods
+from specdec.bench.methods import (
+    ForwardMeter,
+    build_methods,
+    datastore_kinds,
+    parse_method,
+    parse_methods,
+    with_datastores,
+)
 from specdec.bench.questions import load_questions, select_questions
 from specdec.bench.replay import ReplayVerifier, judge, off_path_choice, replay
 from specdec.bench.report import OVERALL, format_comparison, format_report, summarize
@@ -160,6 +167,36 @@ def test_unknown_drafters_and_options_fail_before_any_run() -> None:
             build_methods(parse_methods(["nope"]), model, CharTokenizer(), meter)
         with pytest.raises(SpecDecError, match="method 'pld:depth=2': drafter 'pld' has no option 'depth'"):
             build_methods(parse_methods(["pld:depth=2"]), model, CharTokenizer(), meter)
+    finally:
+        meter.close()
+
+
+def fake_datastore(path: Path, kind: str) -> Path:
+    """A datastore file of ``kind`` (only its header matters to the runner)."""
+    import numpy as np
+
+    from specdec.datastores.format import TokenizerIdentity, write_datastore
+
+    return write_datastore(path, kind=kind, kind_version=1, tokenizer=TokenizerIdentity("t", VOCAB),
+                           arrays={"tokens": np.zeros(4, dtype=np.int64)})
+
+
+def test_datastores_go_to_the_drafters_of_their_kind(tmp_path: Path) -> None:
+    rest, sam = fake_datastore(tmp_path / "a.rest", "rest"), fake_datastore(tmp_path / "b", "sam")
+    kinds = datastore_kinds([rest, sam])
+    assert kinds == {"rest": str(rest), "sam": str(sam)}
+    assert with_datastores("rest", {"budget": 8}, kinds) == {"budget": 8, "datastore": str(rest)}
+    assert with_datastores("rest", {"datastore": "mine"}, kinds) == {"datastore": "mine"}  # explicit wins
+    assert with_datastores("pld", {}, kinds) == {}
+    assert with_datastores("sam+recycling", {"mode": "merge"}, kinds) == {"mode": "merge", "sam.datastore": str(sam)}
+    assert with_datastores("sam+recycling", {"sam": {"l_bias": 2}}, kinds) == {"sam": {"l_bias": 2}}
+    with pytest.raises(SpecDecError, match="two 'rest' datastores given"):
+        datastore_kinds([rest, fake_datastore(tmp_path / "c.rest", "rest")])
+    model = tiny_model("llama")
+    meter = ForwardMeter(model)
+    try:
+        with pytest.raises(SpecDecError, match=r"no method in this run reads a 'sam' datastore \("):
+            build_methods(parse_methods(["none", "hf-pld"]), model, CharTokenizer(), meter, datastores=[sam])
     finally:
         meter.close()
 

@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     selected = select_questions(questions, args.per_category, categories)
     settings = BenchSettings(
         model=args.model, max_new_tokens=args.max_new_tokens, turns=args.turns, backend=args.backend,
-        datastore=args.datastore, warmup_tokens=args.warmup_tokens,
+        datastores=tuple(args.datastore), warmup_tokens=args.warmup_tokens,
     )
     if not args.quiet:
         print(f"Loading the model ({args.model}) ...", file=sys.stderr)
@@ -94,7 +94,8 @@ def register(sub: Any) -> None:
                        help="comma-separated methods, the first being the speedup baseline: registered drafters, "
                        "hf-generate, hf-pld; options and labels as label=name:key=value "
                        f"(default: {DEFAULT_METHODS})")
-    bench.add_argument("--datastore", default=None, help="a datastore file for the drafters that take one")
+    bench.add_argument("--datastore", action="append", default=[], metavar="PATH",
+                       help="a datastore file (repeatable); its kind (rest, sam) names the drafter that reads it")
     bench.add_argument("--turns", type=int, choices=(1, 2), default=1, help="MT-Bench turns to ask (default: 1)")
     bench.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
     bench.add_argument("--backend", default="auto")

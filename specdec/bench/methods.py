@@ -201,7 +201,7 @@ class SpecdecMethod:
     """A registered drafter through specdec's loop (a fresh drafter per generation)."""
 
     def __init__(self, spec: MethodSpec, model: Any, tokenizer: Any, meter: ForwardMeter, backend: str,
-                 datastore: str | os.PathLike[str] | None = None) -> None:
+                 datastores: Mapping[str, str] | None = None) -> None:
         from specdec.api import Generator
 
         self.spec = spec
@@ -212,8 +212,7 @@ class SpecdecMethod:
         for key in self._generation:
             if key not in accepted:
                 raise SpecDecError(f"method {spec.label!r}: this specdec's generate() takes no {key!r}")
-        if datastore is not None:
-            options = with_datastore(spec.name, options, os.fspath(datastore), model, tokenizer)
+        options = with_datastores(spec.name, options, datastores or {})
         self._generator = Generator(model, tokenizer, drafter=spec.name, drafter_options=options, backend=backend)
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Measurement:
@@ -248,42 +247,37 @@ def drafter_context(model: Any, tokenizer: Any) -> Any:
     return DrafterContext(vocab_size=vocab, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
 
 
-def takes_datastore(name: str, datastore: str, context: Any) -> bool:
-    """Whether drafter ``name`` accepts a ``datastore`` option (building it once with ``datastore``).
+def datastore_kinds(paths: Sequence[str | os.PathLike[str]]) -> dict[str, str]:
+    """``{kind: path}`` from the datastore files' own headers (``rest``, ``sam``, ...).
 
-    Whether a drafter takes one is its registry builder's business, so we ask it: options
-    are checked before any file is read, and an unknown option is the one error that means
-    "does not take it"; any other error (a bad file) is the user's to see.
+    A datastore's kind is the name of the drafter that reads it, so ``--datastore`` needs
+    no ``drafter=`` prefix. Two files of one kind are an error: which would go where?
     """
-    from specdec.drafters import make_factory
+    from specdec.datastores.format import read_header
 
-    try:
-        make_factory(name, {"datastore": datastore}, context)
-    except SpecDecError as error:
-        if "no option 'datastore'" in str(error):
-            return False
-        raise
-    return True
+    kinds: dict[str, str] = {}
+    for path in paths:
+        kind = str(read_header(path).get("kind", ""))
+        if kind in kinds:
+            raise SpecDecError(f"two {kind!r} datastores given ({kinds[kind]} and {os.fspath(path)}): keep one")
+        kinds[kind] = os.fspath(path)
+    return kinds
 
 
-def with_datastore(name: str, options: dict[str, Any], datastore: str, model: Any, tokenizer: Any) -> dict[str, Any]:
-    """``options`` plus ``--datastore`` for the drafter, or for each part of a composite, that takes one.
+def with_datastores(name: str, options: Mapping[str, Any], datastores: Mapping[str, str]) -> dict[str, Any]:
+    """``options`` plus the datastore of the drafter's kind, or of each composite part's kind.
 
-    An explicit ``datastore`` option (``rest:datastore=...``) wins over ``--datastore``.
+    An explicit option (``rest:datastore=...``, ``sam+recycling:sam.datastore=...``) wins.
     """
-    context = drafter_context(model, tokenizer)
-    parts = name.split("+") if "+" in name else []
-    if not parts:
-        if "datastore" not in options and takes_datastore(name, datastore, context):
-            return {**options, "datastore": datastore}
-        return options
-    extra = {
-        f"{part}.datastore": datastore
-        for part in parts
-        if f"{part}.datastore" not in options and not isinstance(options.get(part), dict)
-        and takes_datastore(part, datastore, context)
-    }
-    return {**options, **extra}
+    merged = dict(options)
+    if "+" not in name:
+        if name in datastores and "datastore" not in merged:
+            merged["datastore"] = datastores[name]
+        return merged
+    for part in name.split("+"):
+        if part in datastores and f"{part}.datastore" not in merged and not isinstance(merged.get(part), Mapping):
+            merged[f"{part}.datastore"] = datastores[part]
+    return merged
 
 
 class HuggingFaceMethod:
@@ -344,11 +338,20 @@ def build_methods(
     meter: ForwardMeter,
     *,
     backend: str = "auto",
-    datastore: str | os.PathLike[str] | None = None,
+    datastores: Sequence[str | os.PathLike[str]] = (),
 ) -> list[Method]:
-    """One method object per spec; drafter names and options are checked here, before any run."""
+    """One method object per spec; drafter names, options and datastores are checked here, before any run.
+
+    ``datastores`` are files whose kind (read from each header) names the drafter that gets
+    it: a ``rest`` file goes to ``rest`` and to the ``rest`` part of composites.
+    """
     from specdec.models import eos_token_ids
 
+    kinds = datastore_kinds(datastores)
+    takers = {part for spec in specs if not spec.is_peer for part in spec.name.split("+")}
+    unused = sorted(set(kinds) - takers)
+    if unused:
+        raise SpecDecError(f"no method in this run reads a {unused[0]!r} datastore ({kinds[unused[0]]})")
     eos = eos_token_ids(model, tokenizer)
     methods: list[Method] = []
     for spec in specs:
@@ -356,7 +359,7 @@ def build_methods(
             methods.append(HuggingFaceMethod(spec, model, eos, meter))
             continue
         try:
-            methods.append(SpecdecMethod(spec, model, tokenizer, meter, backend, datastore))
+            methods.append(SpecdecMethod(spec, model, tokenizer, meter, backend, kinds))
         except SpecDecError as error:
             peers = f" (or a peer: {', '.join(PEERS)})" if "unknown drafter" in str(error) else ""
             raise SpecDecError(f"method {spec.label!r}: {error}{peers}") from None

@@ -49,7 +49,7 @@ class BenchSettings:
     max_new_tokens: int = 128
     turns: int = 1
     backend: str = "auto"
-    datastore: str | None = None
+    datastores: tuple[str, ...] = ()
     warmup_tokens: int = 16
 
     def __post_init__(self) -> None:
@@ -63,7 +63,7 @@ class BenchSettings:
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model, "max_new_tokens": self.max_new_tokens, "turns": self.turns,
-            "backend": self.backend, "datastore": self.datastore, "warmup_tokens": self.warmup_tokens,
+            "backend": self.backend, "datastores": list(self.datastores), "warmup_tokens": self.warmup_tokens,
         }
 
 
@@ -247,7 +247,7 @@ class BenchRun:
         self.path = self.out_dir / RESULTS_FILE
         self.meter = ForwardMeter(model)
         self.methods: list[Method] = build_methods(
-            self.specs, model, tokenizer, self.meter, backend=settings.backend, datastore=settings.datastore
+            self.specs, model, tokenizer, self.meter, backend=settings.backend, datastores=settings.datastores
         )
         reference = next((s for s in self.specs if s.is_greedy_baseline), self.specs[0])
         self.judge = Judge(model)
