@@ -22,6 +22,7 @@ from test_suffix_automaton import identity, python_words, random_documents, sam_
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
+from specdec.budget.acceptance import length_feature
 from specdec.datastores.sam import StaticSuffixAutomaton, build
 from specdec.drafters import DrafterContext, make_factory
 from specdec.drafters.sam import SOURCE_DYNAMIC, SOURCE_STATIC, SamConfig, SamDrafter
@@ -60,6 +61,10 @@ def drafts_along(tokens: list[int], config: SamConfig, documents: list[list[int]
             expected_source = {"dynamic": SOURCE_DYNAMIC, "static": SOURCE_STATIC}.get(source or "")
             assert drafter.last_source == (expected_source if budget > 1 else None)
             assert tree.source == (expected_source if budget > 1 and expected_source else "sam")
+            if tree.source == SOURCE_DYNAMIC:  # the budget planner learns acceptance by match length
+                assert tree.node_features == (length_feature(m_dynamic),) * tree.size
+            elif tree.source == SOURCE_STATIC:
+                assert tree.node_features == (length_feature(m_static),) * tree.size
         sources[drafter.last_source or "none"] += 1
         step = rng.randrange(1, 6)
         drafter.update(tokens[position : position + step], None)

@@ -427,37 +427,62 @@ def test_bad_files_are_refused(sam_native: Any, tmp_path: Path) -> None:
     with pytest.raises(DatastoreError, match="fails its checksum"):
         load(corrupt)
 
-    # Files whose checksums hold but whose arrays break an invariant: the bounds checks catch
-    # what would make the compiled code read out of bounds or loop.
+    def wrong(name: str, arrays: dict[str, Any], message: str) -> None:
+        with pytest.raises(DatastoreError, match=message):
+            load(write(tmp_path, f"{name}.sam", arrays))
+
+    wrong("missing", changed(link=None), "lacks section 'link'")
+    wrong("dtype", changed(tokens=lambda a: a.astype(np.int32)), "stores tokens as int32")
+    wrong("mixed", changed(edge_token=lambda a: a.astype(np.uint32)), "stores tokens as uint16")
+    wrong("shape", changed(link=lambda a: a[:-1]), "is corrupt: link: shape does not match")
+
+
+def test_crafted_files_cannot_crash_or_hang(sam_native: Any, tmp_path: Path) -> None:
+    """A file that passes its checksums but breaks the automaton's invariants loads (its
+    structure is not read at load); every compiled read is bounds-checked, so matching and
+    drafting from any state end without reading out of bounds, and check() names the fault."""
+
     def link_cycle(link: Any) -> Any:
-        link[2] = 2
+        link[1:] = np.arange(1, len(link))  # every state its own link: a walk would never end
         return link
 
-    def wild_target(target: Any) -> Any:
-        target[0] = 999
+    def wild_targets(target: Any) -> Any:
+        target[:] = 10**6
         return target
+
+    def wild_edge_start(start: Any) -> Any:
+        start[2:] = 2**32 - 1
+        return start
 
     def short_doc_starts(starts: Any) -> Any:
         starts[-1] -= 1
         return starts
 
     def past_the_end(draft_endpos: Any) -> Any:
-        draft_endpos[1] = 1000
+        draft_endpos[1:] = 10**6
         return draft_endpos
 
+    def negative_lengths(length: Any) -> Any:
+        length[1:] = -(2**31)
+        return length
+
     cases = {
-        "missing": (changed(link=None), "lacks section 'link'"),
-        "dtype": (changed(tokens=lambda a: a.astype(np.int32)), "stores tokens as int32"),
-        "mixed": (changed(edge_token=lambda a: a.astype(np.uint32)), "stores tokens as uint16"),
-        "link": (changed(link=link_cycle), "is corrupt: state 2: bad suffix link 2"),
-        "target": (changed(edge_target=wild_target), "is corrupt: edge 0: target 999 out of range"),
-        "docs": (changed(doc_starts=short_doc_starts), "is corrupt: doc_starts does not cover the tokens"),
-        "endpos": (changed(draft_endpos=past_the_end), "is corrupt: state 1: draft_endpos 1000 out of range"),
-        "shape": (changed(link=lambda a: a[:-1]), "is corrupt: link: shape does not match"),
+        "link": (changed(link=link_cycle), "state 1: bad suffix link 1"),
+        "target": (changed(edge_target=wild_targets), "edge 0: target 1000000 out of range"),
+        "edge_start": (changed(edge_start=wild_edge_start), "edge_start does not cover the edges"),
+        "docs": (changed(doc_starts=short_doc_starts), "doc_starts does not cover the tokens"),
+        "endpos": (changed(draft_endpos=past_the_end), "state 1: draft_endpos 1000000 out of range"),
+        "lengths": (changed(length=negative_lengths), "state 1: bad suffix link 0"),
     }
     for name, (arrays, message) in cases.items():
+        sam = StaticSuffixAutomaton.load(write(tmp_path, f"{name}.sam", arrays), tokenizer=identity(4))
         with pytest.raises(DatastoreError, match=message):
-            load(write(tmp_path, f"{name}.sam", arrays))
+            sam.check()
+        for state in range(sam.num_states):
+            for token in range(5):
+                sam.step((state, 3), token)
+            sam.draft(state, 4)
+        sam.advance((0, 0), [1, 2, 1, 2, 3, 0, 2, 3] * 3)
 
 
 def test_check_finds_broken_semantics(sam_native: Any) -> None:

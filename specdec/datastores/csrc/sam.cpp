@@ -87,8 +87,8 @@ Cursor cursor_step(const Automaton& automaton, Cursor cursor, Token token) {
   for (;;) {
     int32_t target = automaton.next(state, token);
     if (target >= 0) return {target, length + 1};
-    if (state == kRoot) return {kRoot, 0};
-    state = automaton.link_of(state);
+    state = automaton.link_of(state);  // -1 past the root (or, in a damaged file, on a bad link)
+    if (state < 0) return {kRoot, 0};
     length = automaton.length_of(state);
   }
 }
@@ -147,6 +147,7 @@ class MutableAutomaton {
 
   int32_t num_states() const { return int32_t(length_.size()); }
   uint64_t num_edges() const { return num_edges_; }
+  uint64_t pool_entries() const { return pool_.size(); }
   const std::vector<int32_t>& length() const { return length_; }
   const std::vector<int32_t>& link() const { return link_; }
   const std::vector<int32_t>& min_endpos() const { return min_endpos_; }
@@ -499,6 +500,7 @@ class StaticBuilder {
   }
   int32_t num_states() const { return sam_.num_states(); }
   uint64_t num_edges() const { return sam_.num_edges(); }
+  uint64_t pool_entries() const { return sam_.pool_entries(); }
   size_t peak_bytes() const { return peak_bytes_; }
 
  private:
@@ -531,21 +533,28 @@ class StaticView {
     py::array doc_starts = arrays["doc_starts"];
     num_docs_ = doc_starts.shape(0) - 1;
     doc_starts_ = array_data<int64_t>(doc_starts, "doc_starts", -1);
-    std::string problem = validate();
-    if (!problem.empty()) throw py::value_error(problem);
+    if (states_ < 1 || num_docs_ < 0) throw py::value_error("an automaton needs a root state and doc_starts[0]");
     // Dense root table: every failed match ends at the root, so its lookup is one load.
-    for (uint32_t e = edge_start_[0]; e < edge_start_[1] && int64_t(edge_token_[e]) < kDenseRoot; ++e) {
+    uint32_t root_end = std::min<uint64_t>(edge_start_[1], uint64_t(edges_));
+    for (uint32_t e = edge_start_[0]; e < root_end && int64_t(edge_token_[e]) < kDenseRoot; ++e) {
       if (size_t(edge_token_[e]) >= root_.size()) root_.resize(size_t(edge_token_[e]) + 1, -1);
       root_[edge_token_[e]] = edge_target_[e];
     }
   }
 
+  // Loading checks the file's checksums, not its structure (a pass over every array would
+  // double the load time); instead every read below is bounds-checked, so a damaged file
+  // that passes its checksums yields wrong drafts (which verification rejects) but never
+  // reads out of bounds or loops: a state's edges lie inside edge_*, targets and links
+  // are valid states, a link must be shorter (so link walks end), positions lie in tokens.
   int32_t next(int32_t state, int64_t token) const {
     if (state == kRoot && token < kDenseRoot)
       return (token >= 0 && uint64_t(token) < root_.size()) ? root_[size_t(token)] : -1;
     if (token < 0 || uint64_t(token) > uint64_t(std::numeric_limits<Tok>::max())) return -1;
-    const Tok* begin = edge_token_ + edge_start_[state];
-    const Tok* end = edge_token_ + edge_start_[state + 1];
+    uint64_t first = edge_start_[state], last = std::min<uint64_t>(edge_start_[state + 1], uint64_t(edges_));
+    if (first > last) return -1;
+    const Tok* begin = edge_token_ + first;
+    const Tok* end = edge_token_ + last;
     Tok key = Tok(token);
     const Tok* at;
     if (end - begin <= int64_t(kLinearScan)) {
@@ -554,38 +563,52 @@ class StaticView {
     } else {
       at = std::lower_bound(begin, end, key);
     }
-    return (at != end && *at == key) ? edge_target_[at - edge_token_] : -1;
+    if (at == end || *at != key) return -1;
+    int32_t target = edge_target_[at - edge_token_];
+    return (target > kRoot && target < states_) ? target : -1;
   }
 
-  Cursor step(Cursor cursor, int64_t token) const { return cursor_step(*this, cursor, token); }
-  int32_t link_of(int32_t state) const { return link_[state]; }
+  Cursor step(Cursor cursor, int64_t token) const {
+    if (cursor.first < 0 || cursor.first >= states_) throw py::value_error("cursor state out of range");
+    return cursor_step(*this, cursor, token);
+  }
+  int32_t link_of(int32_t state) const {
+    int32_t link = link_[state];
+    bool valid = link >= 0 && link < states_ && length_[link] >= 0 && length_[link] < length_[state];
+    return valid ? link : -1;
+  }
   int32_t length_of(int32_t state) const { return length_[state]; }
 
   Cursor advance(Cursor cursor, const std::vector<int64_t>& tokens) const {
     if (cursor.first < 0 || cursor.first >= states_) throw py::value_error("cursor state out of range");
-    for (int64_t token : tokens) cursor = step(cursor, token);
+    for (int64_t token : tokens) cursor = cursor_step(*this, cursor, token);
     return cursor;
   }
 
+  // One past the end of the document holding `position` (O(log D)), at most num_tokens.
   int64_t document_end(int64_t position) const {
     const int64_t* at = std::upper_bound(doc_starts_, doc_starts_ + num_docs_ + 1, position);
-    return at == doc_starts_ + num_docs_ + 1 ? num_tokens_ : *at;
+    return at == doc_starts_ + num_docs_ + 1 ? num_tokens_ : std::min(*at, num_tokens_);
+  }
+
+  // Tokens after the draft occurrence of `state` in its document (-1: no valid occurrence).
+  int64_t available(int32_t state) const {
+    int64_t end = draft_endpos_[state];
+    return (end < 0 || end >= num_tokens_) ? -1 : document_end(end) - 1 - end;
   }
 
   py::list draft(int32_t state, int32_t wanted) const {
     py::list out;
     if (state <= kRoot || state >= states_ || wanted < 1) return out;
     state = draft_state(
-        state, wanted, [&](int32_t s) { return document_end(draft_endpos_[s]) - 1 - draft_endpos_[s]; },
-        [&](int32_t s) { return link_[s]; });
+        state, wanted, [&](int32_t s) { return available(s); }, [&](int32_t s) { return link_of(s); });
     int64_t begin = int64_t(draft_endpos_[state]) + 1;
-    int64_t end = std::min(document_end(begin - 1), begin + wanted);
+    int64_t end = begin + std::min<int64_t>(available(state), wanted);
     for (int64_t at = begin; at < end; ++at) out.append(int64_t(tokens_[at]));
     return out;
   }
 
-  // Bounds and order checks that make every access above safe on any file (O(S + E)):
-  // links shorten (so link walks end), targets and positions in range, CSR monotone.
+  // The structural invariants the bounds checks above guard against (O(S + E)).
   std::string validate() const {
     std::ostringstream out;
     if (states_ < 1 || length_[0] != 0 || link_[0] != -1) return "the root state is malformed";
@@ -693,6 +716,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("check", &StaticBuilder::check)
       .def_property_readonly("num_states", &StaticBuilder::num_states)
       .def_property_readonly("num_edges", &StaticBuilder::num_edges)
+      .def_property_readonly("pool_entries", &StaticBuilder::pool_entries)
       .def_property_readonly("peak_bytes", &StaticBuilder::peak_bytes);
   bind_view<uint16_t>(m, "StaticView16");
   bind_view<uint32_t>(m, "StaticView32");
