@@ -12,7 +12,6 @@ from typing import Any
 from specdec.drafters.base import DrafterContext, Factory, parse_options
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
-from specdec.drafters.sam import sam_factory
 from specdec.drafters.rest import rest_factory
 from specdec.drafters.sam import sam_factory
 from specdec.errors import SpecDecError
@@ -34,7 +33,6 @@ def _pld_factory(options: Mapping[str, Any], context: DrafterContext) -> Drafter
 REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]] = {
     "none": _none_factory,
     "pld": _pld_factory,
-    "sam": sam_factory,
     "rest": rest_factory,
     "sam": sam_factory,
 }
