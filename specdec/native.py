@@ -33,7 +33,7 @@ class NativeBuildError(SpecDecError):
 
 
 def extension_key(sources: Sequence[Path], flags: Sequence[str], with_cuda: bool) -> str:
-    """Hash of everything that changes the binary."""
+    """Hash of everything that changes the binary (``sources`` includes the headers they include)."""
     import torch
 
     digest = hashlib.sha256()
@@ -53,18 +53,22 @@ def load_extension(
     extra_cuda_cflags: Sequence[str] = ("-O3",),
     with_cuda: bool = False,
     verbose: bool = False,
+    depends: Sequence[str | os.PathLike[str]] = (),
 ) -> ModuleType:
     """Build (once) and import the extension ``name`` from ``sources``.
 
     The first build takes tens of seconds; later calls in the same process return the
     loaded module, and later processes load the cached binary in milliseconds.
+    ``depends`` lists files the sources include (headers): not compiled, but hashed into
+    the cache key, so editing a header also gives a fresh build.
     """
     paths = [Path(s).resolve() for s in sources]
-    missing = [str(p) for p in paths if not p.is_file()]
+    headers = [Path(s).resolve() for s in depends]
+    missing = [str(p) for p in paths + headers if not p.is_file()]
     if missing:
         raise NativeBuildError(f"extension {name!r}: source files missing: {', '.join(missing)}")
     flags = [*extra_cflags, *(extra_cuda_cflags if with_cuda else ())]
-    key = extension_key(paths, flags, with_cuda)
+    key = extension_key(paths + headers, flags, with_cuda)
     module_name = f"specdec_{name}_{key}"
     with _LOCK:
         if module_name in _LOADED:

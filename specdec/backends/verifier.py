@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from specdec.backends.topk import topk_ids
 from specdec.backends.tree import tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.models import SUPPORTED_ATTENTION, context_length
@@ -37,7 +38,8 @@ class Acceptance:
     """What :meth:`TreeOps.accept` returns, all on the host.
 
     ``path``: accepted node indices, root first; ``bonus``: the model's token after the
-    path's last node; ``topk``: int64 ``[N, k]`` top ids per node (None when k == 0).
+    path's last node; ``topk``: int64 ``[N, k]`` top ids per node, value descending, ties to the
+    lower id (:func:`~specdec.backends.topk.topk_ids`; None when k == 0).
     """
 
     path: tuple[int, ...]
@@ -89,7 +91,7 @@ class TorchTreeOps:
             node = child
         top = None
         if topk > 0:
-            top = logits.topk(topk, dim=-1).indices.to("cpu", torch.int64).numpy()
+            top = topk_ids(logits, topk).cpu().numpy()  # value descending, ties to the lower id
         return Acceptance(tuple(path), choices[node], top)
 
     def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
@@ -197,7 +199,7 @@ class ModelVerifier:
         pending = int(self.chooser.choose(logits[-1:], position)[0])
         feedback = None
         if prompt_topk:
-            top = logits.topk(prompt_topk, dim=-1).indices.to("cpu", torch.int64).numpy()
+            top = topk_ids(logits, prompt_topk).cpu().numpy()
             feedback = Feedback(np.asarray(prompt, dtype=np.int64), top)
         return KVState(cache, len(prompt)), pending, feedback
 

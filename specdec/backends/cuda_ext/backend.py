@@ -1,0 +1,104 @@
+"""``ExtTreeOps``: the verifier's three tree operations on the compiled kernels.
+
+It implements :class:`~specdec.backends.verifier.TreeOps` exactly as
+:class:`~specdec.backends.verifier.TorchTreeOps` (the reference) does, and is diffed
+against it op by op and generation by generation (``tests/test_cuda_ext.py``). Per step:
+
+- :meth:`tree_inputs`: one small upload (parents), one kernel for mask and positions;
+- :meth:`accept`: one small upload (tokens and parents), the choice/top-k and walk kernels,
+  then the step's **one host synchronization**: path, its length, the bonus and the top-k
+  ids come back together in one copy (a few hundred bytes, never the logits);
+- :meth:`compact`: one small upload (the path), one call for every layer's keys and values,
+  then a crop, which is a view (no copy, no wait).
+
+On a CUDA device the uploads come from pinned memory with ``non_blocking=True``, so the host
+queues them without waiting for the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.backends.cuda_ext import ops
+from specdec.backends.cuda_ext.build import BackendUnavailableError, load
+from specdec.backends.verifier import Acceptance
+from specdec.sampling import Greedy
+from specdec.types import DraftTree, TokenChooser
+
+SUPPORTED_DEVICES = ("cpu", "cuda")
+
+
+def upload(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 ``[len(values)]`` on ``device``; to a GPU through pinned memory, so the host does not wait."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    # The caching host allocator keeps the pinned block alive until the copy has run.
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+class ExtTreeOps:
+    """Tree operations on the ``cuda_ext`` kernels, for models on the CPU or on a CUDA device.
+
+    Construction builds (or loads from the cache) the extension: a build failure raises
+    :class:`~specdec.native.NativeBuildError` with the compiler's output, and a device this
+    build has no kernels for raises :class:`BackendUnavailableError`.
+    """
+
+    name = "cuda_ext"
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        device = torch.device(device)
+        if device.type not in SUPPORTED_DEVICES:
+            raise BackendUnavailableError(
+                f"the cuda_ext backend has CPU and CUDA kernels; the model is on {device.type!r}: use backend='torch'"
+            )
+        module = load()
+        if device.type == "cuda" and not module.has_cuda_kernels():
+            raise BackendUnavailableError(
+                "the cuda_ext extension was built without its CUDA kernels (no CUDA toolkit or no CUDA device "
+                "when it was built); the model is on a CUDA device: use backend='torch' or install the CUDA toolkit"
+            )
+
+    def tree_inputs(
+        self, tree: DraftTree, committed_len: int, device: torch.device, additive_dtype: torch.dtype | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(mask [1, 1, N, C+N] or None, position_ids int64 [1, N])``, as the reference gives them."""
+        if tree.size == 1:  # one query that sees everything: no mask, the model's own decoding path
+            return None, torch.full((1, 1), committed_len, dtype=torch.int64, device=device)
+        staged = upload([committed_len, *tree.parents], device)  # [1 + N]: committed_lens, then parents
+        return ops.tree_mask(staged[1:].view(1, -1), staged[:1], committed_len, additive_dtype)
+
+    def accept(
+        self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor, chooser: TokenChooser, topk: int
+    ) -> Acceptance:
+        """Choose at every node of ``logits`` float ``[N, V]`` and walk; only small results reach the host."""
+        n = tree.size
+        staged = upload([*tree.tokens, *tree.parents], logits.device).view(2, n)  # [2, N]: tokens, parents
+        choices = None
+        if type(chooser) is not Greedy:  # greedy is fused into the kernel; any other chooser decides first
+            # positions[i] is node i's position; the token chosen there sits one further.
+            choices = chooser.choose(logits, positions + 1).to(torch.int64).view(1, n)
+        out = ops.tree_accept(logits.unsqueeze(0), staged[0:1], staged[1:2], topk, choices)
+        packed = torch.cat([out.path_len, out.bonus, out.path.view(-1), out.topk_ids.view(-1)])
+        host = packed.cpu().numpy()  # the step's one host sync: [2 + N + N * k] int64
+        length, bonus = int(host[0]), int(host[1])
+        path = tuple(int(node) for node in host[2 : 2 + length])
+        top = host[2 + n :].reshape(n, topk).astype(np.int64, copy=True) if topk > 0 else None
+        return Acceptance(path, bonus, top)
+
+    def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
+        """Keep the path's KV: slot ``committed_len + path[i]`` moves to ``committed_len + i``, then crop."""
+        keep = committed_len + len(path)
+        layers = cache.layers
+        if any(node != i for i, node in enumerate(path)):  # else the path is in place already: crop only
+            tensors = [t for layer in layers for t in (layer.keys, layer.values)]
+            staged = upload([len(path), committed_len, *path], tensors[0].device)  # path_len, dest, path
+            ops.compact_kv(tensors, staged[2:].view(1, -1), staged[0:1], staged[1:2], committed_len)
+        for layer in layers:
+            layer.keys = layer.keys.narrow(2, 0, keep)
+            layer.values = layer.values.narrow(2, 0, keep)
