@@ -197,7 +197,8 @@ def run(
             cached) and the acceptance learned per drafter source; a step whose draft
             cannot pay is a plain step. ``"full"``: the drafter's whole tree (the papers'
             fixed budgets). An int ``N``: every tree cut to its first ``N`` nodes.
-        backend: ``"auto"`` or ``"torch"``.
+        backend: ``"auto"`` (the compiled ``"cuda_ext"`` kernels when they build, else ``"torch"``),
+            ``"cuda_ext"`` or ``"torch"`` (the reference); see ``docs/backends.md``.
         drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
         datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
         prompt_feedback: give learning drafters the model's predictions over the prompt too.
