@@ -31,7 +31,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -79,26 +79,36 @@ def make_streams(path: Path, per_category: int, max_new_tokens: int) -> None:
     path.write_text(json.dumps(streams), encoding="utf-8")
 
 
-def replay_run(drafter_name: str, budget: str, streams: dict[str, Any], cost: VerifyCostModel, vocab: int,
-               options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Replay every stream in order with one drafter factory and one planner memory (as a Generator keeps)."""
+def replay_run(drafter_name: str, budget: str, streams: dict[str, Any], cost: VerifyCostModel, context: Any,
+               options: dict[str, Any], model: Any = None) -> list[dict[str, Any]]:
+    """Decode every stream's prompt in order with one drafter factory and one planner memory (as a Generator keeps).
+
+    With ``model`` None the "model" is the recorded stream (teacher forcing, no forward);
+    with a model, its real verifier decides (minutes: every step is a forward) and drafters
+    that learn from the model's predictions (``recycling``) work. Either way the planner
+    sees only the frozen ``cost`` and a fixed overhead, so no clock enters a decision.
+    """
+    from specdec.backends import make_verifier
     from specdec.bench.replay import ReplayVerifier
-    from specdec.drafters import DrafterContext, make_factory
+    from specdec.drafters import make_factory
     from specdec.engine import StopRules, decode
 
-    factory = make_factory(drafter_name, options, DrafterContext(vocab_size=vocab))
-    acceptance, throughput = AcceptanceModel(), Throughput()
+    factory = make_factory(drafter_name, options, context)
+    vocab = int(context.vocab_size)
+    # Overhead fixed at 0, as the modelled times count only verification: no clock in any decision.
+    acceptance, throughput = AcceptanceModel(), Throughput(fixed_overhead_s=0.0)
+    model_verifier = None if model is None else make_verifier(model)
     rows = []
     for question_id, item in streams.items():
-        stream = [*item["prompt"], *item["output"]]
-        if len(item["output"]) < 2:
+        prompt, output = item["prompt"], item["output"]
+        if len(output) < 2:
             continue
-        verifier = ReplayVerifier(stream, vocab)
-        planner = BudgetPlanner(cast(Any, verifier), budget, acceptance, throughput, cost=cost)
-        prompt = item["prompt"]
-        result = decode(cast(Any, verifier), factory.create(), prompt, StopRules(len(item["output"])),
-                        planner=planner)
-        assert result.tokens == item["output"], f"replay of q{question_id} diverged"
+        verifier: Any = model_verifier or ReplayVerifier([*prompt, *output], vocab)
+        planner = BudgetPlanner(verifier, budget, acceptance, throughput, cost=cost)
+        rules = StopRules(len(output), frozenset(context.eos_token_ids))
+        result = decode(verifier, factory.create(), prompt, rules, planner=planner)
+        if model is None:
+            assert result.tokens == output, f"replay of q{question_id} diverged"
         run_s, plain_s, committed = 0.0, 0.0, len(prompt)
         for record in result.stats.records:
             run_s += float(cost.calibrated(np.array([record.tree_size]), committed)[0])
@@ -109,7 +119,8 @@ def replay_run(drafter_name: str, budget: str, streams: dict[str, Any], cost: Ve
                      "run_s": run_s, "plain_s": plain_s, "nodes": stats.mean_tree_size,
                      "offered": stats.budget_summary()["mean_offered"],
                      "expected": stats.budget_summary()["expected_accepted"],
-                     "realised": stats.budget_summary()["realised_accepted"]})
+                     "realised": stats.budget_summary()["realised_accepted"],
+                     "same_as_recorded": result.tokens == output})
     return rows
 
 
@@ -138,12 +149,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", default="reference,flat")
     parser.add_argument("--datastore", default=None, help="a datastore file for the drafters that take one (rest)")
     parser.add_argument("--json", default=None, help="also write the per-question rows here")
+    parser.add_argument("--model", action="store_true",
+                        help="verify with the default model itself instead of the recorded outputs (slow; "
+                        "needed for drafters that learn from the model, e.g. recycling)")
     args = parser.parse_args(argv)
     path = Path(args.streams)
     if args.make_streams:
         make_streams(path, args.per_category, args.max_new_tokens)
     streams = json.loads(path.read_text(encoding="utf-8"))
-    vocab = 1 + max(max(item["prompt"] + item["output"]) for item in streams.values())
+    from specdec.drafters import DrafterContext
+    from specdec.models import load_tokenizer
+
+    model = None
+    if args.model:
+        from specdec.models import load_model
+
+        model, tokenizer = load_model()
+    else:
+        tokenizer = load_tokenizer()  # the default model's: datastores are checked against it
+    context = DrafterContext(vocab_size=len(tokenizer), tokenizer=tokenizer, eos_token_ids=(tokenizer.eos_token_id,))
     all_rows = []
     for table in args.tables.split(","):
         cost = cost_table(table)
@@ -154,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         for drafter in args.drafters.split(","):
             options = {"datastore": args.datastore} if args.datastore and "rest" in drafter else {}
             for budget in args.budgets.split(","):
-                rows = replay_run(drafter, budget, streams, cost, vocab, options)
+                rows = replay_run(drafter, budget, streams, cost, context, options, model)
                 cells = summarize(rows)
                 print(f"| {drafter} | {budget} | " + " | ".join(cells.get(c, "-") for c in (*CATEGORIES, "overall"))
                       + " |", flush=True)

@@ -26,7 +26,15 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
 from specdec.backends import make_verifier
-from specdec.budget import AcceptanceModel, Budget, BudgetPlanner, CostTable, VerifyCostModel, choose_budget
+from specdec.budget import (
+    AcceptanceModel,
+    Budget,
+    BudgetPlanner,
+    CostTable,
+    Throughput,
+    VerifyCostModel,
+    choose_budget,
+)
 from specdec.budget.acceptance import MAX_DEPTH_KEY, MAX_RANK_KEY, node_keys
 from specdec.budget.cost import calibrate, calibration_path, cost_model, forget_cost_models, model_identity
 from specdec.budget.planner import PROBE_EVERY
@@ -485,3 +493,14 @@ def test_calibrate_examples_follow_the_cost_table() -> None:
     nodes = [row["nodes"] for row in middle]
     assert nodes == sorted(nodes) and nodes[0] < nodes[-1]  # more acceptance buys more nodes
     assert all(row["expected_speedup"] >= 1.0 for row in middle)
+
+
+def test_throughput_prices_steps_with_the_cost_model_and_floors_at_plain() -> None:
+    measured = Throughput(memory=0.5)
+    assert measured.rate(floor=2.0) == 2.0  # nothing seen yet: plain decoding's rate
+    measured.observe(emitted=4, step_s=1.5, verify_s=1.0, predicted_verify_s=None)
+    assert measured.overhead_s == pytest.approx(0.5) and measured.rate(floor=0.1) == pytest.approx(4 / 1.5)
+    assert measured.rate(floor=10.0) == 10.0
+    fixed = Throughput(fixed_overhead_s=0.25)  # a clock-free rate: replays and tests
+    fixed.observe(emitted=3, step_s=10.0, verify_s=9.0, predicted_verify_s=0.75)
+    assert fixed.overhead_s == 0.25 and fixed.rate(floor=0.1) == pytest.approx(3.0)

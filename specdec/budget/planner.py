@@ -141,20 +141,26 @@ class Throughput:
     A step's time counts as the cost model's prediction for its verification (when there
     is one) plus the measured overhead: the cost model is refined from measured times, so
     this is the measured rate without the noise of single steps, and with a frozen cost
-    model the rule's decisions depend on no clock at all (tests, reproducible budgets).
-    ``memory`` per step: ~``1 / (1 - memory)`` recent steps weigh in.
+    model and a ``fixed_overhead_s`` the rule's decisions depend on no clock at all (replays,
+    tests). ``memory`` per step: ~``1 / (1 - memory)`` recent steps weigh in.
     """
 
     memory: float = 0.95
+    fixed_overhead_s: float | None = None
     tokens: float = 0.0
     seconds: float = 0.0
     overhead_s: float = 0.0
     steps: int = 0
 
+    def __post_init__(self) -> None:
+        if self.fixed_overhead_s is not None:
+            self.overhead_s = self.fixed_overhead_s
+
     def observe(self, emitted: int, step_s: float, verify_s: float, predicted_verify_s: float | None) -> None:
         """One step: ``emitted`` tokens in ``step_s`` seconds, ``verify_s`` of them verifying."""
-        rate = max(1.0 / (self.steps + 1), 1.0 - self.memory)
-        self.overhead_s += rate * (max(step_s - verify_s, 0.0) - self.overhead_s)
+        if self.fixed_overhead_s is None:
+            rate = max(1.0 / (self.steps + 1), 1.0 - self.memory)
+            self.overhead_s += rate * (max(step_s - verify_s, 0.0) - self.overhead_s)
         verify = verify_s if predicted_verify_s is None else predicted_verify_s
         self.tokens = self.memory * self.tokens + emitted
         self.seconds = self.memory * self.seconds + verify + self.overhead_s
