@@ -176,7 +176,7 @@ class Measurement:
     stop_reason: str
     calibration_s: float = 0.0
     extra_forwards: int = 0
-    mean_tree_size: float | None = None
+    tree_nodes: int | None = None  # nodes verified over all steps (specdec's stats)
     prefill_s: float | None = None
     draft_s: float | None = None
     verify_s: float | None = None
@@ -230,7 +230,7 @@ class SpecdecMethod:
             calibration_s=calibration_s,
             extra_forwards=hooked - (stats.steps + 1),
             stop_reason=stats.stop_reason,
-            mean_tree_size=stats.mean_tree_size,
+            tree_nodes=sum(r.tree_size for r in stats.records),
             prefill_s=stats.prefill_s,
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,

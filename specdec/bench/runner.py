@@ -195,7 +195,6 @@ def _record(measurements: list[Measurement], prompts: list[list[int]]) -> dict[s
     steps = sum(m.steps for m in measurements)
     emitted = sum(m.emitted_by_steps for m in measurements)
     wall_s = sum(m.wall_s for m in measurements)
-    tree_sizes = [m.mean_tree_size for m in measurements]
     return {
         "prompt_tokens": [len(p) for p in prompts],
         "new_tokens": new_tokens,
@@ -212,12 +211,14 @@ def _record(measurements: list[Measurement], prompts: list[list[int]]) -> dict[s
         "draft_s": total("draft_s"),
         "verify_s": total("verify_s"),
         "other_s": total("other_s"),
-        "mean_tree_size": None if None in tree_sizes else round(
-            sum(t * m.steps for t, m in zip(tree_sizes, measurements, strict=True) if t is not None) / max(steps, 1), 3
-        ),
+        "mean_tree_size": _ratio(total("tree_nodes"), max(steps, 1)),
         "stop_reason": [m.stop_reason for m in measurements],
         "output_sha1": [output_digest(m.tokens) for m in measurements],
     }
+
+
+def _ratio(numerator: float | None, denominator: int) -> float | None:
+    return None if numerator is None else round(numerator / denominator, 3)
 
 
 class BenchRun:
