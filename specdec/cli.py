@@ -202,7 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add subcommands; each has `register(subparsers)` and is imported only here.
-SUBCOMMAND_MODULES: list[str] = ["specdec.datastores.cli", "specdec.budget.cli", "specdec.bench.cli"]
+SUBCOMMAND_MODULES: list[str] = [
+    "specdec.datastores.cli",
+    "specdec.budget.cli",
+    "specdec.bench.cli",
+    "specdec.drafters.template_calibration",
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

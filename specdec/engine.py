@@ -150,8 +150,9 @@ def decode(
         stats.emitted_by_steps += result.emitted
         stats.draft_s += draft_s
         stats.verify_s += verified - drafted
+        sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in result.accepted_nodes[1:])
         stats.records.append(
-            StepRecord(tree.size, len(result.accepted_nodes) - 1, tree.source, draft_s, verified - drafted)
+            StepRecord(tree.size, len(result.accepted_nodes) - 1, tree.source, draft_s, verified - drafted, sources)
         )
         record = stats.records[-1]
         record.offered = offered

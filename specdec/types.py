@@ -36,6 +36,26 @@ from specdec.errors import InvalidDraftTreeError
 IntArray = npt.NDArray[np.int64]
 
 
+def _raise_first_violation(tokens: tuple[int, ...], parents: tuple[int, ...]) -> None:
+    """Scan node by node and raise for the first broken invariant (the tree is known to be bad)."""
+    seen_children: set[tuple[int, int]] = set()
+    for i in range(len(tokens)):
+        if tokens[i] < 0:
+            raise InvalidDraftTreeError(f"tokens[{i}] = {tokens[i]} is negative")
+        if i == 0:
+            continue
+        parent = parents[i]
+        if not 0 <= parent < i:
+            raise InvalidDraftTreeError(
+                f"parents[{i}] = {parent}: every parent must precede its child (0 <= parent < {i})"
+            )
+        key = (parent, tokens[i])
+        if key in seen_children:
+            raise InvalidDraftTreeError(f"node {i} repeats token {tokens[i]} among the children of node {parent}")
+        seen_children.add(key)
+    raise AssertionError(f"no violation found in tokens={tokens} parents={parents}")
+
+
 @dataclass(frozen=True, eq=False)
 class DraftTree:
     """A draft: ``tokens[N]`` and ``parents[N]``, node 0 the root (the pending token).
@@ -69,8 +89,12 @@ class DraftTree:
     depths: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        tokens = tuple(int(t) for t in self.tokens)
-        parents = tuple(int(p) for p in self.parents)
+        # Drafters build a tree every step, so the common (valid) case runs mostly in C:
+        # map(int, ...) normalizes NumPy ints, min() and a set of (parent, token) pairs check
+        # signs and sibling tokens, and only the parent/depth loop is Python (~10 us for 80
+        # nodes). A failed check reruns the node-by-node scan, which names the first bad node.
+        tokens = tuple(map(int, self.tokens))
+        parents = tuple(map(int, self.parents))
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "parents", parents)
         n = len(tokens)
@@ -90,22 +114,16 @@ class DraftTree:
             if min(features) < 0:
                 raise InvalidDraftTreeError(f"node_features must be >= 0, got {min(features)}")
         depths = [0] * n
-        seen_children: set[tuple[int, int]] = set()
-        for i in range(n):
-            if tokens[i] < 0:
-                raise InvalidDraftTreeError(f"tokens[{i}] = {tokens[i]} is negative")
-            if i == 0:
-                continue
-            parent = parents[i]
-            if not 0 <= parent < i:
-                raise InvalidDraftTreeError(
-                    f"parents[{i}] = {parent}: every parent must precede its child (0 <= parent < {i})"
-                )
-            key = (parent, tokens[i])
-            if key in seen_children:
-                raise InvalidDraftTreeError(f"node {i} repeats token {tokens[i]} among the children of node {parent}")
-            seen_children.add(key)
-            depths[i] = depths[parent] + 1
+        valid = min(tokens) >= 0 and len(set(zip(parents, tokens, strict=True))) == n
+        if valid:
+            for i in range(1, n):
+                parent = parents[i]
+                if not 0 <= parent < i:
+                    valid = False
+                    break
+                depths[i] = depths[parent] + 1
+        if not valid:
+            _raise_first_violation(tokens, parents)
         object.__setattr__(self, "depths", tuple(depths))
 
     # -- constructors -------------------------------------------------------------------
@@ -195,12 +213,16 @@ class Feedback:
     ``topk[m]`` holds the model's ``k`` most likely next tokens (best first, ties to the
     lower id) after the occurrence of ``tokens[m]`` that was verified: one row per tree node
     after a step, one row per prompt position after prefill (when asked for).
+    ``accepted_nodes`` are the rows of the accepted path after a step, root first (empty
+    after prefill), so a drafter can tell the committed context's predictions from those
+    made on rejected branches.
 
     Shapes: ``tokens`` int64 ``[M]``; ``topk`` int64 ``[M, k]``.
     """
 
     tokens: IntArray
     topk: IntArray
+    accepted_nodes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -300,6 +322,8 @@ class StepRecord:
     source: str
     draft_s: float
     verify_s: float
+    # The node source of each accepted draft node, when the tree labels its nodes (merged trees).
+    accepted_sources: tuple[str, ...] | None = None
     # The draft budget (see specdec.budget): nodes the drafter offered before the budget cut
     # them to tree_size, why that size ("no draft", "declined": no draft could pay, "auto",
     # "probe", "fixed", "full"), the accepted draft tokens the acceptance model expected of
@@ -357,9 +381,18 @@ class GenerationStats:
 
     @property
     def accepted_by_source(self) -> dict[str, int]:
+        """Accepted draft tokens by the source that drafted them.
+
+        A step whose tree labels its nodes (a merged tree) credits each accepted node to its
+        own label (a node drafted by two sources is labelled ``"a&b"``); any other step
+        credits all its accepted tokens to the step's source.
+        """
         totals: Counter[str] = Counter()
         for r in self.records:
-            totals[r.source] += r.accepted
+            if r.accepted_sources is not None:
+                totals.update(r.accepted_sources)
+            else:
+                totals[r.source] += r.accepted
         return dict(totals)
 
     @property

@@ -223,6 +223,6 @@ class ModelVerifier:
         state.committed_len = committed + len(acceptance.path)
         feedback = None
         if acceptance.topk is not None:
-            feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), acceptance.topk)
+            feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), acceptance.topk, acceptance.path)
         accepted_tokens = tuple(tree.tokens[i] for i in acceptance.path)
         return Verification(acceptance.path, accepted_tokens, acceptance.bonus, feedback)

@@ -10,10 +10,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from specdec.drafters.base import DrafterContext, Factory, parse_options
+from specdec.drafters.composite import composite_factory
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
+from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter, check_template
 from specdec.drafters.rest import rest_factory
 from specdec.drafters.sam import sam_factory
+from specdec.drafters.templates import resolve_template
 from specdec.errors import SpecDecError
 from specdec.types import Drafter, DrafterFactory
 
@@ -29,10 +32,18 @@ def _pld_factory(options: Mapping[str, Any], context: DrafterContext) -> Drafter
     return Factory("pld", lambda: PromptLookupDrafter(config))
 
 
+def _recycling_factory(options: Mapping[str, Any], context: DrafterContext) -> DrafterFactory:
+    config = parse_options(RecyclingConfig, "recycling", options)
+    template = resolve_template(config.template, config.k)  # read once, shared by every drafter
+    check_template(template, config.k)
+    return Factory("recycling", lambda: RecyclingDrafter(config, context.vocab_size, template))
+
+
 # name -> builder of a factory from the user's options and what is known of the target
 REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]] = {
     "none": _none_factory,
     "pld": _pld_factory,
+    "recycling": _recycling_factory,
     "rest": rest_factory,
     "sam": sam_factory,
 }
@@ -49,6 +60,8 @@ def make_factory(
     """The factory for drafter ``name`` with ``options``; a clear error lists the valid names."""
     if not isinstance(name, str):
         raise SpecDecError(f"drafter must be a name or a Drafter object, got {type(name).__name__}")
+    if "+" in name:  # a composite "A+B": retrieval drafter A, auxiliary drafter B
+        return composite_factory(name.strip().lower(), dict(options or {}), context or DrafterContext(), REGISTRY)
     builder = REGISTRY.get(name.strip().lower())
     if builder is None:
         raise SpecDecError(f"unknown drafter {name!r}; valid names: {', '.join(available_drafters())}")

@@ -1,0 +1,203 @@
+"""Composite drafters ``"A+B"``: a retrieval drafter A with an auxiliary drafter B.
+
+SAM-Decoding (Hu et al., *SAM Decoding: Speculative Decoding via Suffix Automaton*, 2024)
+pairs its suffix-automaton chain with an auxiliary drafter (Token Recycling in its
+headline result) by **Algorithm 2**: let ``m`` be the retrieval drafter's match length
+(for SAM, ``max(m_d, m_s - l_bias)``); if ``m >= l_threshold`` the step verifies the
+retrieval chain, otherwise the auxiliary drafter's tree. A long match predicts a long
+accepted chain; a short one predicts little, and the auxiliary tree does better.
+
+Two modes:
+
+- ``either`` (the paper's Algorithm 2): one source per step, chosen as above.
+- ``merge`` (new here): the chain is grafted onto the auxiliary tree as one more branch of
+  the root, sharing the prefixes it has in common with existing branches, so one forward
+  verifies both. Best first, as every draft: a trusted chain (``m >= l_threshold``) comes
+  before the auxiliary nodes, an untrusted one (``0 < m < l_threshold``) after them, so a
+  node budget cuts the less promising source first.
+
+**Attribution.** A step's ``DraftTree.source`` names its source (A's or B's name, or the
+composite's name for a merged tree); a merged tree also labels every node
+(``node_sources``): ``"A"``, ``"B"``, or ``"A&B"`` for a node both proposed. The engine
+records the labels of each step's accepted nodes, and ``GenerationStats.accepted_by_source``
+credits each accepted token to its label (``steps_by_source`` counts steps per source).
+
+``l_threshold`` defaults to the paper's 5 for SAM; other retrieval drafters report match
+lengths on other scales (PLD's is its n-gram length, at most ``max_ngram = 3``), so their
+defaults are in :data:`DEFAULT_THRESHOLDS`, measured (docs/algorithms/recycling.md).
+
+Costs: the parts' own plus O(N) to graft an ``N``-node merged tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.drafters.base import DrafterContext, Factory
+from specdec.errors import SpecDecError
+from specdec.types import Drafter, DrafterFactory, DraftTree, Feedback, RetrievalDrafter
+
+MODES = ("either", "merge")
+# l_threshold by retrieval drafter: SAM's is the paper's; PLD's match length is an n-gram length (1..3).
+DEFAULT_THRESHOLDS = {"sam": 5, "pld": 2}
+PAPER_THRESHOLD = 5
+
+Builder = Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]
+
+
+@dataclass(frozen=True)
+class CompositeConfig:
+    """``mode``: ``"either"`` (Algorithm 2) or ``"merge"``; ``threshold``: l_threshold (None: by drafter)."""
+
+    mode: str = "either"
+    threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SpecDecError(f"composite drafter: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.threshold is not None and (
+            isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 0
+        ):
+            raise SpecDecError(f"composite drafter: threshold must be an int >= 0, got {self.threshold!r}")
+
+
+def merge_trees(
+    retrieved: DraftTree, auxiliary: DraftTree, labels: tuple[str, str], source: str, retrieved_first: bool = True
+) -> DraftTree:
+    """One tree holding every path of ``retrieved`` and of ``auxiliary`` (same root).
+
+    The nodes of the tree listed first (``retrieved`` unless ``retrieved_first`` is False)
+    keep their order and come first; the other tree's nodes follow, those whose path
+    already exists shared rather than repeated, so siblings stay distinct. ``labels`` name
+    the two sources; each node is labelled by who proposed it: ``labels[0]``,
+    ``labels[1]`` or ``"labels[0]&labels[1]"``. O(N) for N nodes in all.
+
+    >>> t = merge_trees(DraftTree.chain(1, [2, 3]), DraftTree((1, 2, 4), (-1, 0, 1)), ("sam", "rec"), "x")
+    >>> t.tokens, t.parents, t.node_sources
+    ((1, 2, 3, 4), (-1, 0, 1, 1), ('sam&rec', 'sam&rec', 'sam', 'rec'))
+    """
+    if retrieved.tokens[0] != auxiliary.tokens[0]:
+        raise SpecDecError(f"merged trees need one root, got tokens {retrieved.tokens[0]} and {auxiliary.tokens[0]}")
+    tokens, parents, owners = [retrieved.tokens[0]], [-1], [3]
+    children: list[dict[int, int]] = [{}]
+    order = ((retrieved, 1), (auxiliary, 2)) if retrieved_first else ((auxiliary, 2), (retrieved, 1))
+    for tree, bit in order:
+        where = [0] * tree.size  # tree node -> merged node
+        for i in range(1, tree.size):
+            parent, token = where[tree.parents[i]], tree.tokens[i]
+            node = children[parent].get(token)
+            if node is None:
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                owners.append(0)
+                children.append({})
+                children[parent][token] = node
+            owners[node] |= bit
+            where[i] = node
+    names = {1: labels[0], 2: labels[1], 3: f"{labels[0]}&{labels[1]}"}
+    return DraftTree(tuple(tokens), tuple(parents), source, tuple(names[o] for o in owners))
+
+
+def _part_feedback(feedback: Feedback | None, k: int) -> Feedback | None:
+    """The feedback a part asked for: none, or the first ``k`` ids per row (a view, no copy)."""
+    if feedback is None or k == 0:
+        return None
+    if feedback.topk.shape[1] == k:
+        return feedback
+    return Feedback(feedback.tokens, feedback.topk[:, :k], feedback.accepted_nodes)
+
+
+class CompositeDrafter:
+    """Algorithm 2 (``either``) or one merged tree (``merge``) from a retrieval and an auxiliary drafter."""
+
+    def __init__(self, retrieval: RetrievalDrafter, auxiliary: Drafter, config: CompositeConfig | None = None) -> None:
+        self.config = config or CompositeConfig()
+        self.retrieval = retrieval
+        self.auxiliary = auxiliary
+        self.name = f"{retrieval.name}+{auxiliary.name}"
+        threshold = self.config.threshold
+        self.threshold = threshold if threshold is not None else DEFAULT_THRESHOLDS.get(retrieval.name, PAPER_THRESHOLD)
+        self.feedback_topk = max(retrieval.feedback_topk, auxiliary.feedback_topk)
+
+    def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
+        self.retrieval.reset(prompt, _part_feedback(feedback, self.retrieval.feedback_topk))
+        self.auxiliary.reset(prompt, _part_feedback(feedback, self.auxiliary.feedback_topk))
+
+    def propose(self, pending: int, max_nodes: int) -> DraftTree:
+        chain = self.retrieval.propose(pending, max_nodes)
+        trusted = chain.size > 1 and self.retrieval.match_length() >= self.threshold
+        if self.config.mode == "either":
+            return chain if trusted else self.auxiliary.propose(pending, max_nodes)
+        tree = self.auxiliary.propose(pending, max_nodes)
+        if chain.size == 1:
+            return tree
+        if tree.size == 1:
+            return chain
+        labels = (self.retrieval.name, self.auxiliary.name)
+        return merge_trees(chain, tree, labels, self.name, retrieved_first=trusted).prefix(max_nodes)
+
+    def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
+        self.retrieval.update(accepted, _part_feedback(feedback, self.retrieval.feedback_topk))
+        self.auxiliary.update(accepted, _part_feedback(feedback, self.auxiliary.feedback_topk))
+
+
+def composite_factory(
+    name: str, options: Mapping[str, Any], context: DrafterContext, registry: Mapping[str, Builder]
+) -> DrafterFactory:
+    """The factory of composite ``"A+B"``: A a registered retrieval drafter, B any registered drafter.
+
+    ``options`` holds the composite's own (``mode``, ``threshold``) and each part's, either
+    under the part's name or dotted: ``{"mode": "merge", "recycling": {"num_nodes": 16}}``
+    or ``{"mode": "merge", "recycling.num_nodes": 16}`` (handy on a command line).
+    """
+    parts = name.split("+")
+    if len(parts) != 2 or not all(parts):
+        raise SpecDecError(
+            f"composite drafter {name!r}: join exactly two drafter names with '+', retrieval first "
+            "(e.g. 'sam+recycling' or 'pld+recycling')"
+        )
+    first, second = parts
+    for part in parts:
+        if part not in registry:
+            raise SpecDecError(
+                f"unknown drafter {part!r} in composite {name!r}; valid names: {', '.join(sorted(registry))}"
+            )
+    if first == second:
+        raise SpecDecError(f"composite drafter {name!r} joins {first!r} with itself")
+    own = {"mode", "threshold"}
+    part_options: dict[str, dict[str, Any]] = {first: {}, second: {}}
+    for key, value in options.items():
+        part, dot, option = key.partition(".")
+        if key in own:
+            continue
+        if part in part_options and not dot:
+            if not isinstance(value, Mapping):
+                raise SpecDecError(f"composite drafter {name!r}: options of {part!r} must be a dict, got {value!r}")
+            part_options[part].update(value)
+        elif part in part_options and option:
+            part_options[part][option] = value
+        else:
+            raise SpecDecError(
+                f"composite drafter {name!r} has no option {key!r}; valid options: mode, threshold, "
+                f"{first}.OPTION or {first}={{...}}, {second}.OPTION or {second}={{...}}"
+            )
+    config = CompositeConfig(**{key: options[key] for key in own if key in options})
+    retrieval_factory = registry[first](part_options[first], context)
+    auxiliary_factory = registry[second](part_options[second], context)
+    probe = retrieval_factory.create()
+    if not isinstance(probe, RetrievalDrafter):
+        raise SpecDecError(
+            f"composite drafter {name!r}: the first part must be a retrieval drafter (one with match_length(), "
+            f"such as 'pld'), and {first!r} is not; write the retrieval drafter first"
+        )
+
+    def build() -> Drafter:
+        retrieval = retrieval_factory.create()
+        assert isinstance(retrieval, RetrievalDrafter), f"{first!r} made a {type(retrieval).__name__}"
+        return CompositeDrafter(retrieval, auxiliary_factory.create(), config)
+
+    return Factory(name, build)
+
