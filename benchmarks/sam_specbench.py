@@ -2,6 +2,7 @@
 
     flock /tmp/specdec-bench.lock python benchmarks/sam_specbench.py --out runs/sam-specbench.json
     python benchmarks/sam_specbench.py --report runs/sam-specbench.json      # the tables again
+    python benchmarks/sam_specbench.py --replay runs/sam-streams.json        # MAT of many settings, no timing
 
 Methods (``--methods``, default all): ``none`` (plain decoding through specdec's loop, the
 baseline), ``pld``, ``sam`` (the dynamic automaton alone), ``sam+static`` (with the static
@@ -23,6 +24,13 @@ questions of a method's tokens/s divided by the same mean for ``none``. MAT is t
 emitted per target forward after the prefill (bonus included). Every output is compared
 with plain decoding's: identical, or a first difference on a near-tie (top-two logit
 margin under 1e-3), counted apart.
+
+``--replay STREAMS``: MAT of many drafter settings at once, without timing. Plain decoding
+writes each question's output once (cached in ``STREAMS``); then every setting replays it
+(:func:`specdec.bench.replay.replay`: the real loop, the model replaced by the known
+output). For a drafter of chains under ``budget="full"`` this *is* the MAT of a real run:
+the model's greedy choices are the output, and a chain's accepted length is its longest
+prefix that the output continues with. Microseconds per step, so settings are cheap.
 """
 
 from __future__ import annotations
@@ -126,6 +134,68 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "records": records}
 
 
+REPLAY_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "pld": ("pld", {}),
+    "sam": ("sam", {}),
+    "sam l_threshold=3": ("sam", {"l_threshold": 3}),
+    "sam l_threshold=2": ("sam", {"l_threshold": 2}),
+    "sam l_threshold=1": ("sam", {"l_threshold": 1}),
+    "sam+static": ("sam", {"datastore": None}),
+    "sam+static l_threshold=2": ("sam", {"datastore": None, "l_threshold": 2}),
+    "sam+static l_threshold=2 l_bias=2": ("sam", {"datastore": None, "l_threshold": 2, "l_bias": 2}),
+}
+
+
+def plain_streams(path: Path, per_category: int, max_new_tokens: int) -> list[dict[str, Any]]:
+    """Each question's prompt and plain-decoding output (computed once, cached in ``path``)."""
+    if path.exists():
+        cached: list[dict[str, Any]] = json.loads(path.read_text())
+        return cached
+    import specdec
+    from specdec.models import encode_prompt
+
+    model, tokenizer = specdec.load_model()
+    generator = specdec.Generator(model, tokenizer, drafter="none")
+    streams = []
+    for category, question_id, text in questions(per_category):
+        prompt = encode_prompt(tokenizer, text)
+        output = generator.generate(prompt, max_new_tokens=max_new_tokens).tokens
+        streams.append({"category": category, "question_id": question_id, "prompt": prompt, "output": output})
+        print(f"plain output of q{question_id} ({category}): {len(output)} tokens", file=sys.stderr, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(streams))
+    return streams
+
+
+def replay_report(streams: list[dict[str, Any]], datastore: Path) -> str:
+    """MAT per category of every :data:`REPLAY_SETTINGS` entry, by replaying the plain outputs."""
+    from specdec.bench.replay import replay
+    from specdec.drafters import DrafterContext, make_factory
+    from specdec.models import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    context = DrafterContext(vocab_size=len(tokenizer), tokenizer=tokenizer)
+    categories = [*sorted({s["category"] for s in streams}), "overall"]
+    lines = [f"MAT by replay of plain decoding's outputs ({len(streams)} questions, budget 'full')", "",
+             "| setting | " + " | ".join(categories) + " |", "| --- " * (len(categories) + 1) + "|"]
+    for label, (name, options) in REPLAY_SETTINGS.items():
+        options = {k: (str(datastore) if k == "datastore" else v) for k, v in options.items()}
+        factory = make_factory(name, options, context)
+        emitted: dict[str, int] = dict.fromkeys(categories, 0)
+        steps: dict[str, int] = dict.fromkeys(categories, 0)
+        for stream in streams:
+            if len(stream["output"]) < 2:
+                continue
+            tokens = stream["prompt"] + stream["output"]
+            stats = replay(factory.create(), tokens, len(stream["prompt"]), vocab_size=len(tokenizer)).stats
+            for category in (stream["category"], "overall"):
+                emitted[category] += stats.emitted_by_steps
+                steps[category] += stats.steps
+        cells = [f"{emitted[c] / max(steps[c], 1):.2f}" for c in categories]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(data: dict[str, Any]) -> str:
     """Per category and overall: MAT, tokens/s and speedup over ``none``; output identity."""
     records = data["records"]
@@ -167,9 +237,18 @@ def main() -> None:
     parser.add_argument("--sam-options", default="{}", help="JSON options of every sam method")
     parser.add_argument("--out", type=Path, default=None, help="write the records here (JSON)")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a saved run")
+    parser.add_argument("--replay", type=Path, default=None, help="plain outputs file (made if absent): MAT by replay")
     args = parser.parse_args()
     if args.report:
         print(report(json.loads(args.report.read_text())))
+        return
+    if args.replay:
+        streams = plain_streams(args.replay, args.per_category, args.max_new_tokens)
+        if args.datastore is None:
+            from specdec.models import load_tokenizer
+
+            args.datastore = default_datastore(load_tokenizer())
+        print(replay_report(streams, args.datastore))
         return
     if not QUESTIONS.exists():
         raise SystemExit(f"{QUESTIONS} is absent: this benchmark needs ../shared/data")

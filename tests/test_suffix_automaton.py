@@ -546,3 +546,15 @@ def test_cli_build_and_info(sam_native: Any, tmp_path: Path, capsys: pytest.Capt
     assert main(["datastore", "build", "--kind", "sam", "--quiet", "--input", str(tmp_path / "q.jsonl"),
                  "-o", str(out)]) == 2
     assert "no 'text' field" in capsys.readouterr().err
+
+
+def test_docstring_examples_run(sam_native: Any) -> None:
+    """The examples in the modules' docstrings are tests too."""
+    import doctest
+
+    import specdec.datastores.sam as compiled
+    import specdec.reference.suffix_automaton as reference
+
+    for module in (reference, compiled):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
