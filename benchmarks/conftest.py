@@ -95,16 +95,23 @@ def datastore_for(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> C
 
 
 def drafter_specs() -> list[str]:
-    """What the drafter benchmarks cover: every registered drafter but ``none`` (a name with
-    ``@datastore`` also runs with a datastore of its kind) and the featured composites."""
+    """What the drafter benchmarks cover: every registered drafter but ``none``, as it comes
+    and (``name@datastore``) with a datastore of its kind when one exists, and the featured
+    composites. A drafter that cannot run without a datastore is listed only with one."""
     from specdec.bench.quality import FEATURED_COMPOSITES
     from specdec.datastores import BUILDERS
-    from specdec.drafters import available_drafters
+    from specdec.drafters import available_drafters, make_factory
+    from specdec.errors import SpecDecError
 
     names = [n for n in available_drafters() if n != "none"]
     specs = []
     for name in names:
-        specs.append(name)
+        try:
+            make_factory(name)
+            specs.append(name)
+        except SpecDecError as error:
+            if "datastore" not in str(error):
+                raise
         if name in BUILDERS:
             specs.append(f"{name}@datastore")
     specs += [c for c in FEATURED_COMPOSITES if all(p in names for p in c.split("+"))]
@@ -113,21 +120,15 @@ def drafter_specs() -> list[str]:
 
 @pytest.fixture
 def make_drafter_factory(tokenizer: Any, vocab_size: int, datastore_for: Callable[[str], str]) -> Callable[[str], Any]:
-    """``make(spec)``: the factory for a :func:`drafter_specs` entry; a skip when it needs what is absent."""
+    """``make(spec)``: the factory for a :func:`drafter_specs` entry."""
     from specdec.drafters import DrafterContext, make_factory
-    from specdec.errors import SpecDecError
 
     context = DrafterContext(vocab_size=vocab_size, tokenizer=tokenizer, eos_token_ids=(tokenizer.eos_token_id,))
 
     def make(spec: str) -> Any:
         name, _, variant = spec.partition("@")
         options = {"datastore": datastore_for(name)} if variant == "datastore" else {}
-        try:
-            return make_factory(name, options, context)
-        except SpecDecError as error:
-            if not options and "datastore" in str(error):
-                pytest.skip(f"{name} needs a datastore: benchmarked as {name}@datastore")
-            raise
+        return make_factory(name, options, context)
 
     return make
 
