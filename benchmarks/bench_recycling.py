@@ -56,8 +56,10 @@ def stepper(name: str, options: dict[str, Any]) -> Callable[[], None]:
             i = 200
         tree = drafter.propose(stream[i], 512)
         accepted = stream[i : i + 1 + int(rng.integers(0, 3))]
-        topk = rng.integers(0, VOCAB, (tree.size, K))
-        drafter.update(accepted, Feedback(np.asarray(tree.tokens, dtype=np.int64), topk, (0,)))
+        tokens = np.asarray(tree.tokens, dtype=np.int64)
+        # distinct ids per row, as a real top-k is
+        topk = (tokens[:, None] + 1 + rng.choice(VOCAB - 1, K, replace=False)[None, :]) % VOCAB
+        drafter.update(accepted, Feedback(tokens, topk, (0,)))
         position[0] = i + len(accepted)
 
     return step
