@@ -299,8 +299,8 @@ void choose_row(const scalar_t* x, int64_t vocab, int64_t k, int64_t* choice, in
 // node's children before any of their descendants; when node j is the chosen child, the walk
 // moves there and the scan goes on from j + 1. Siblings carry distinct tokens, so at most one
 // child matches (with duplicates the lowest index would win, as in the CUDA kernel).
-int64_t walk_tree(const int64_t* choices, const int64_t* tokens, const int64_t* parents, int64_t nodes,
-                  int64_t* path) {
+int64_t walk_tree(const int64_t* choices /*[N]*/, const int64_t* tokens /*[N]*/, const int64_t* parents /*[N]*/,
+                  int64_t nodes, int64_t* path /*[N]*/) {
   int64_t length = 1;
   int64_t node = 0;
   path[0] = 0;
@@ -342,8 +342,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_acce
   const bool greedy = !given_choices.has_value();
   if (greedy || topk > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "tree_accept_cpu", [&] {
-      const scalar_t* rows = logits.data_ptr<scalar_t>();
-      int64_t ignored = 0;
+      const scalar_t* rows = logits.data_ptr<scalar_t>();  // [B * N, V]
+      int64_t ignored = 0;  // the choice slot when a chooser already decided
       for (int64_t r = 0; r < batch * nodes; ++r) {
         choose_row(rows + r * vocab, vocab, topk, greedy ? choices_ptr + r : &ignored, top_ptr + r * topk);
       }
@@ -411,10 +411,10 @@ void compact_kv_cpu(at::TensorList cache, const at::Tensor& path_in, const at::T
     const at::Tensor& kv = cache[t];
     const int64_t item = kv.element_size();
     const int64_t row_bytes = kv.size(3) * item;
-    char* base = static_cast<char*>(kv.data_ptr());
+    char* base = static_cast<char*>(kv.data_ptr());  // [B, H, S, D] elements of `item` bytes
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t h = 0; h < kv.size(1); ++h) {
-        char* head = base + (b * kv.stride(0) + h * kv.stride(1)) * item;
+        char* head = base + (b * kv.stride(0) + h * kv.stride(1)) * item;  // [S, D] of one head
         for (int64_t i = 0; i < len_ptr[b]; ++i) {
           const int64_t source = tree_start + path_ptr[b * nodes + i];
           const int64_t target = dest_ptr[b] + i;
