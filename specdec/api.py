@@ -18,6 +18,7 @@ from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids, load_model
+from specdec.sampling import resolve_decision
 from specdec.types import Drafter, DrafterFactory, GenerationResult
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Any
@@ -132,8 +133,25 @@ class Generator:
         budget: str | int | None = None,
         prompt_feedback: bool = False,
         on_tokens: Callable[[list[int]], None] | None = None,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        use_generation_config: bool = False,
     ) -> GenerationResult:
         """Generate a continuation of ``prompt``; see :func:`run` for the arguments."""
+        decision = resolve_decision(
+            getattr(self.model, "generation_config", None),
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            repetition_penalty=repetition_penalty,
+            use_generation_config=use_generation_config,
+        )
         ids = _prompt_ids(prompt, self.tokenizer, chat_template)
         if ignore_eos:
             eos: tuple[int, ...] = ()
@@ -152,7 +170,7 @@ class Generator:
         drafter = self.new_drafter()
         result = decode(
             self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback, planner=planner,
-            on_tokens=on_tokens,
+            on_tokens=on_tokens, decision=decision,
         )
         if decode_text is not None:
             result.text = decode_text(result.tokens)
@@ -177,8 +195,15 @@ def run(
     datastore: str | os.PathLike[str] | None = None,
     prompt_feedback: bool = False,
     on_tokens: Callable[[list[int]], None] | None = None,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    repetition_penalty: float | None = None,
+    use_generation_config: bool = False,
 ) -> GenerationResult:
-    """Generate from ``prompt`` with speculative decoding; the output equals plain greedy decoding.
+    """Generate from ``prompt`` with speculative decoding; the output equals plain decoding's.
 
     Args:
         model: a Hugging Face causal LM object, a local checkpoint path, or ``"default"``
@@ -203,6 +228,15 @@ def run(
         datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
         prompt_feedback: give learning drafters the model's predictions over the prompt too.
         on_tokens: called with each batch of new token ids as they are decided (streaming).
+        do_sample, temperature, top_k, top_p: sampling as ``generate`` does it (temperature,
+            then top-k, then top-p); giving any of them turns sampling on unless
+            ``do_sample=False``. Speculative sampling emits exactly the tokens plain sampling
+            emits with the same ``seed`` (see :mod:`specdec.sampling`); with no seed one is
+            drawn and reported in ``result.seed``.
+        repetition_penalty: ``generate``'s repetition penalty, on the plain and speculative path alike.
+        use_generation_config: take ``do_sample``/``temperature``/``top_k``/``top_p``/
+            ``repetition_penalty`` defaults from the model's generation config (explicit
+            arguments win); other token-choosing options there are refused.
 
     Returns:
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
@@ -221,6 +255,13 @@ def run(
         max_nodes=max_nodes,
         prompt_feedback=prompt_feedback,
         on_tokens=on_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        repetition_penalty=repetition_penalty,
+        use_generation_config=use_generation_config,
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from specdec.backends.verifier import ModelVerifier
 from specdec.budget.planner import BudgetPlanner
 from specdec.errors import SpecDecError
+from specdec.sampling import Decision, Greedy
 from specdec.types import Drafter, GenerationResult, GenerationStats, StepRecord
 
 # The most nodes any step may verify when neither the user nor the drafter says less:
@@ -83,6 +84,7 @@ def decode(
     prompt_feedback: bool = False,
     on_tokens: Callable[[list[int]], None] | None = None,
     planner: BudgetPlanner | None = None,
+    decision: Decision | None = None,
 ) -> GenerationResult:
     """Generate from ``prompt`` (token ids) with ``drafter`` proposing and ``verifier`` checking.
 
@@ -91,7 +93,9 @@ def decode(
     after every prompt token at reset (when it asks for feedback). ``on_tokens`` receives
     each batch of emitted tokens as soon as the stop rules have cut it. ``planner`` decides
     each step's draft budget from the drafter's tree (:mod:`specdec.budget`; None: verify
-    the tree as the drafter and ``max_nodes`` leave it) and learns from every step.
+    the tree as the drafter and ``max_nodes`` leave it) and learns from every step. ``decision`` says
+    how tokens are chosen (greedy by default; sampling and a repetition penalty apply to
+    the plain and the speculative path alike).
     """
     if max_nodes is not None and max_nodes < 1:
         raise SpecDecError(f"max_nodes must be at least 1, got {max_nodes}")
@@ -100,7 +104,13 @@ def decode(
     started = time.perf_counter()
 
     topk = drafter.feedback_topk
-    state, pending, prompt_fb = verifier.prefill(prompt, prompt_topk=topk if prompt_feedback else 0)
+    decision = decision or Decision(Greedy())
+    state, pending, prompt_fb = verifier.prefill(
+        prompt,
+        prompt_topk=topk if prompt_feedback else 0,
+        chooser=decision.chooser,
+        repetition_penalty=decision.repetition_penalty,
+    )
     stats.prefill_s = time.perf_counter() - started
 
     mark = time.perf_counter()
@@ -170,4 +180,4 @@ def decode(
         on_tokens(output[streamed:])
     stats.new_tokens = len(output)
     stats.total_s = time.perf_counter() - started
-    return GenerationResult(tokens=output, stats=stats, prompt_tokens=list(prompt))
+    return GenerationResult(tokens=output, stats=stats, prompt_tokens=list(prompt), seed=decision.seed)

@@ -448,9 +448,13 @@ class GenerationStats:
 
 @dataclass
 class GenerationResult:
-    """New token ids (the prompt excluded), their text when a tokenizer is known, and stats."""
+    """New token ids (the prompt excluded), their text when a tokenizer is known, and stats.
+
+    ``seed`` is the sampling seed used (None for greedy decoding): pass it back to repeat a run.
+    """
 
     tokens: list[int]
     stats: GenerationStats
     prompt_tokens: list[int]
     text: str | None = None
+    seed: int | None = None

@@ -11,26 +11,33 @@ diffed against.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from specdec.backends.topk import topk_ids
-from specdec.backends.tree import tree_attention_inputs
+from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.models import SUPPORTED_ATTENTION, context_length
-from specdec.sampling import Greedy
+from specdec.sampling import Greedy, apply_repetition_penalty, penalty_mask
 from specdec.types import DraftTree, Feedback, TokenChooser, Verification
 
 
 @dataclass
 class KVState:
-    """Per-sequence verifier state: the KV cache and how many committed tokens it holds."""
+    """Per-sequence verifier state: the KV cache, how many committed tokens it holds, and
+    how this sequence's tokens are decided (chooser, repetition penalty).
+
+    ``presence`` (bool ``[V]``, only with a repetition penalty) marks every committed token.
+    """
 
     cache: Any  # transformers DynamicCache
     committed_len: int
+    chooser: TokenChooser = field(default_factory=Greedy)
+    repetition_penalty: float = 1.0
+    presence: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,11 @@ class TorchTreeOps:
             layer.values = layer.values[:, :, :keep]
 
 
+def _decision_precision(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits are decided in float32, as ``generate`` does; fp32/fp64 stay as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def check_model(model: Any) -> None:
     """Refuse models whose verification would be silently wrong; the message says what to use."""
     config = getattr(model, "config", None)
@@ -135,7 +147,8 @@ class ModelVerifier:
     """Runs the target model: prefill and tree verification for one sequence at a time.
 
     ``ops`` supplies mask/positions, acceptance and compaction (reference or compiled);
-    ``chooser`` decides the model's token at each node (greedy or sampling).
+    ``chooser`` is the default way of deciding the model's token at each node (greedy);
+    :meth:`prefill` can set another per sequence (sampling, a repetition penalty).
     """
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
@@ -174,12 +187,18 @@ class ModelVerifier:
             raise SpecDecError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
 
     def prefill(
-        self, prompt: Sequence[int], prompt_topk: int = 0
+        self,
+        prompt: Sequence[int],
+        prompt_topk: int = 0,
+        *,
+        chooser: TokenChooser | None = None,
+        repetition_penalty: float = 1.0,
     ) -> tuple[KVState, int, Feedback | None]:
         """Run the prompt; return the state, the first pending token and optional per-position feedback.
 
         Only the last position's logits are computed unless ``prompt_topk`` asks for the
         model's top ids after every prompt token (Token Recycling's warm start).
+        ``chooser`` and ``repetition_penalty`` decide this sequence's tokens from here on.
         """
         if len(prompt) == 0:
             raise SpecDecError("the prompt is empty: give at least one token")
@@ -194,14 +213,20 @@ class ModelVerifier:
             out = self.model(
                 input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if prompt_topk else 1
             )
-        logits = out.logits[0].float() if out.logits.dtype != torch.float32 else out.logits[0]  # [L or 1, V]
+        logits = _decision_precision(out.logits[0])  # [L or 1, V]
+        state = KVState(cache, len(prompt), chooser or self.chooser, float(repetition_penalty))
+        last = logits[-1:]
+        if state.repetition_penalty != 1.0:
+            state.presence = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            state.presence[input_ids[0]] = True
+            last = apply_repetition_penalty(last, state.presence.unsqueeze(0), state.repetition_penalty)
         position = torch.tensor([len(prompt)], device=self.device)
-        pending = int(self.chooser.choose(logits[-1:], position)[0])
+        pending = int(state.chooser.choose(last, position)[0])
         feedback = None
         if prompt_topk:
             top = topk_ids(logits, prompt_topk).cpu().numpy()
             feedback = Feedback(np.asarray(prompt, dtype=np.int64), top)
-        return KVState(cache, len(prompt)), pending, feedback
+        return state, pending, feedback
 
     def verify(self, state: KVState, tree: DraftTree, topk: int = 0) -> Verification:
         """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path."""
@@ -217,10 +242,15 @@ class ModelVerifier:
                 past_key_values=state.cache,
                 use_cache=True,
             )
-            logits = out.logits[0]  # [N, V]
-            acceptance = self.ops.accept(tree, logits, position_ids[0], self.chooser, topk)
+            logits = _decision_precision(out.logits[0])  # [N, V]
+            if state.presence is not None:
+                mask = penalty_mask(state.presence, tree.tokens, ancestor_matrix(tree.parents))
+                logits = apply_repetition_penalty(logits, mask, state.repetition_penalty)
+            acceptance = self.ops.accept(tree, logits, position_ids[0], state.chooser, topk)
             self.ops.compact(state.cache, committed, acceptance.path)
         state.committed_len = committed + len(acceptance.path)
+        if state.presence is not None:
+            state.presence[torch.tensor([tree.tokens[i] for i in acceptance.path], device=self.device)] = True
         feedback = None
         if acceptance.topk is not None:
             feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), acceptance.topk, acceptance.path)
