@@ -253,6 +253,21 @@ def test_two_turns_ask_the_second_after_each_methods_own_answer(tmp_path: Path) 
     assert first["runs"]["hf-generate"]["output_sha1"] == record["output_sha1"]
 
 
+def test_sampled_methods_are_judged_against_plain_sampling_with_their_options(tmp_path: Path) -> None:
+    questions = load_questions(write_questions(tmp_path / "q.jsonl", QUESTIONS))[2:4]
+    methods = ["none", "s=none:temperature=0.9:seed=5", "pld", "ps=pld:temperature=0.9:seed=5",
+               "ps2=pld:temperature=0.9:seed=6", "s2=none:temperature=0.9:seed=6"]
+    results = make_run(tmp_path, methods=methods, max_new_tokens=16).run(questions, progress=False)
+    assert results["references"] == {"none": "none", "s": "s", "pld": "none", "ps": "s", "ps2": "s2", "s2": "s2"}
+    for question in results["questions"]:
+        runs = question["runs"]
+        assert all(record["identical"] for record in runs.values())
+        assert runs["ps"]["output_sha1"] == runs["s"]["output_sha1"] != runs["none"]["output_sha1"]
+        assert runs["ps2"]["output_sha1"] == runs["s2"]["output_sha1"] != runs["s"]["output_sha1"]
+    with pytest.raises(SpecDecError, match="add 'none:temperature=0.7' to the methods"):
+        make_run(tmp_path, out="missing", methods=["none", "pld:temperature=0.7"])
+
+
 def test_an_interrupted_run_keeps_its_questions_and_resumes(tmp_path: Path) -> None:
     questions = load_questions(write_questions(tmp_path / "q.jsonl", QUESTIONS))
     run = make_run(tmp_path, methods=["none", "pld"], max_new_tokens=8)

@@ -8,7 +8,10 @@ A method is named by a **spec** string: ``[label=]name[:key=value[:key=value...]
   ``prompt_lookup_num_tokens=10`` unless ``num_tokens`` says otherwise).
 - ``key=value`` pairs are the drafter's options; values parse as JSON when they can
   (``pld:num_draft=6``), else stay strings (``rest:datastore=gsm8k.rest``). ``budget``
-  and ``max_nodes`` go to ``generate`` instead (``sam:budget=full``).
+  and ``max_nodes`` go to ``generate`` instead (``sam:budget=full``), and so do the
+  sampling options ``do_sample``, ``temperature``, ``top_k``, ``top_p`` and ``seed``
+  (``pld:temperature=0.7:seed=7``): a sampled method's output is judged against ``none``
+  with the same sampling options, which must be among the methods.
 - ``label`` names the method in tables (default: the spec itself), so one drafter can
   appear twice with two settings: ``pld6=pld:num_draft=6``.
 
@@ -44,7 +47,8 @@ _PEER_OPTIONS: dict[str, dict[str, str]] = {
     HF_PLD: {"num_tokens": "prompt_lookup_num_tokens", "max_ngram": "max_matching_ngram_size"},
 }
 # Spec options that go to ``Generator.generate`` (how the loop runs the drafter), not to the drafter.
-GENERATION_OPTIONS = ("budget", "max_nodes")
+SAMPLING_OPTIONS = ("do_sample", "temperature", "top_k", "top_p", "seed")
+GENERATION_OPTIONS = ("budget", "max_nodes", *SAMPLING_OPTIONS)
 _PEER_DEFAULTS: dict[str, dict[str, Any]] = {HF_GENERATE: {}, HF_PLD: {"prompt_lookup_num_tokens": 10}}
 
 
@@ -64,6 +68,16 @@ class MethodSpec:
     @property
     def is_greedy_baseline(self) -> bool:
         return self.name in GREEDY_BASELINES and not self.options
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling options (empty for greedy decoding)."""
+        return {k: v for k, v in self.options.items() if k in SAMPLING_OPTIONS}
+
+    @property
+    def is_sampled_baseline(self) -> bool:
+        """Plain decoding with sampling options only: the reference for methods sampling alike."""
+        return self.name == "none" and bool(self.options) and set(self.options) <= set(SAMPLING_OPTIONS)
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "name": self.name, "options": dict(self.options)}

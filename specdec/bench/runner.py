@@ -251,6 +251,16 @@ class BenchRun:
             self.specs, model, tokenizer, self.meter, backend=settings.backend, datastores=settings.datastores
         )
         reference = next((s for s in self.specs if s.is_greedy_baseline), self.specs[0])
+        # A sampled method is judged against plain decoding that samples alike (same seed).
+        self._references = {spec.label: reference.label for spec in self.specs}
+        for spec in self.specs:
+            if spec.sampling:
+                same = [s for s in self.specs if s.is_sampled_baseline and s.sampling == spec.sampling]
+                if not same:
+                    options = ":".join(f"{k}={v}" for k, v in spec.sampling.items())
+                    raise SpecDecError(f"method {spec.label!r} samples: add 'none:{options}' to the methods, "
+                                       "the reference its output is judged against")
+                self._references[spec.label] = same[0].label
         self.judge = Judge(model)
         self.results: dict[str, Any] = {
             "format": RESULTS_FORMAT,
@@ -269,6 +279,7 @@ class BenchRun:
             "methods": [s.to_json() for s in self.specs],
             "baseline": self.specs[0].label,
             "reference": reference.label,
+            "references": dict(self._references),
             "questions": [],
         }
         self._reference = reference.label
@@ -330,9 +341,9 @@ class BenchRun:
             if tick is not None:
                 tick(label)
         runs: dict[str, Any] = {}
-        reference = outputs[self._reference]
         for spec in self.specs:
             record = _record(outputs[spec.label], prompts[spec.label])
+            reference = outputs[self._references[spec.label]]
             record.update(self._judge(prompts[spec.label], outputs[spec.label], reference))
             runs[spec.label] = record
         return {
