@@ -73,6 +73,14 @@ def load_extension(
     with _LOCK:
         if module_name in _LOADED:
             return _LOADED[module_name]
+        stale = [loaded for loaded in _LOADED if loaded.rsplit("_", 1)[0] == f"specdec_{name}"]
+        if stale:
+            # Extensions register torch ops under one namespace: loading a second build of the
+            # same one (its sources changed since this process loaded it) would abort the process.
+            raise NativeBuildError(
+                f"extension {name!r}: this process already loaded another build ({stale[0]}), its sources "
+                "have changed since; restart Python to use the new build"
+            )
         from torch.utils import cpp_extension
 
         build_dir = cache_dir() / "extensions" / f"{name}-{key}"

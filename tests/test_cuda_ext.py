@@ -608,6 +608,20 @@ def test_build_failure_carries_the_compiler_error(tmp_path: Path, monkeypatch: p
         load_extension("broken", [source])
 
 
+def test_a_second_build_of_a_loaded_extension_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builds of one extension register the same torch op namespace: loading both would abort
+    the process, so the second is a clear error (the sources changed under a running process)."""
+    import types
+
+    from specdec import native
+
+    source = tmp_path / "ops.cpp"
+    source.write_text("// edited since the process loaded it\n")
+    monkeypatch.setitem(native._LOADED, "specdec_ops_000000000000", types.ModuleType("old"))
+    with pytest.raises(NativeBuildError, match=r"already loaded another build \(specdec_ops_000000000000\)"):
+        native.load_extension("ops", [source])
+
+
 def test_cache_key_follows_headers(tmp_path: Path) -> None:
     from specdec.native import extension_key
 
