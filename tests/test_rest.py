@@ -473,7 +473,7 @@ def test_cli_build_and_info(rest_native: Any, tmp_path: Path, capsys: pytest.Cap
 def test_default_model_with_a_gsm8k_datastore(
     rest_native: Any, tmp_path: Path, default_model: tuple[Any, Any], spec_bench_prompts: dict[str, list[list[int]]]
 ) -> None:
-    """Real tokens end to end: a GSM8K datastore, two math questions, output equal to plain decoding."""
+    """Real tokens end to end: a GSM8K datastore, a math question, output equal to plain decoding."""
     from specdec.datastores.corpus import iter_texts, tokenize_documents
     from specdec.testing import compare_outputs
 
@@ -484,13 +484,11 @@ def test_default_model_with_a_gsm8k_datastore(
     build(documents, tmp_path / "gsm8k.rest", TokenizerIdentity.of(tokenizer), progress=False)
     generator = specdec.Generator(model, tokenizer, drafter="rest", datastore=tmp_path / "gsm8k.rest", budget=16)
     plain = specdec.Generator(model, tokenizer, drafter="none", budget=1)
-    accepted = 0
-    for prompt in spec_bench_prompts["math_reasoning"][:2]:
-        ours = generator.generate(prompt, max_new_tokens=48)
-        theirs = plain.generate(prompt, max_new_tokens=48)
-        comparison = compare_outputs(model, prompt, ours.tokens, theirs.tokens)
-        assert comparison.acceptable, comparison.describe()
-        IDENTITY_COUNTS[f"default/rest ({comparison.describe()})"] += 1
-        accepted += sum(r.accepted for r in ours.stats.records)
-        assert max(r.tree_size for r in ours.stats.records) <= 16
-    assert accepted > 5
+    prompt = spec_bench_prompts["math_reasoning"][0]
+    ours = generator.generate(prompt, max_new_tokens=40)
+    theirs = plain.generate(prompt, max_new_tokens=40)
+    comparison = compare_outputs(model, prompt, ours.tokens, theirs.tokens)
+    assert comparison.acceptable, comparison.describe()
+    IDENTITY_COUNTS[f"default/rest ({comparison.describe()})"] += 1
+    assert max(r.tree_size for r in ours.stats.records) <= 16
+    assert sum(r.accepted for r in ours.stats.records) > 5  # regression guard: GSM8K's drafts were accepted
