@@ -29,29 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine_corpus import REPO, SHARED, corpus_inputs
-
-
-def run_build(out: Path) -> dict[str, Any]:
-    inputs, extra = corpus_inputs()
-    command = [sys.executable, "-m", "specdec.cli", "datastore", "build", "--kind", "rest", "--quiet",
-               "--tokenizer", "default", "-o", str(out), *extra, "--input", *inputs]
-    started = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - started
-    report: dict[str, Any] = json.loads(done.stdout)
-    report["wall_s"] = round(wall, 2)
-    report["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-    report["inputs"] = len(inputs)
-    return report
-
-
-def rss_mb() -> float:
-    """This process's resident set (file-backed pages of memory maps included), in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from machine_corpus import REPO, SHARED, rss_mb, run_build
 
 
 def distribution(seconds: list[float]) -> dict[str, float]:
@@ -155,7 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     report: dict[str, Any] = {}
     if not args.skip_build:
-        report["cli_build"] = run_build(args.out)
+        report["cli_build"] = run_build("rest", args.out)
     report["build_alone"] = in_child("_build_peak", str(args.out))
     questions = SHARED / "spec_bench" / "question.jsonl"
     streams = str(questions) if questions.exists() else ""

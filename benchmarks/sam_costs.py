@@ -27,57 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "data"
+from machine_corpus import REPO, SHARED, rss_mb, run_build
+
 CONTEXT = 2048
 STEPS_TEXT = 3000  # tokens of text walked after the context
-
-
-def corpus_inputs() -> tuple[list[str], list[str]]:
-    """(input paths, extra CLI arguments) for the benchmark corpus."""
-    inputs: list[str] = []
-    extra: list[str] = []
-    gsm8k = SHARED / "corpora" / "gsm8k_train.jsonl"
-    if gsm8k.exists():
-        inputs.append(str(gsm8k))
-        extra += ["--field", "question,answer"]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    inputs += [str(p) for p in sorted(stdlib.iterdir())
-               if p.name != "site-packages" and (p.is_dir() or p.suffix == ".py")]
-    doc = Path("/usr/share/doc")
-    if doc.is_dir():
-        inputs.append(str(doc))
-    return inputs, extra
-
-
-def run_build(out: Path, max_tokens: int | None) -> dict[str, Any]:
-    inputs, extra = corpus_inputs()
-    command = [sys.executable, "-m", "specdec.cli", "datastore", "build", "--kind", "sam", "--quiet",
-               "--tokenizer", "default", "-o", str(out), *extra, "--input", *inputs]
-    if max_tokens:
-        command += ["--max-tokens", str(max_tokens)]
-    started = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
-    report: dict[str, Any] = json.loads(done.stdout)
-    report["wall_s"] = round(time.perf_counter() - started, 2)
-    report["child_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-    report["inputs"] = len(inputs)
-    return report
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def distribution_us(values: list[float]) -> dict[str, float]:
@@ -212,7 +171,7 @@ def main() -> None:
         return
     report: dict[str, Any] = {}
     if not args.skip_build:
-        report["build"] = run_build(args.out, args.max_tokens)
+        report["build"] = run_build("sam", args.out, args.max_tokens)
     report["disk"] = {"bytes": args.out.stat().st_size}
     report["load_verified"] = in_child("load", str(args.out), "1")
     report["load_unverified"] = in_child("load", str(args.out), "0")
