@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check specdec tests
+.venv/bin/ruff check specdec tests benchmarks conftest.py
 .venv/bin/mypy --strict specdec
 exec .venv/bin/python -m pytest "$@"
