@@ -245,6 +245,20 @@ def test_online_refinement_follows_the_machine() -> None:
     assert model.predict(np.array([1]), 10)[0] < 2.0 * 1.25
 
 
+def test_a_calibration_from_a_busy_machine_is_corrected_within_a_few_steps() -> None:
+    """Calibrated under 10x load (and with the load's shape): real steps put it right, the clip notwithstanding."""
+    busy = CostTable((1, 2, 8), (1, 1000), ((0.6, 1.2, 3.0), (0.6, 1.2, 3.0)), {})
+    model = VerifyCostModel(busy)
+    real = {1: 0.06, 2: 0.07, 8: 0.10}
+    for step in range(30):
+        model.observe(1, 10, real[1])
+        if step % 3 == 0:  # the planner's occasional probes of larger trees
+            model.observe(2, 10, real[2])
+            model.observe(8, 10, real[8])
+    predicted = model.predict(np.array([1, 2, 8]), 10).tolist()
+    assert predicted == pytest.approx([real[1], real[2], real[8]], rel=0.2)
+
+
 def test_a_frozen_cost_model_does_not_learn() -> None:
     before = FLAT.predict(np.array([1, 5, 100]), 10).tolist()
     FLAT.observe(5, 10, 123.0)

@@ -25,8 +25,10 @@ prediction; the ratio updates a running mean for the nearest calibrated size (an
 exponential moving average once a size has ``1 / MIN_RATE`` observations), and sizes not
 seen lately are shrunk toward the ratio over all sizes. So the model follows the
 machine's present load and corrects calibration noise, while the shape measured at
-calibration stays in force where no step has been seen. Ratios are clipped to
-``[1/5, 5]``: one preempted step must not rewrite the model.
+calibration stays in force where no step has been seen. Each step's ratio is clipped to
+``[1/5, 5]`` times the present overall ratio: one preempted step must not rewrite the
+model, but a calibration measured under another load (a busy machine: 10x off) is
+corrected within a few steps.
 
 **Cache**: ``<cache_dir>/calibration/<key>.json``, ``key`` a hash of the identity: the
 model's architecture (its config, minus names and paths: two checkpoints of one
@@ -170,7 +172,11 @@ class VerifyCostModel:
         if not self.learn or seconds <= 0.0 or size < 1:
             return
         base = float(self.calibrated(np.array([size]), committed_len)[0])
-        ratio = min(max(seconds / base, 1.0 / RATIO_CLIP), RATIO_CLIP)
+        # Clipped around the present level, not around 1: one preempted step moves the model by
+        # at most RATIO_CLIP, but a calibration measured under another load (10x off) is
+        # corrected within a few steps instead of staying off by its excess over the clip.
+        level = self._global_ratio
+        ratio = min(max(seconds / base, level / RATIO_CLIP), level * RATIO_CLIP)
         j = int(np.argmin(np.abs(self._log_sizes - np.log(size))))
         self._count[j] += 1.0
         self._ratio[j] += max(1.0 / self._count[j], MIN_RATE) * (ratio - self._ratio[j])
