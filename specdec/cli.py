@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="plain decoding vs speculative drafters on the default model")
     demo.add_argument("--model", default="default")
-    demo.add_argument("--drafters", default="none,pld")
+    demo.add_argument("--drafters", default="none,pld,sam+recycling")
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--budget", default="auto", type=budget_arg,
