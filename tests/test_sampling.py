@@ -322,7 +322,7 @@ def test_uniforms_vectorise_the_scalar_function() -> None:
 
 DEFAULT_MODEL_PROMPTS = [
     "Rewrite this sentence in the past tense: The cat sits on the mat and the dog sits on the mat.",
-    "List the first ten prime numbers, then list them again in reverse order.",
+    "Copy this list exactly, twice, one item per line: apple, banana, cherry, date, elderberry, fig, grape.",
 ]
 
 

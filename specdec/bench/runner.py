@@ -318,6 +318,9 @@ class BenchRun:
         prompt = _turn_prompt(self.tokenizer, question, [])
         tail = prompt[-256:]
         for method in self.methods:
+            prepare = getattr(method, "prepare", None)
+            if prepare is not None:
+                prepare()
             method.generate(prompt, self.settings.warmup_tokens)
             method.generate([*prompt, *tail, *tail], self.settings.warmup_tokens)
 
