@@ -38,6 +38,8 @@ def table(results: dict[str, Any]) -> str:
     medians: dict[tuple[str, str, int, int | None], dict[str, float]] = defaultdict(dict)
     for bench in results["benchmarks"]:
         info = bench["extra_info"]
+        if "op" not in info:  # a saved run of the whole suite: keep the backend benchmarks
+            continue
         key = (info["op"], info["device"], info["nodes"], info["committed"])
         medians[key][info["backend"]] = bench["stats"]["median"]
     lines = [
