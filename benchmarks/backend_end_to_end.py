@@ -15,7 +15,6 @@ the same inputs and walk the same logits).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,19 +32,12 @@ BACKENDS = ("torch", "cuda_ext")
 
 def prompts(per_category: int) -> list[tuple[str, str]]:
     """(category, first-turn text): evenly spaced questions per Spec-Bench category."""
+    from specdec.bench.questions import load_questions, select_questions
+
     if not QUESTIONS.is_file():
         print(f"{QUESTIONS} is absent: using {len(FALLBACK_PROMPTS)} built-in prompts", file=sys.stderr)
         return [("builtin", text) for text in FALLBACK_PROMPTS]
-    by_category: dict[str, list[str]] = {}
-    for line in QUESTIONS.read_text().splitlines():
-        question = json.loads(line)
-        category = "mt_bench" if question["question_id"] <= 160 else question["category"]
-        by_category.setdefault(category, []).append(question["turns"][0])
-    chosen = []
-    for category, texts in sorted(by_category.items()):
-        step = len(texts) / per_category
-        chosen += [(category, texts[int(i * step)]) for i in range(per_category)]
-    return chosen
+    return [(q.category, q.turns[0]) for q in select_questions(load_questions(QUESTIONS), per_category)]
 
 
 def main(argv: list[str] | None = None) -> int:

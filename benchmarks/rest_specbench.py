@@ -94,18 +94,13 @@ def replayed(listed: list[Method], prompt: list[int], output: list[int], vocab_s
 
 
 def load_questions(per_category: int) -> list[tuple[str, str]]:
+    """(category, first-turn text) of ``per_category`` evenly spaced questions per category."""
+    from specdec.bench import questions
+
     if not QUESTIONS.exists():
         sys.exit(f"{QUESTIONS} is absent: the Spec-Bench questions ship with ../shared/data")
-    by_category: dict[str, list[str]] = {}
-    for line in QUESTIONS.read_text().splitlines():
-        question = json.loads(line)
-        category = "mt_bench" if question["question_id"] <= 160 else question["category"]
-        by_category.setdefault(category, []).append(question["turns"][0])
-    chosen = []
-    for category in CATEGORIES:
-        texts = by_category[category]
-        chosen += [(category, texts[i * len(texts) // per_category]) for i in range(per_category)]
-    return chosen
+    return [(q.category, q.turns[0])
+            for q in questions.select_questions(questions.load_questions(QUESTIONS), per_category)]
 
 
 def build_sam(rest_path: str, out: str) -> None:
