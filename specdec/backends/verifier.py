@@ -11,12 +11,15 @@ diffed against.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from specdec.backends.gqa import GroupedAttention, supports_grouped_attention
+from specdec.backends.narrow import NarrowLinears, supports_narrow
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
@@ -149,6 +152,12 @@ class ModelVerifier:
     ``ops`` supplies mask/positions, acceptance and compaction (reference or compiled);
     ``chooser`` is the default way of deciding the model's token at each node (greedy);
     :meth:`prefill` can set another per sequence (sampling, a repetition penalty).
+
+    ``narrow_rows``: trees of 2 to ``narrow_rows`` nodes are verified with the model's linear
+    layers computed as narrow products (:mod:`specdec.backends.narrow`); 0, the default, never.
+    The budget calibration sets it where it measured the narrow product faster.
+    On a CPU, trees of more than one node attend over grouped KV heads without copying the
+    cache (:mod:`specdec.backends.gqa`).
     """
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
@@ -163,6 +172,9 @@ class ModelVerifier:
         implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         # Eager attention adds the mask to its scores, so it needs the additive form; sdpa takes bool.
         self.additive_dtype = self.dtype if implementation == "eager" else None
+        self.narrow_rows = 0
+        self.narrow: NarrowLinears | None = NarrowLinears(model) if supports_narrow(model) else None
+        self.grouped: GroupedAttention | None = GroupedAttention(model) if supports_grouped_attention(model) else None
 
     @property
     def name(self) -> str:
@@ -234,14 +246,19 @@ class ModelVerifier:
         committed = state.committed_len
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
         input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
+        narrow = self.narrow if self.narrow is not None and 2 <= tree.size <= self.narrow_rows else None
+        grouped = self.grouped if self.grouped is not None and mask is not None else None
         with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=state.cache,
-                use_cache=True,
-            )
+            with narrow.active() if narrow is not None else nullcontext(), (
+                grouped.active() if grouped is not None else nullcontext()
+            ):
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    past_key_values=state.cache,
+                    use_cache=True,
+                )
             logits = _decision_precision(out.logits[0])  # [N, V]
             if state.presence is not None:
                 mask = penalty_mask(state.presence, tree.tokens, ancestor_matrix(tree.parents))

@@ -230,13 +230,13 @@ class SpecdecMethod:
         self._generator = Generator(model, tokenizer, drafter=spec.name, drafter_options=options, backend=backend)
 
     def prepare(self) -> None:
-        """Pay one-time costs now (the budget planner's calibration, on its first use in a process)."""
-        from specdec.budget.cost import cost_model
-        from specdec.budget.planner import Budget
+        """Pay one-time costs now (the budget planner's calibration, on its first use in a process).
 
-        budget = self._generation.get("budget", self._generator.budget)
-        if Budget.parse(budget).mode == "auto":
-            cost_model(self._generator.verifier)
+        Every budget needs it: the calibration also picks the verifier's kernels.
+        """
+        from specdec.budget.cost import cost_model
+
+        cost_model(self._generator.verifier)
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Measurement:
         forwards, forward_s = self._meter.snapshot()

@@ -80,6 +80,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "sizes": list(table.sizes),
         "contexts": list(table.contexts),
         "ms": ms_rows,
+        "narrow_rows": table.narrow_rows,
         "budgets": budgets,
     }
     if args.json:
@@ -91,6 +92,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print("context  " + "  ".join(f"{s:>7}" for s in table.sizes))
     for context, ms_row in zip(table.contexts, ms_rows, strict=True):
         print(f"{context:>7}  " + "  ".join(f"{ms:7.2f}" for ms in ms_row))
+    if table.narrow_rows:
+        print(f"trees of 2 to {table.narrow_rows} nodes run narrow products (faster here; specdec.backends.narrow)")
     print(f"\nbudget='auto' on a {EXAMPLE_CHAIN}-node chain at context {EXAMPLE_CONTEXT}, plain decoding's rate:")
     print("   q   nodes  expected tokens  expected speedup")
     for row in budgets:

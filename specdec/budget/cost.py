@@ -15,6 +15,13 @@ non-decreasing in ``N`` (a larger tree never costs less) and at most ``N * cost(
 forward over ``N`` tokens never costs more than ``N`` one-token forwards). ~60
 verifications in all: ~10 s on a 2-core CPU for a 135M model, ~1 s on a GPU.
 
+**Kernel choice**: where the verifier offers narrow products (:mod:`specdec.backends.narrow`:
+CPU, fp32/fp64), every size from 2 to ``NARROW_MAX_SIZE`` is also timed with them, in the
+same rounds. ``narrow_rows`` is the largest size up to which they were faster at every
+calibrated size (summed over the contexts); the table keeps the faster time of each size
+under that rule, and :func:`cost_model` sets the verifier's ``narrow_rows`` from it, so
+the costs the planner plans with are those of the kernels the verifier will run.
+
 **Prediction**: linear interpolation in ``N`` between calibrated sizes (linear extrapolation
 past the largest) and in ``C`` between the two calibrated contexts (attention grows with
 ``C``; extrapolated linearly, floored at half the smallest context's cost), times an
@@ -61,8 +68,9 @@ from specdec.types import DraftTree
 FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
-CALIBRATION_VERSION = 2
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+CALIBRATION_VERSION = 3
+DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
+NARROW_MAX_SIZE = 32  # narrow products are timed up to this size (past ~8 the usual GEMM wins)
 DEFAULT_CONTEXTS = (64, 1024)
 DEFAULT_REPEATS = 3
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
@@ -78,6 +86,7 @@ class CostTable:
     contexts: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
     identity: dict[str, str]
+    narrow_rows: int = 0  # verify trees of 2..narrow_rows nodes with narrow products (0: never)
 
     def __post_init__(self) -> None:
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
@@ -91,6 +100,8 @@ class CostTable:
             )
         if any(not (s > 0.0 and np.isfinite(s)) for row in self.seconds for s in row):
             raise SpecDecError(f"calibration times must be positive and finite, got {self.seconds}")
+        if isinstance(self.narrow_rows, bool) or not isinstance(self.narrow_rows, int) or self.narrow_rows < 0:
+            raise SpecDecError(f"narrow_rows must be a non-negative int, got {self.narrow_rows!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +110,7 @@ class CostTable:
             "sizes": list(self.sizes),
             "contexts": list(self.contexts),
             "seconds": [list(row) for row in self.seconds],
+            "narrow_rows": self.narrow_rows,
         }
 
     @classmethod
@@ -110,6 +122,7 @@ class CostTable:
             tuple(int(c) for c in data["contexts"]),
             tuple(tuple(float(s) for s in row) for row in data["seconds"]),
             {str(k): str(v) for k, v in data["identity"].items()},
+            data.get("narrow_rows", 0),
         )
 
 
@@ -258,38 +271,70 @@ def calibrate(
 ) -> CostTable:
     """Measure verification seconds for every size at every context (module docstring).
 
-    Costs ``(len(contexts) * repeats + 1) * len(sizes)`` verifications plus one prefill
-    of ``max(contexts)`` tokens. Random tokens stand in for text: the cost of a forward
-    does not depend on which tokens it sees.
+    Costs ``(len(contexts) * repeats + 1) * len(sizes)`` verifications (each size that
+    narrow products are timed at counts twice) plus one prefill of ``max(contexts)``
+    tokens. Random tokens stand in for text: the cost of a forward does not depend on
+    which tokens it sees.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise SpecDecError(f"calibration repeats must be a positive int, got {repeats!r}")
     sizes, contexts = calibration_plan(verifier, sizes, contexts)
     rng = random.Random(seed)
     vocab = verifier.vocab_size
+    narrow_sizes = {s for s in sizes if 2 <= s <= NARROW_MAX_SIZE} if verifier.narrow is not None else set()
     prompt = [rng.randrange(vocab) for _ in range(contexts[-1])]
     state, pending, _ = verifier.prefill(prompt)
+    plain: list[list[float]] = []  # [C][S] fastest round, usual kernels
+    narrow: list[list[float]] = []  # [C][S] fastest round, narrow products (inf where not timed)
+    kept_rows = verifier.narrow_rows
+    try:
+        for context in reversed(contexts):  # crop the one prefilled cache down, context by context
+            state.cache.crop(-(state.committed_len - context))
+            state.committed_len = context
+            times: dict[tuple[int, bool], list[float]] = {}
+            warmup = 1 if context == contexts[-1] else 0  # the first round warms up (allocator growth, kernel choice)
+            for round_ in range(warmup + repeats):
+                for size in sizes:
+                    for use_narrow in (False, True) if size in narrow_sizes else (False,):
+                        verifier.narrow_rows = size if use_narrow else 0
+                        tree = DraftTree.chain(pending, [rng.randrange(vocab) for _ in range(size - 1)])
+                        started = time.perf_counter()
+                        verifier.verify(state, tree)  # ends in a host sync: the walk needs the choices
+                        elapsed = time.perf_counter() - started
+                        state.cache.crop(-(state.committed_len - context))
+                        state.committed_len = context
+                        if round_ >= warmup:
+                            times.setdefault((size, use_narrow), []).append(elapsed)
+            plain.insert(0, [min(times[(s, False)]) for s in sizes])
+            narrow.insert(0, [min(times.get((s, True), [np.inf])) for s in sizes])
+    finally:
+        verifier.narrow_rows = kept_rows
+    narrow_rows = _narrow_threshold(sizes, np.array(plain), np.array(narrow))
     seconds: list[tuple[float, ...]] = []
-    for context in reversed(contexts):  # crop the one prefilled cache down, context by context
-        state.cache.crop(-(state.committed_len - context))
-        state.committed_len = context
-        times: list[list[float]] = [[] for _ in sizes]
-        warmup = 1 if context == contexts[-1] else 0  # the first round warms up (allocator growth, kernel choice)
-        for round_ in range(warmup + repeats):
-            for j, size in enumerate(sizes):
-                tree = DraftTree.chain(pending, [rng.randrange(vocab) for _ in range(size - 1)])
-                started = time.perf_counter()
-                verifier.verify(state, tree)  # ends in a host sync: the walk needs the choices
-                elapsed = time.perf_counter() - started
-                state.cache.crop(-(state.committed_len - context))
-                state.committed_len = context
-                if round_ >= warmup:
-                    times[j].append(elapsed)
-        fastest = np.maximum.accumulate(np.array([min(t) for t in times]))  # [S] non-decreasing
+    for plain_row, narrow_row in zip(plain, narrow, strict=True):
+        row = np.array(
+            [n if 2 <= s <= narrow_rows else p for s, p, n in zip(sizes, plain_row, narrow_row, strict=True)]
+        )
+        fastest = np.maximum.accumulate(row)  # [S] non-decreasing
         fastest = np.minimum(fastest, np.asarray(sizes, dtype=np.float64) * fastest[0])  # subadditive
         seconds.append(tuple(float(s) for s in fastest))
-    seconds.reverse()
-    return CostTable(sizes, contexts, tuple(seconds), model_identity(verifier))
+    return CostTable(sizes, contexts, tuple(seconds), model_identity(verifier), narrow_rows)
+
+
+def _narrow_threshold(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) -> int:
+    """The largest size up to which narrow products were faster at every timed size (0: none).
+
+    ``plain`` and ``narrow`` are ``[C, S]`` seconds (``inf`` where narrow was not timed);
+    a size's verdict sums its contexts.
+    """
+    rows = 0
+    for j, size in enumerate(sizes):
+        if size < 2:
+            continue
+        if not float(narrow[:, j].sum()) < float(plain[:, j].sum()):
+            break
+        rows = size
+    return rows
 
 
 # -- cache ------------------------------------------------------------------------------
@@ -324,6 +369,7 @@ def cost_model(verifier: ModelVerifier, *, recalibrate: bool = False) -> tuple[V
     identity = model_identity(verifier)
     key = identity_key(identity)
     if not recalibrate and key in _MODELS:
+        _use_kernels(verifier, _MODELS[key].table)
         return _MODELS[key], 0.0
     path = calibration_path(identity)
     table = None
@@ -341,7 +387,13 @@ def cost_model(verifier: ModelVerifier, *, recalibrate: bool = False) -> tuple[V
         spent = time.perf_counter() - started
         _write_atomically(path, json.dumps(table.to_json(), indent=1))
     model = _MODELS[key] = VerifyCostModel(table)
+    _use_kernels(verifier, table)
     return model, spent
+
+
+def _use_kernels(verifier: ModelVerifier, table: CostTable) -> None:
+    """Run the kernels the table's costs were measured with."""
+    verifier.narrow_rows = table.narrow_rows if verifier.narrow is not None else 0
 
 
 def forget_cost_models() -> None:

@@ -198,7 +198,8 @@ class BudgetPlanner:
     ``acceptance`` and ``throughput`` carry what was learned; pass the same objects to the
     planners of later generations to keep it (a :class:`~specdec.api.Generator` does).
     The cost model is shared per model, device and dtype (:func:`~specdec.budget.cost.cost_model`),
-    loaded or calibrated the first time a tree of more than one node needs a decision.
+    loaded or calibrated the first time a tree of more than one node is offered, under any
+    budget: the calibration also picks the verifier's kernels.
     """
 
     def __init__(
@@ -225,17 +226,19 @@ class BudgetPlanner:
         """The tree to verify after ``committed_len`` committed tokens, cut from the drafter's ``tree``."""
         keys = node_keys(tree)
         offered = tree.size
+        calibration_s = 0.0
+        if self._cost is None and offered > 1:
+            # Every budget loads it: calibration also picks the verifier's kernels (narrow products).
+            self._cost, calibration_s = cost_model(self.verifier)
         if offered == 1 or self.budget.mode != "auto":  # nothing to decide: say what is expected
             predicted = None
             if self._cost is not None:
                 predicted = float(self._cost.predict(np.array([offered]), committed_len)[0])
             expected = 0.0 if offered == 1 else float(self.acceptance.estimate(tree, keys)[1][1:].sum())
             reason = "no draft" if offered == 1 else self.budget.mode
-            return Plan(tree, keys, offered, expected, predicted, reason=reason)
+            return Plan(tree, keys, offered, expected, predicted, calibration_s, reason)
+        assert self._cost is not None  # offered > 1: loaded above
         _, accept_probs = self.acceptance.estimate(tree, keys)
-        calibration_s = 0.0
-        if self._cost is None:
-            self._cost, calibration_s = cost_model(self.verifier)
         costs = self._cost.predict(np.arange(1, offered + 1), committed_len)  # [N]
         rate = self.throughput.rate(1.0 / (costs[0] + self.throughput.overhead_s))
         k, nodes = choose_budget(accept_probs, costs, rate)
