@@ -1,10 +1,11 @@
 """Narrow products (``specdec.backends.narrow``): the same math as ``linear``, scoped to one forward.
 
-Checked: the product itself against ``torch.nn.functional.linear`` (random shapes, with
+Checked: the product itself against ``torch.nn.functional.linear`` (random shapes, one row padded, with
 and without bias, 2D and 3D inputs); the switch installs on plain ``Linear`` layers only
 and always comes off, an exception included; whole generations with every multi-node
-verification narrow are token-identical to plain greedy decoding on the tiny fp64 models;
-and calibration's choice of ``narrow_rows`` (the rule, the table, the verifier it sets).
+verification narrow are token-identical to plain greedy decoding on the tiny fp64 models,
+and with one-node steps with the padded product are too; and calibration's choice of ``narrow_rows``
+and ``narrow_single`` (the rules, the table, the verifier it sets).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 import specdec
 from specdec.backends import make_verifier
 from specdec.backends.narrow import NarrowLinears, narrow_linear, supports_narrow
-from specdec.budget.cost import CostTable, _narrow_threshold, calibrate, cost_model, forget_cost_models
+from specdec.budget.cost import (
+    CostTable,
+    _narrow_single,
+    _narrow_threshold,
+    calibrate,
+    cost_model,
+    forget_cost_models,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -47,6 +55,19 @@ def test_narrow_linear_is_linear(
     got = narrow_linear(layer, x)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)  # fp64: only summation order differs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_row_is_the_first_column_of_the_row_twice(dtype: torch.dtype) -> None:
+    """The padded product: bitwise the first row of the two-row narrow product of the row twice."""
+    torch.manual_seed(3)
+    layer = torch.nn.Linear(96, 200, dtype=dtype)
+    x = torch.randn(1, 1, 96, dtype=dtype)
+    twice = narrow_linear(layer, x.expand(1, 2, 96).contiguous())
+    got = narrow_linear(layer, x)
+    assert got.shape == (1, 1, 200) and got.is_contiguous()
+    assert torch.equal(got[0, 0], twice[0, 0])
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
 
 
 class Scaled(torch.nn.Linear):
@@ -95,6 +116,7 @@ def test_generations_with_narrow_verification_match_plain_greedy(arch: str) -> N
         drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=12, depth=5)
         generator = specdec.Generator(model, drafter=drafter, budget="full")
         generator.verifier.narrow_rows = 64  # every multi-node tree narrow
+        generator.verifier.narrow_single = True  # and every one-node step padded
         result = generator.generate(prompt, max_new_tokens=40)
         assert result.tokens == truth
         assert not any("forward" in m.__dict__ for m in model.modules())  # the model is left as it was
@@ -102,6 +124,24 @@ def test_generations_with_narrow_verification_match_plain_greedy(arch: str) -> N
         IDENTITY_COUNTS[f"{arch}/narrow"] += 1
     assert narrowed_steps > 10  # the narrow path really ran
 
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_plain_steps_with_the_padded_product_match_plain_greedy(arch: str) -> None:
+    """PLD on random prompts rarely matches: most steps are one node, all padded here."""
+    model = tiny_model(arch)
+    rng = random.Random(f"padded-{arch}")
+    single_steps = 0
+    for _ in range(3):
+        prompt = random_prompt(rng)
+        truth = hf_greedy(model, prompt, 40)
+        generator = specdec.Generator(model, drafter="pld", budget="full")
+        generator.verifier.narrow_rows = 64
+        generator.verifier.narrow_single = True
+        result = generator.generate(prompt, max_new_tokens=40)
+        assert result.tokens == truth
+        single_steps += sum(r.tree_size == 1 for r in result.stats.records)
+        IDENTITY_COUNTS[f"{arch}/narrow single"] += 1
+    assert single_steps > 10
 
 def test_threshold_is_the_last_size_of_an_unbroken_run_of_wins() -> None:
     sizes = (1, 2, 4, 8, 16)
@@ -121,33 +161,49 @@ def test_calibration_times_narrow_products_and_the_cost_model_applies_its_choice
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     forget_cost_models()
     verifier = make_verifier(tiny_model("llama"))
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, bool]] = []
     verify = verifier.verify
 
     def spy(state: object, tree: specdec.DraftTree, topk: int = 0) -> object:
-        seen.append((tree.size, verifier.narrow_rows))
+        seen.append((tree.size, verifier.narrow_rows, verifier.narrow_single))
         return verify(state, tree, topk)  # type: ignore[arg-type]
 
     monkeypatch.setattr(verifier, "verify", spy)
     table = calibrate(verifier, sizes=(1, 2, 4, 64), contexts=(8, 32), repeats=1)
-    assert verifier.narrow_rows == 0  # calibration leaves the verifier as it found it
-    narrow_timed = {size for size, rows in seen if rows}
-    assert narrow_timed == {2, 4}  # 64 is past NARROW_MAX_SIZE, 1 is never narrow
-    assert all(rows in (0, size) for size, rows in seen)
+    # calibration leaves the verifier as it found it
+    assert verifier.narrow_rows == 0 and verifier.narrow_single is False
+    narrow_timed = {size for size, rows, single in seen if rows or single}
+    assert narrow_timed == {1, 2, 4}  # 64 is past NARROW_MAX_SIZE
+    assert all(rows in (0, size) for size, rows, _ in seen)
+    assert all(size == 1 and rows == 0 for size, rows, single in seen if single)
+    assert sum(1 for size, rows, single in seen if size == 1 and single) == sum(
+        1 for size, rows, single in seen if size == 1 and not single
+    )  # both kernels timed as often at one node
     assert table.narrow_rows in (0, 2, 4)
     # The cost model hands the table's choice to the verifier it serves.
-    forced = CostTable(table.sizes, table.contexts, table.seconds, table.identity, narrow_rows=4)
+    forced = CostTable(table.sizes, table.contexts, table.seconds, table.identity, narrow_rows=4, narrow_single=True)
     monkeypatch.setattr("specdec.budget.cost.calibrate", lambda v: forced)
     model, _ = cost_model(verifier)
-    assert model.table.narrow_rows == 4 and verifier.narrow_rows == 4
+    assert model.table.narrow_rows == 4 and verifier.narrow_rows == 4 and verifier.narrow_single
     other = make_verifier(verifier.model)
     cost_model(other)  # from memory this time
-    assert other.narrow_rows == 4
+    assert other.narrow_rows == 4 and other.narrow_single
     forget_cost_models()
 
 
+def test_single_node_verdict_sums_the_contexts() -> None:
+    sizes = (1, 2, 4)
+    plain = np.array([[1.0, 2.0, 2.0], [1.5, 2.5, 2.5]])
+    assert _narrow_single(sizes, plain, np.array([[0.9, 9, 9], [1.4, 9, 9]]))
+    assert not _narrow_single(sizes, plain, np.array([[1.1, 1, 1], [1.5, 1, 1]]))  # a tie is no win
+    assert _narrow_single(sizes, plain, np.array([[1.2, 9, 9], [1.0, 9, 9]]))  # 2.2 < 2.5 overall
+    assert not _narrow_single((2, 4), plain[:, 1:], np.zeros((2, 2)))  # one node not calibrated
+
+
 def test_cost_table_carries_narrow_rows() -> None:
-    table = CostTable((1, 4), (8, 16), ((1.0, 2.0), (1.5, 2.5)), {"device": "x"}, narrow_rows=4)
+    table = CostTable((1, 4), (8, 16), ((1.0, 2.0), (1.5, 2.5)), {"device": "x"}, narrow_rows=4, narrow_single=True)
     assert CostTable.from_json(table.to_json()) == table
+    with pytest.raises(specdec.SpecDecError, match="narrow_single must be a bool, got 1"):
+        CostTable((1,), (8,), ((1.0,),), {}, narrow_single=1)  # type: ignore[arg-type]
     with pytest.raises(specdec.SpecDecError, match="narrow_rows must be a non-negative int, got -1"):
         CostTable((1,), (8,), ((1.0,),), {}, narrow_rows=-1)

@@ -16,12 +16,18 @@ wins again), so nothing here decides: the budget calibration
 (:func:`specdec.budget.cost.calibrate`) times both at each tree size and sets
 ``ModelVerifier.narrow_rows`` to the largest size up to which the narrow product was faster.
 
+One row is a case of its own: ``linear`` runs a matrix-vector product there, which on
+this CPU is slower than a two-column GEMM, so :func:`narrow_linear` pads one row to two;
+calibration decides separately whether one-node steps use that
+(``ModelVerifier.narrow_single``).
+
 The switch is scoped to one verification forward: :meth:`NarrowLinears.active` puts an
 instance-level ``forward`` on each plain ``torch.nn.Linear`` of the model and removes it
-on exit, so the model is untouched outside it (prefill, ``model.generate``, one-token
-steps). The narrow product rounds differently from ``linear``, as any other GEMM blocking
-does: outputs stay token-identical to plain decoding except where the top two logits are
-within rounding of each other (the near-ties the identity tests report).
+on exit, so the model is untouched outside it (prefill, ``model.generate``, and every
+step of a run whose planner never calibrated, such as the ``none`` drafter's plain
+decoding). The narrow product rounds differently from ``linear``, as any other GEMM
+blocking does: outputs stay token-identical to plain decoding except where the top two
+logits are within rounding of each other (the near-ties the identity tests report).
 """
 
 from __future__ import annotations
@@ -39,13 +45,27 @@ NARROW_DTYPES = (torch.float32, torch.float64)
 
 
 def narrow_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` as ``(W @ x^T)^T``: same math as ``torch.nn.functional.linear``, weight on the left."""
+    """``module(x)`` as ``(W @ x^T)^T``: same math as ``torch.nn.functional.linear``, weight on the left.
+
+    A single row is padded to two (the row twice) and the first column kept: a one-column
+    product goes to the matrix-vector kernel, which on this project's CPU streams the
+    default model's weights slower than the two-column GEMM does (all 211 linear layers:
+    38.4 ms for one row as ``linear``, 32.2 ms padded, 30.1 ms for two real rows), so the
+    wasted column is cheaper than the kernel it avoids. Calibration decides whether the
+    padded product is used at all (``ModelVerifier.narrow_single``).
+    """
     weight = module.weight
     rows = x.reshape(-1, x.shape[-1])  # [M, in]
-    # [M, out]; made contiguous (a copy of M * out values, small next to W) because a
-    # transposed result would make later kernels refuse it: SDPA's CPU flash kernel
-    # wants a unit stride in the head dimension and falls back to its math kernel.
-    y = torch.mm(weight, rows.t()).t().contiguous()
+    if rows.shape[0] == 1:
+        # [out, 2] -> first column -> [1, out]. The right operand must be the transposed view
+        # of a contiguous [2, in], the layout of the multi-row case: a contiguous [in, 2]
+        # takes another MKL path, measured 2x slower than the matrix-vector product.
+        y = torch.mm(weight, rows.expand(2, -1).contiguous().t())[:, :1].t().contiguous()
+    else:
+        # [M, out]; made contiguous (a copy of M * out values, small next to W) because a
+        # transposed result would make later kernels refuse it: SDPA's CPU flash kernel
+        # wants a unit stride in the head dimension and falls back to its math kernel.
+        y = torch.mm(weight, rows.t()).t().contiguous()
     if module.bias is not None:
         y = y + module.bias
     return y.reshape(*x.shape[:-1], weight.shape[0])

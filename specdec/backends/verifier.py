@@ -155,7 +155,8 @@ class ModelVerifier:
 
     ``narrow_rows``: trees of 2 to ``narrow_rows`` nodes are verified with the model's linear
     layers computed as narrow products (:mod:`specdec.backends.narrow`); 0, the default, never.
-    The budget calibration sets it where it measured the narrow product faster.
+    ``narrow_single``: one-node trees (plain steps) use the padded narrow product too.
+    The budget calibration sets both where it measured the narrow product faster.
     On a CPU, trees of more than one node attend over grouped KV heads without copying the
     cache (:mod:`specdec.backends.gqa`).
     """
@@ -173,6 +174,7 @@ class ModelVerifier:
         # Eager attention adds the mask to its scores, so it needs the additive form; sdpa takes bool.
         self.additive_dtype = self.dtype if implementation == "eager" else None
         self.narrow_rows = 0
+        self.narrow_single = False
         self.narrow: NarrowLinears | None = NarrowLinears(model) if supports_narrow(model) else None
         self.grouped: GroupedAttention | None = GroupedAttention(model) if supports_grouped_attention(model) else None
 
@@ -246,7 +248,8 @@ class ModelVerifier:
         committed = state.committed_len
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
         input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        narrow = self.narrow if self.narrow is not None and 2 <= tree.size <= self.narrow_rows else None
+        use_narrow = 2 <= tree.size <= self.narrow_rows or (tree.size == 1 and self.narrow_single)
+        narrow = self.narrow if self.narrow is not None and use_narrow else None
         grouped = self.grouped if self.grouped is not None and mask is not None else None
         with torch.inference_mode():
             with narrow.active() if narrow is not None else nullcontext(), (

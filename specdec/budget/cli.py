@@ -81,6 +81,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "contexts": list(table.contexts),
         "ms": ms_rows,
         "narrow_rows": table.narrow_rows,
+        "narrow_single": table.narrow_single,
         "budgets": budgets,
     }
     if args.json:
@@ -94,6 +95,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"{context:>7}  " + "  ".join(f"{ms:7.2f}" for ms in ms_row))
     if table.narrow_rows:
         print(f"trees of 2 to {table.narrow_rows} nodes run narrow products (faster here; specdec.backends.narrow)")
+    if table.narrow_single:
+        print("one-node steps of speculative runs run the padded narrow product (faster here)")
     print(f"\nbudget='auto' on a {EXAMPLE_CHAIN}-node chain at context {EXAMPLE_CONTEXT}, plain decoding's rate:")
     print("   q   nodes  expected tokens  expected speedup")
     for row in budgets:

@@ -16,11 +16,13 @@ forward over ``N`` tokens never costs more than ``N`` one-token forwards). ~60
 verifications in all: ~10 s on a 2-core CPU for a 135M model, ~1 s on a GPU.
 
 **Kernel choice**: where the verifier offers narrow products (:mod:`specdec.backends.narrow`:
-CPU, fp32/fp64), every size from 2 to ``NARROW_MAX_SIZE`` is also timed with them, in the
-same rounds. ``narrow_rows`` is the largest size up to which they were faster at every
-calibrated size (summed over the contexts); the table keeps the faster time of each size
-under that rule, and :func:`cost_model` sets the verifier's ``narrow_rows`` from it, so
-the costs the planner plans with are those of the kernels the verifier will run.
+CPU, fp32/fp64), every size from 1 to ``NARROW_MAX_SIZE`` is also timed with them, in the
+same rounds (one node: the padded product). ``narrow_rows`` is the largest size up to which
+they were faster at every calibrated size from 2 on (summed over the contexts),
+``narrow_single`` whether the padded product was faster for one node; the table keeps the
+faster time of each size under those rules, and :func:`cost_model` sets the verifier's
+switches from it, so the costs the planner plans with are those of the kernels the
+verifier will run.
 
 **Prediction**: linear interpolation in ``N`` between calibrated sizes (linear extrapolation
 past the largest) and in ``C`` between the two calibrated contexts (attention grows with
@@ -68,7 +70,7 @@ from specdec.types import DraftTree
 FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 NARROW_MAX_SIZE = 32  # narrow products are timed up to this size (past ~8 the usual GEMM wins)
 DEFAULT_CONTEXTS = (64, 1024)
@@ -87,6 +89,7 @@ class CostTable:
     seconds: tuple[tuple[float, ...], ...]
     identity: dict[str, str]
     narrow_rows: int = 0  # verify trees of 2..narrow_rows nodes with narrow products (0: never)
+    narrow_single: bool = False  # verify one-node trees with the padded narrow product
 
     def __post_init__(self) -> None:
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
@@ -102,6 +105,8 @@ class CostTable:
             raise SpecDecError(f"calibration times must be positive and finite, got {self.seconds}")
         if isinstance(self.narrow_rows, bool) or not isinstance(self.narrow_rows, int) or self.narrow_rows < 0:
             raise SpecDecError(f"narrow_rows must be a non-negative int, got {self.narrow_rows!r}")
+        if not isinstance(self.narrow_single, bool):
+            raise SpecDecError(f"narrow_single must be a bool, got {self.narrow_single!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +116,7 @@ class CostTable:
             "contexts": list(self.contexts),
             "seconds": [list(row) for row in self.seconds],
             "narrow_rows": self.narrow_rows,
+            "narrow_single": self.narrow_single,
         }
 
     @classmethod
@@ -123,6 +129,7 @@ class CostTable:
             tuple(tuple(float(s) for s in row) for row in data["seconds"]),
             {str(k): str(v) for k, v in data["identity"].items()},
             data.get("narrow_rows", 0),
+            data.get("narrow_single", False),
         )
 
 
@@ -281,12 +288,12 @@ def calibrate(
     sizes, contexts = calibration_plan(verifier, sizes, contexts)
     rng = random.Random(seed)
     vocab = verifier.vocab_size
-    narrow_sizes = {s for s in sizes if 2 <= s <= NARROW_MAX_SIZE} if verifier.narrow is not None else set()
+    narrow_sizes = {s for s in sizes if s <= NARROW_MAX_SIZE} if verifier.narrow is not None else set()
     prompt = [rng.randrange(vocab) for _ in range(contexts[-1])]
     state, pending, _ = verifier.prefill(prompt)
     plain: list[list[float]] = []  # [C][S] fastest round, usual kernels
     narrow: list[list[float]] = []  # [C][S] fastest round, narrow products (inf where not timed)
-    kept_rows = verifier.narrow_rows
+    kept_rows, kept_single = verifier.narrow_rows, verifier.narrow_single
     try:
         for context in reversed(contexts):  # crop the one prefilled cache down, context by context
             state.cache.crop(-(state.committed_len - context))
@@ -296,7 +303,8 @@ def calibrate(
             for round_ in range(warmup + repeats):
                 for size in sizes:
                     for use_narrow in (False, True) if size in narrow_sizes else (False,):
-                        verifier.narrow_rows = size if use_narrow else 0
+                        verifier.narrow_rows = size if use_narrow and size > 1 else 0
+                        verifier.narrow_single = use_narrow and size == 1
                         tree = DraftTree.chain(pending, [rng.randrange(vocab) for _ in range(size - 1)])
                         started = time.perf_counter()
                         verifier.verify(state, tree)  # ends in a host sync: the walk needs the choices
@@ -308,17 +316,21 @@ def calibrate(
             plain.insert(0, [min(times[(s, False)]) for s in sizes])
             narrow.insert(0, [min(times.get((s, True), [np.inf])) for s in sizes])
     finally:
-        verifier.narrow_rows = kept_rows
+        verifier.narrow_rows, verifier.narrow_single = kept_rows, kept_single
     narrow_rows = _narrow_threshold(sizes, np.array(plain), np.array(narrow))
+    narrow_single = _narrow_single(sizes, np.array(plain), np.array(narrow))
     seconds: list[tuple[float, ...]] = []
     for plain_row, narrow_row in zip(plain, narrow, strict=True):
         row = np.array(
-            [n if 2 <= s <= narrow_rows else p for s, p, n in zip(sizes, plain_row, narrow_row, strict=True)]
+            [
+                n if 2 <= s <= narrow_rows or (s == 1 and narrow_single) else p
+                for s, p, n in zip(sizes, plain_row, narrow_row, strict=True)
+            ]
         )
         fastest = np.maximum.accumulate(row)  # [S] non-decreasing
         fastest = np.minimum(fastest, np.asarray(sizes, dtype=np.float64) * fastest[0])  # subadditive
         seconds.append(tuple(float(s) for s in fastest))
-    return CostTable(sizes, contexts, tuple(seconds), model_identity(verifier), narrow_rows)
+    return CostTable(sizes, contexts, tuple(seconds), model_identity(verifier), narrow_rows, narrow_single)
 
 
 def _narrow_threshold(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) -> int:
@@ -335,6 +347,14 @@ def _narrow_threshold(sizes: Sequence[int], plain: FloatArray, narrow: FloatArra
             break
         rows = size
     return rows
+
+
+def _narrow_single(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) -> bool:
+    """Whether the padded narrow product was faster for one-node trees (summed over the contexts)."""
+    if 1 not in sizes:
+        return False
+    j = list(sizes).index(1)
+    return bool(float(narrow[:, j].sum()) < float(plain[:, j].sum()))
 
 
 # -- cache ------------------------------------------------------------------------------
@@ -394,6 +414,7 @@ def cost_model(verifier: ModelVerifier, *, recalibrate: bool = False) -> tuple[V
 def _use_kernels(verifier: ModelVerifier, table: CostTable) -> None:
     """Run the kernels the table's costs were measured with."""
     verifier.narrow_rows = table.narrow_rows if verifier.narrow is not None else 0
+    verifier.narrow_single = table.narrow_single and verifier.narrow is not None
 
 
 def forget_cost_models() -> None:
