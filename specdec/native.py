@@ -7,6 +7,20 @@ sources, the flags, the torch version and the Python version: a changed source g
 fresh build directory and module name, so a stale binary is never loaded. A failed build
 raises :class:`NativeBuildError` carrying the compiler's own output; callers decide whether
 to fall back (and say so) or to fail.
+
+Two things make a build trustworthy whatever the user's toolchain:
+
+- **Linking**: on Linux every extension links with ``-Wl,--exclude-libs,ALL``, so a
+  compiler that links its own copy of libstdc++ statically into the extension (a relocated
+  GCC; ``-static-libstdc++``) cannot export that copy's symbols into a process where torch
+  has already loaded the system ``libstdc++.so.6``. Two exported copies meet there, and
+  formatting an integer into a ``TORCH_CHECK`` message (the ``num_put`` locale facet)
+  crashes the process or drops the number, while dtypes and strings format fine.
+- **Checking**: every build carries a canary (``csrc/format_check.cpp``), and after each
+  build a child process loads the binary and formats an integer and a shape into a failing
+  check, from the main thread and from another one. A build whose messages cannot name a
+  bad value (or that dies trying) is refused with :class:`NativeBuildError`, once per
+  build directory (the verdict is stamped there), before any user input reaches it.
 """
 
 from __future__ import annotations
@@ -15,6 +29,8 @@ import contextlib
 import hashlib
 import io
 import os
+import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -26,6 +42,31 @@ from specdec.models import cache_dir
 
 _LOADED: dict[str, ModuleType] = {}
 _LOCK = threading.Lock()
+
+# The canary every extension carries (see the module docstring), and the linker flags that
+# keep a private libstdc++ copy from being exported (GNU ld, gold and lld all take them).
+FORMAT_CHECK_SOURCE = Path(__file__).resolve().parent / "csrc" / "format_check.cpp"
+HARDENING_LDFLAGS: tuple[str, ...] = ("-Wl,--exclude-libs,ALL",) if sys.platform.startswith("linux") else ()
+_CHECK_VALUE = -1234567  # formatted by the canary; must come back in its message
+_CHECK_STAMP = "format-check.ok"
+_CHECK_SCRIPT = """
+import ctypes, sys, threading
+import torch  # the process must hold torch's libstdc++ before the extension loads, as in real use
+library = ctypes.CDLL(sys.argv[1])
+library.specdec_format_check.restype = ctypes.c_int
+library.specdec_format_check.argtypes = (ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64)
+messages = []
+def check():
+    buffer = ctypes.create_string_buffer(512)
+    raised = library.specdec_format_check(int(sys.argv[2]), buffer, len(buffer))
+    text = buffer.value.decode(errors="replace") if raised else "<the check did not raise>"
+    messages.append(" ".join(text.split()))
+check()
+thread = threading.Thread(target=check)
+thread.start()
+thread.join()
+print("\\n".join(messages))
+"""
 
 
 class NativeBuildError(SpecDecError):
@@ -42,7 +83,54 @@ def extension_key(sources: Sequence[Path], flags: Sequence[str], with_cuda: bool
         digest.update(source.read_bytes())
     digest.update(" ".join(flags).encode())
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|cuda={with_cuda}".encode())
+    digest.update(os.environ.get("CXX", "").encode())  # another compiler is another binary
     return digest.hexdigest()[:12]
+
+
+def check_error_formatting(library: Path, timeout_s: float = 120.0) -> None:
+    """Refuse a built extension whose error messages cannot name a bad value (see the module docstring).
+
+    Runs the canary in a child process (a crash there must not take this one down) and
+    checks that both messages, main thread and a second thread, carry the formatted
+    integer and shape. Raises :class:`NativeBuildError` naming what went wrong.
+    """
+    expected = (f"value {_CHECK_VALUE}", f"shape [{_CHECK_VALUE}, 3]")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHECK_SCRIPT, str(library), str(_CHECK_VALUE)],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise NativeBuildError(f"the error-formatting check of {library.name} hung for {timeout_s:.0f} s") from error
+    hint = (
+        "; this usually means the extension carries its own copy of libstdc++ (a compiler that links it "
+        f"statically, CXX={os.environ.get('CXX', '<unset>')!r}); build with the system compiler, e.g. CXX=/usr/bin/g++"
+    )
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        raise NativeBuildError(
+            f"extension {library.name} crashes ({name}) when it formats an integer into an error message" + hint
+        )
+    if done.returncode != 0:
+        raise NativeBuildError(f"the error-formatting check of {library.name} failed:\n{done.stderr.strip()}")
+    lines = done.stdout.strip().splitlines()
+    bad = [line for line in lines if not all(part in line for part in expected)]
+    if len(lines) != 2 or bad:
+        got = bad[0] if bad else done.stdout.strip()
+        raise NativeBuildError(
+            f"extension {library.name} loses numbers in its error messages (expected {expected[0]!r} and "
+            f"{expected[1]!r}, got {got!r})" + hint
+        )
+
+
+def _checked(module: ModuleType, build_dir: Path) -> None:
+    """Run :func:`check_error_formatting` on a freshly built (or not yet checked) binary; stamp the verdict."""
+    stamp = build_dir / _CHECK_STAMP
+    if stamp.is_file():
+        return
+    library = Path(str(module.__file__))
+    check_error_formatting(library)
+    stamp.write_text(f"{library.name}\n")
 
 
 def load_extension(
@@ -51,6 +139,7 @@ def load_extension(
     *,
     extra_cflags: Sequence[str] = ("-O3",),
     extra_cuda_cflags: Sequence[str] = ("-O3",),
+    extra_ldflags: Sequence[str] = (),
     with_cuda: bool = False,
     verbose: bool = False,
     depends: Sequence[str | os.PathLike[str]] = (),
@@ -60,14 +149,17 @@ def load_extension(
     The first build takes tens of seconds; later calls in the same process return the
     loaded module, and later processes load the cached binary in milliseconds.
     ``depends`` lists files the sources include (headers): not compiled, but hashed into
-    the cache key, so editing a header also gives a fresh build.
+    the cache key, so editing a header also gives a fresh build. ``extra_ldflags`` come after
+    :data:`HARDENING_LDFLAGS`, which every build gets. A fresh build is checked in a child
+    process (:func:`check_error_formatting`) before it is used.
     """
-    paths = [Path(s).resolve() for s in sources]
+    paths = [Path(s).resolve() for s in (*sources, FORMAT_CHECK_SOURCE)]
     headers = [Path(s).resolve() for s in depends]
     missing = [str(p) for p in paths + headers if not p.is_file()]
     if missing:
         raise NativeBuildError(f"extension {name!r}: source files missing: {', '.join(missing)}")
-    flags = [*extra_cflags, *(extra_cuda_cflags if with_cuda else ())]
+    ldflags = [*HARDENING_LDFLAGS, *extra_ldflags]
+    flags = [*extra_cflags, *(extra_cuda_cflags if with_cuda else ()), *ldflags]
     key = extension_key(paths + headers, flags, with_cuda)
     module_name = f"specdec_{name}_{key}"
     with _LOCK:
@@ -94,6 +186,7 @@ def load_extension(
                     sources=[str(p) for p in paths],
                     extra_cflags=list(extra_cflags),
                     extra_cuda_cflags=list(extra_cuda_cflags) if with_cuda else None,
+                    extra_ldflags=ldflags,
                     build_directory=str(build_dir),
                     with_cuda=with_cuda,
                     verbose=verbose,
@@ -103,5 +196,6 @@ def load_extension(
             raise NativeBuildError(
                 f"building extension {name!r} failed: {error}" + (f"\n--- build output ---\n{log}" if log else "")
             ) from error
+        _checked(module, build_dir)
         _LOADED[module_name] = module
         return module

@@ -13,6 +13,13 @@ against it op by op and generation by generation (``tests/test_cuda_ext.py``). P
 
 On a CUDA device the uploads come from pinned memory with ``non_blocking=True``, so the host
 queues them without waiting for the device.
+
+Bad values: every op gets this backend's ``status`` on the device (``ops`` module docstring),
+so on CUDA the ops check their values on the device without a sync of their own, and the
+status travels home in :meth:`accept`'s one copy (8 more int64 values). A fault raises there,
+naming the bad value, and the status is zeroed for the next step. A fault of :meth:`compact`
+(whose path is this backend's own, so none is expected) is reported by the next step's
+:meth:`accept`; until then the kernels have moved nothing. On the CPU the ops raise at once.
 """
 
 from __future__ import annotations
@@ -63,6 +70,14 @@ class ExtTreeOps:
                 "the cuda_ext extension was built without its CUDA kernels (no CUDA toolkit or no CUDA device "
                 "when it was built); the model is on a CUDA device: use backend='torch' or install the CUDA toolkit"
             )
+        self._status: dict[torch.device, torch.Tensor] = {}  # per device: int64 [8], zero while no fault
+
+    def _status_on(self, device: torch.device) -> torch.Tensor:
+        """This backend's status on ``device`` (a tensor's own device, index included), made on first use."""
+        status = self._status.get(device)
+        if status is None:
+            status = self._status[device] = ops.new_status(device)
+        return status
 
     def tree_inputs(
         self, tree: DraftTree, committed_len: int, device: torch.device, additive_dtype: torch.dtype | None
@@ -71,7 +86,8 @@ class ExtTreeOps:
         if tree.size == 1:  # one query that sees everything: no mask, the model's own decoding path
             return None, torch.full((1, 1), committed_len, dtype=torch.int64, device=device)
         staged = upload([committed_len, *tree.parents], device)  # [1 + N]: committed_lens, then parents
-        return ops.tree_mask(staged[1:].view(1, -1), staged[:1], committed_len, additive_dtype)
+        status = self._status_on(staged.device)
+        return ops.tree_mask(staged[1:].view(1, -1), staged[:1], committed_len, additive_dtype, status)
 
     def accept(
         self, tree: DraftTree, logits: torch.Tensor, positions: torch.Tensor, chooser: TokenChooser, topk: int
@@ -83,12 +99,17 @@ class ExtTreeOps:
         if type(chooser) is not Greedy:  # greedy is fused into the kernel; any other chooser decides first
             # positions[i] is node i's position; the token chosen there sits one further.
             choices = chooser.choose(logits, positions + 1).to(torch.int64).view(1, n)
-        out = ops.tree_accept(logits.unsqueeze(0), staged[0:1], staged[1:2], topk, choices)
-        packed = torch.cat([out.path_len, out.bonus, out.path.view(-1), out.topk_ids.view(-1)])
-        host = packed.cpu().numpy()  # the step's one host sync: [2 + N + N * k] int64
-        length, bonus = int(host[0]), int(host[1])
-        path = tuple(int(node) for node in host[2 : 2 + length])
-        top = host[2 + n :].reshape(n, topk).astype(np.int64, copy=True) if topk > 0 else None
+        status = self._status_on(logits.device)
+        out = ops.tree_accept(logits.unsqueeze(0), staged[0:1], staged[1:2], topk, choices, status)
+        packed = torch.cat([status, out.path_len, out.bonus, out.path.view(-1), out.topk_ids.view(-1)])
+        host = packed.cpu().numpy()  # the step's one host sync: [8 + 2 + N + N * k] int64
+        if host[0] != 0:  # a fault recorded on the device, by this step's ops or the last compaction
+            status.zero_()
+            ops.check_status(torch.from_numpy(host[: ops.STATUS_WORDS].copy()))  # raises, naming the bad value
+        head = ops.STATUS_WORDS
+        length, bonus = int(host[head]), int(host[head + 1])
+        path = tuple(int(node) for node in host[head + 2 : head + 2 + length])
+        top = host[head + 2 + n :].reshape(n, topk).astype(np.int64, copy=True) if topk > 0 else None
         return Acceptance(path, bonus, top)
 
     def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
@@ -98,7 +119,8 @@ class ExtTreeOps:
         if any(node != i for i, node in enumerate(path)):  # else the path is in place already: crop only
             tensors = [t for layer in layers for t in (layer.keys, layer.values)]
             staged = upload([len(path), committed_len, *path], tensors[0].device)  # path_len, dest, path
-            ops.compact_kv(tensors, staged[2:].view(1, -1), staged[0:1], staged[1:2], committed_len)
+            status = self._status_on(staged.device)
+            ops.compact_kv(tensors, staged[2:].view(1, -1), staged[0:1], staged[1:2], committed_len, status)
         for layer in layers:
             layer.keys = layer.keys.narrow(2, 0, keep)
             layer.values = layer.values.narrow(2, 0, keep)

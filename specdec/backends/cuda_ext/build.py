@@ -24,7 +24,7 @@ from specdec.native import NativeBuildError, load_extension
 CSRC = Path(__file__).resolve().parent / "csrc"
 CPU_SOURCES = (CSRC / "tree_ops.cpp",)
 CUDA_SOURCES = (CSRC / "tree_ops_cuda.cu",)
-HEADERS = (CSRC / "tree_ops.h", CSRC / "checks.h")
+HEADERS = (CSRC / "tree_ops.h", CSRC / "checks.h", CSRC / "faults.h")
 
 _LOCK = threading.Lock()
 _FAILURE: NativeBuildError | None = None

@@ -32,7 +32,7 @@ from specdec.backends.cuda_ext.build import CUDA_SOURCES, HEADERS
 from specdec.models import cache_dir
 
 # Kernels the object must define (their host-side launch stubs carry these names).
-KERNELS = ("tree_mask_kernel", "row_top_kernel", "walk_kernel", "compact_kv_kernel")
+KERNELS = ("first_fault_kernel", "tree_mask_kernel", "row_top_kernel", "walk_kernel", "compact_kv_kernel")
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
 // specdec tree operations: the host-side argument checks both kernel files share.
 //
 // Shapes, dtypes and devices are checked here, before any kernel runs, with messages that name
-// the argument and the bad value. Values (parent indices, path order) are checked by the CPU
-// kernels only: on a GPU that would mean waiting for the device (see tree_ops_cuda.cu).
+// the argument and the bad value. Values (parent indices, tokens, path order, slots) are checked
+// on the op's own device by the items of faults.h; raise_fault below words their messages, so a
+// fault found on the device reads exactly like one found on the host.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <limits>
 #include <optional>
+
+#include "faults.h"
 
 namespace specdec {
 
@@ -34,6 +39,8 @@ inline at::ScalarType check_mask_args(const at::Tensor& parents, const at::Tenso
   check_index_matrix(parents, op, "parents");
   check_row_vector(committed, parents.size(0), parents.device(), op, "committed_lens");
   TORCH_CHECK(tree_start >= 0, op, ": tree_start must be >= 0, got ", tree_start);
+  TORCH_CHECK(tree_start <= std::numeric_limits<int64_t>::max() - parents.size(1), op, ": tree_start = ", tree_start,
+              " is too large: the mask's width tree_start + N overflows int64");
   const auto dtype = additive_dtype.value_or(at::kBool);
   TORCH_CHECK(dtype == at::kBool || at::isFloatingType(dtype), op,
               ": additive_dtype must be a floating dtype (or None for a bool mask), got ", dtype);
@@ -59,10 +66,11 @@ inline void check_accept_args(const at::Tensor& logits, const at::Tensor& tokens
   TORCH_CHECK(topk >= 0 && topk <= logits.size(2), op, ": topk must lie in [0, V = ", logits.size(2), "], got ",
               topk);
   if (choices.has_value()) {
-    TORCH_CHECK(choices->sizes() == tokens.sizes() && choices->scalar_type() == at::kLong &&
-                    choices->device() == tokens.device(),
-                op, ": choices must be int64 [B, N] = ", tokens.sizes(), " on ", tokens.device(), ", got ",
-                choices->scalar_type(), " ", choices->sizes(), " on ", choices->device());
+    TORCH_CHECK(choices->sizes() == tokens.sizes() && choices->scalar_type() == at::kLong, op,
+                ": choices must be int64 [B, N] = ", tokens.sizes(), ", got ", choices->scalar_type(), " ",
+                choices->sizes());
+    TORCH_CHECK(choices->device() == tokens.device(), op, ": choices is on ", choices->device(), ", expected ",
+                tokens.device());
   }
 }
 
@@ -85,6 +93,78 @@ inline void check_compact_args(at::TensorList cache, const at::Tensor& path, con
                 "] must be contiguous along head_dim, got strides ", kv.strides());
     TORCH_CHECK(kv.element_size() == cache[0].element_size(), op, ": cache[", t, "] has ", kv.element_size(),
                 "-byte elements, cache[0] has ", cache[0].element_size());
+  }
+}
+
+// status: int64 [kStatusWords], contiguous, on `device` (the layout: faults.h).
+inline void check_status_arg(const std::optional<at::Tensor>& status, const at::Device& device, const char* op) {
+  if (!status.has_value()) {
+    return;
+  }
+  TORCH_CHECK(status->dim() == 1 && status->size(0) == kStatusWords && status->scalar_type() == at::kLong &&
+                  status->is_contiguous(),
+              op, ": status must be a contiguous int64 [", kStatusWords, "] tensor, got ", status->scalar_type(), " ",
+              status->sizes(), status->is_contiguous() ? "" : " (not contiguous)");
+  TORCH_CHECK(status->device() == device, op, ": status is on ", status->device(), ", expected ", device);
+}
+
+// compact_kv's value checks over contiguous path [B, P], path_len and dest_starts [B] (host or
+// device pointers): the smallest cache tensor bounds every slot read.
+inline CompactChecks compact_checks(at::TensorList cache, const at::Tensor& path, const at::Tensor& path_len,
+                                    const at::Tensor& dest, int64_t tree_start) {
+  int64_t slots = std::numeric_limits<int64_t>::max();
+  int64_t slots_tensor = -1;
+  for (size_t t = 0; t < cache.size(); ++t) {
+    if (cache[t].size(2) < slots) {
+      slots = cache[t].size(2);
+      slots_tensor = static_cast<int64_t>(t);
+    }
+  }
+  return CompactChecks{path.data_ptr<int64_t>(), path_len.data_ptr<int64_t>(), dest.data_ptr<int64_t>(), path.size(0),
+                       path.size(1), tree_start, slots, slots_tensor};
+}
+
+// Raises the RuntimeError that names `fault`'s bad value (found on the host or read back from a
+// device status); returns when there is no fault.
+inline void raise_fault(const Fault& fault) {
+  const int64_t b = fault.b;
+  const int64_t i = fault.i;
+  const int64_t value = fault.value;
+  const char* op = fault.code <= kMaskCommitted ? "specdec::tree_mask"
+                   : fault.code <= kAcceptChoice ? "specdec::tree_accept"
+                                                 : "specdec::compact_kv";
+  switch (fault.code) {
+    case kNoFault:
+      return;
+    case kMaskRoot:
+    case kAcceptRoot:
+      TORCH_CHECK(false, op, ": parents[", b, ", 0] must be -1 (node 0 is the root), got ", value);
+    case kMaskParent:
+    case kAcceptParent:
+      TORCH_CHECK(false, op, ": parents[", b, ", ", i, "] = ", value,
+                  ": every parent must precede its child (-1 marks a padding node)");
+    case kMaskCommitted:
+      TORCH_CHECK(false, op, ": committed_lens[", b, "] = ", value, " must lie in [0, tree_start = ", fault.bound, "]");
+    case kAcceptToken:
+    case kAcceptChoice:
+      TORCH_CHECK(false, op, ": ", fault.code == kAcceptToken ? "tokens[" : "choices[", b, ", ", i, "] = ", value,
+                  " must be a token id in [0, V = ", fault.bound, ")");
+    case kCompactPathLen:
+      TORCH_CHECK(false, op, ": path_len[", b, "] = ", value, " must lie in [0, ", fault.bound, "]");
+    case kCompactDest:
+      TORCH_CHECK(false, op, ": dest_starts[", b, "] = ", value, " must lie in [0, tree_start = ", fault.bound, "]");
+    case kCompactOrder:
+      if (i == 0) {
+        TORCH_CHECK(false, op, ": path[", b, ", 0] = ", value, ": a path is node indices, from 0 up");
+      }
+      TORCH_CHECK(false, op, ": path[", b, ", ", i, "] = ", value,
+                  ": a path must be strictly increasing node indices from 0 up (the previous one is ", fault.aux, ")");
+    case kCompactSlot:
+      TORCH_CHECK(false, op, ": path[", b, ", ", i, "] = ", value, " is past the cache: the tree starts at slot ",
+                  fault.aux2, " and cache[", fault.aux, "] holds ", fault.bound, " slots");
+    default:
+      TORCH_CHECK(false, "specdec: a status holds fault code ", fault.code, ", which no op writes (codes 1 to ",
+                  static_cast<int64_t>(kLastFaultCode), "): is it a specdec status tensor?");
   }
 }
 

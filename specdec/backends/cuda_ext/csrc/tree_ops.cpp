@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "faults.h"
 #include "tree_ops.h"
 
 // GCC's vector extensions give portable 8-lane code (SSE2, AVX2 or NEON registers); on x86-64
@@ -46,21 +47,6 @@ constexpr bool kHasCudaKernels = false;
 
 namespace specdec {
 namespace {
-
-// ---------------------------------------------------------------------------------------------
-// Value checks (shapes, dtypes and devices: checks.h). Every message names the bad value.
-
-// parents [B, N] int64 (contiguous, on the CPU): -1 at node 0, -1 <= parents[b, i] < i elsewhere.
-void check_parents_values(const int64_t* parents, int64_t batch, int64_t nodes, const char* op) {
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t* row = parents + b * nodes;
-    TORCH_CHECK(row[0] == -1, op, ": parents[", b, ", 0] must be -1 (node 0 is the root), got ", row[0]);
-    for (int64_t i = 1; i < nodes; ++i) {
-      TORCH_CHECK(row[i] >= -1 && row[i] < i, op, ": parents[", b, ", ", i, "] = ", row[i],
-                  ": every parent must precede its child (-1 marks a padding node)");
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // tree_mask
@@ -97,21 +83,20 @@ void fill_tree_mask(const int64_t* parents, const int64_t* committed, int64_t ba
   }
 }
 
+// Value checks (faults.h) run before any output is written; a bad value raises at once, so a
+// caller's status is never written on the CPU (it only has to have the right shape and device).
 std::tuple<at::Tensor, at::Tensor> tree_mask_cpu(const at::Tensor& parents_in, const at::Tensor& committed_in,
-                                                 int64_t tree_start, std::optional<at::ScalarType> additive_dtype) {
-  const char* op = "specdec::tree_mask";
+                                                 int64_t tree_start, std::optional<at::ScalarType> additive_dtype,
+                                                 const std::optional<at::Tensor>& status) {
   const auto dtype = check_mask_args(parents_in, committed_in, tree_start, additive_dtype);
+  check_status_arg(status, parents_in.device(), "specdec::tree_mask");
   const int64_t batch = parents_in.size(0);
   const int64_t nodes = parents_in.size(1);
   const at::Tensor parents = parents_in.contiguous();      // [B, N] int64
   const at::Tensor committed = committed_in.contiguous();  // [B] int64
   const int64_t* parents_ptr = parents.data_ptr<int64_t>();
   const int64_t* committed_ptr = committed.data_ptr<int64_t>();
-  check_parents_values(parents_ptr, batch, nodes, op);
-  for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(committed_ptr[b] >= 0 && committed_ptr[b] <= tree_start, op, ": committed_lens[", b, "] = ",
-                committed_ptr[b], " must lie in [0, tree_start = ", tree_start, "]");
-  }
+  raise_fault(first_fault(MaskChecks{parents_ptr, committed_ptr, batch, nodes, tree_start}));
   at::Tensor mask = at::empty({batch, 1, nodes, tree_start + nodes}, parents.options().dtype(dtype));
   at::Tensor positions = at::empty({batch, nodes}, parents.options());
   int64_t* positions_ptr = positions.data_ptr<int64_t>();
@@ -316,16 +301,18 @@ int64_t walk_tree(const int64_t* choices /*[N]*/, const int64_t* tokens /*[N]*/,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_accept_cpu(
     const at::Tensor& logits_in, const at::Tensor& tokens_in, const at::Tensor& parents_in, int64_t topk,
-    const std::optional<at::Tensor>& given_choices) {
-  const char* op = "specdec::tree_accept";
+    const std::optional<at::Tensor>& given_choices, const std::optional<at::Tensor>& status) {
   check_accept_args(logits_in, tokens_in, parents_in, topk, given_choices);
+  check_status_arg(status, logits_in.device(), "specdec::tree_accept");
   const int64_t batch = logits_in.size(0);
   const int64_t nodes = logits_in.size(1);
   const int64_t vocab = logits_in.size(2);
   const at::Tensor logits = logits_in.contiguous();    // [B, N, V]
   const at::Tensor tokens = tokens_in.contiguous();    // [B, N] int64
   const at::Tensor parents = parents_in.contiguous();  // [B, N] int64
-  check_parents_values(parents.data_ptr<int64_t>(), batch, nodes, op);
+  const at::Tensor given = given_choices.has_value() ? given_choices->contiguous() : at::Tensor();  // [B, N] or none
+  raise_fault(first_fault(AcceptChecks{parents.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(),
+                                       given.defined() ? given.data_ptr<int64_t>() : nullptr, batch, nodes, vocab}));
 
   const auto index_options = tokens.options();
   at::Tensor choices = at::empty({batch, nodes}, index_options);     // [B, N]
@@ -336,10 +323,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_acce
   int64_t* choices_ptr = choices.data_ptr<int64_t>();
   int64_t* top_ptr = top.data_ptr<int64_t>();
 
-  if (given_choices.has_value()) {  // a sampling chooser decided: keep its tokens, add the top-k
-    choices.copy_(*given_choices);
+  if (given.defined()) {  // a sampling chooser decided: keep its tokens, add the top-k
+    choices.copy_(given);
   }
-  const bool greedy = !given_choices.has_value();
+  const bool greedy = !given.defined();
   if (greedy || topk > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "tree_accept_cpu", [&] {
       const scalar_t* rows = logits.data_ptr<scalar_t>();  // [B * N, V]
@@ -373,40 +360,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_acce
 // (dest_starts[b] + i <= tree_start + i < tree_start + path[b, j] for i < j). O(layers * B * H *
 // accepted * D) bytes moved; slots past the path are left for the caller to crop.
 void compact_kv_cpu(at::TensorList cache, const at::Tensor& path_in, const at::Tensor& path_len_in,
-                    const at::Tensor& dest_in, int64_t tree_start) {
-  const char* op = "specdec::compact_kv";
+                    const at::Tensor& dest_in, int64_t tree_start, const std::optional<at::Tensor>& status) {
   check_compact_args(cache, path_in, path_len_in, dest_in, tree_start);
+  check_status_arg(status, path_in.device(), "specdec::compact_kv");
   const int64_t batch = path_in.size(0);
   const int64_t nodes = path_in.size(1);
   const at::Tensor path = path_in.contiguous();          // [B, N] int64
   const at::Tensor path_len = path_len_in.contiguous();  // [B] int64
   const at::Tensor dest = dest_in.contiguous();          // [B] int64
+  raise_fault(first_fault(compact_checks(cache, path, path_len, dest, tree_start)));
   const int64_t* path_ptr = path.data_ptr<int64_t>();
   const int64_t* len_ptr = path_len.data_ptr<int64_t>();
   const int64_t* dest_ptr = dest.data_ptr<int64_t>();
-
-  int64_t highest_source = -1;  // the largest slot read, checked against every tensor's S below
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t length = len_ptr[b];
-    TORCH_CHECK(length >= 0 && length <= nodes, op, ": path_len[", b, "] = ", length, " must lie in [0, ", nodes,
-                "]");
-    TORCH_CHECK(dest_ptr[b] >= 0 && dest_ptr[b] <= tree_start, op, ": dest_starts[", b, "] = ", dest_ptr[b],
-                " must lie in [0, tree_start = ", tree_start, "]");
-    int64_t previous = -1;
-    for (int64_t i = 0; i < length; ++i) {
-      const int64_t node = path_ptr[b * nodes + i];
-      TORCH_CHECK(node > previous, op, ": path[", b, ", ", i, "] = ", node,
-                  ": a path must be strictly increasing node indices from 0 up (the previous one is ", previous, ")");
-      previous = node;
-    }
-    if (length > 0) {
-      highest_source = std::max(highest_source, tree_start + previous);
-    }
-  }
-  for (size_t t = 0; t < cache.size(); ++t) {
-    TORCH_CHECK(highest_source < cache[t].size(2), op, ": cache[", t, "] holds ", cache[t].size(2),
-                " slots, but slot ", highest_source, " is to be read");
-  }
   for (size_t t = 0; t < cache.size(); ++t) {
     const at::Tensor& kv = cache[t];
     const int64_t item = kv.element_size();
@@ -430,20 +395,43 @@ void compact_kv_cpu(at::TensorList cache, const at::Tensor& path_in, const at::T
 }  // namespace
 }  // namespace specdec
 
+namespace specdec {
+namespace {
+
+// check_status: raises the fault a status records (see faults.h), on the host. A CUDA status is
+// copied to the host first: that is a synchronization, so callers on the fast path read the
+// status in the copy they make anyway and pass its host copy here (ExtTreeOps.accept).
+void check_status(const at::Tensor& status) {
+  check_status_arg(status, status.device(), "specdec::check_status");
+  const at::Tensor host = status.to(at::kCPU);
+  raise_fault(load_fault(host.data_ptr<int64_t>()));
+}
+
+}  // namespace
+}  // namespace specdec
+
+// Every op takes an optional `status` (int64 [8], zeros; faults.h): on the CPU a bad value raises at
+// once either way; on CUDA, without a status the op checks its values on the device and reads the
+// verdict back (one host sync) before launching anything, and with one it records the first fault
+// there for the caller's own sync to report (check_status), with no sync of its own.
 TORCH_LIBRARY(specdec, m) {
   // parents int64 [B, N], committed_lens int64 [B] -> mask [B, 1, N, tree_start + N] (bool, or
   // additive_dtype with 0 / finfo.min), position_ids int64 [B, N].
   m.def(
-      "tree_mask(Tensor parents, Tensor committed_lens, SymInt tree_start, ScalarType? additive_dtype=None) "
-      "-> (Tensor mask, Tensor position_ids)");
+      "tree_mask(Tensor parents, Tensor committed_lens, SymInt tree_start, ScalarType? additive_dtype=None, "
+      "Tensor(a!)? status=None) -> (Tensor mask, Tensor position_ids)");
   // logits float [B, N, V], tokens and parents int64 [B, N], choices int64 [B, N] (from a sampling
   // chooser; None: greedy) -> choices [B, N], path [B, N] (-1 past the end), path_len [B],
   // bonus [B], topk_ids [B, N, topk], all int64.
   m.def(
-      "tree_accept(Tensor logits, Tensor tokens, Tensor parents, int topk, Tensor? choices=None) "
-      "-> (Tensor choices, Tensor path, Tensor path_len, Tensor bonus, Tensor topk_ids)");
+      "tree_accept(Tensor logits, Tensor tokens, Tensor parents, int topk, Tensor? choices=None, "
+      "Tensor(a!)? status=None) -> (Tensor choices, Tensor path, Tensor path_len, Tensor bonus, Tensor topk_ids)");
   // cache: [B, H, S, D] tensors, edited in place; path int64 [B, N], path_len and dest_starts int64 [B].
-  m.def("compact_kv(Tensor(a!)[] cache, Tensor path, Tensor path_len, Tensor dest_starts, SymInt tree_start) -> ()");
+  m.def(
+      "compact_kv(Tensor(a!)[] cache, Tensor path, Tensor path_len, Tensor dest_starts, SymInt tree_start, "
+      "Tensor(b!)? status=None) -> ()");
+  // status int64 [8] on any device -> raises the RuntimeError naming the fault it records, if any.
+  m.def("check_status(Tensor status) -> ()", &specdec::check_status);
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {

@@ -1,14 +1,21 @@
 // specdec tree operations: the CUDA kernels (schemas and CPU kernels: tree_ops.cpp; layouts and
 // the order on logits: tree_ops.h).
 //
-// Every launch goes on the current stream and nothing here waits for the device: the ops read
-// their index inputs (parents, path, lengths) on the device, so the host never needs their
-// values. The one synchronization of a verification step is the caller's copy of the small
-// acceptance results to the host (specdec/backends/cuda_ext/ops.py).
+// Every launch goes on the current stream. The ops read their index inputs (parents, tokens,
+// path, lengths) on the device, so the host never needs their values: the one synchronization of
+// a verification step is the caller's copy of the small acceptance results to the host
+// (specdec/backends/cuda_ext/backend.py).
 //
-// Device code cannot raise, so the kernels trust their inputs' values (the shapes, dtypes and
-// devices are checked on the host); where a bad value could make them loop or write out of
-// bounds they stop or skip instead. The Python face validates values before calling.
+// Bad values. Shapes, dtypes and devices are checked on the host (checks.h). Values are checked
+// on the device: each op first launches first_fault_kernel over its items (faults.h), which
+// records the first bad value in a status tensor. Without a status from the caller, the op reads
+// that verdict back at once (a host sync) and raises before launching anything else; with one,
+// it launches on and the caller reports the fault at its own sync (specdec::check_status), so
+// the fast path pays one tiny launch per op and no sync. Either way the kernels themselves never
+// read or write out of bounds whatever the values (every index they follow is range-checked or
+// clamped; a parent walk stops at a parent that does not decrease), and compact_kv moves nothing
+// while the status records a fault: bad input can produce wrong outputs that are reported as a
+// fault, never a device-side assert or a stray write that would poison the CUDA context.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -25,6 +32,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "faults.h"
 #include "tree_ops.h"
 
 namespace specdec {
@@ -32,8 +40,67 @@ namespace {
 
 constexpr int kWarp = 32;
 
+constexpr int64_t kMaxGridX = std::numeric_limits<int32_t>::max();  // blocks along a grid's x axis
+
 void check_on_cuda(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value checks on the device (faults.h): one block scans the items of `checks` in order, blockDim
+// at a time; the lowest failing item of the first chunk that has one is the first fault, written
+// into status[kStatusWords] unless status already records one (an earlier op's fault stands).
+// O(items / blockDim) steps of one predicate each; the items are a few per tree node.
+constexpr int kCheckThreads = 256;
+
+template <typename Checks>
+__global__ void first_fault_kernel(Checks checks, int64_t* __restrict__ status) {
+  __shared__ unsigned long long first;  // the lowest failing item of the current chunk
+  if (status[0] != kNoFault) {
+    return;  // the same for every thread: this kernel writes status only as its last act
+  }
+  const int64_t items = checks.items();
+  for (int64_t chunk = 0; chunk < items; chunk += blockDim.x) {
+    if (threadIdx.x == 0) {
+      first = ~0ull;
+    }
+    __syncthreads();
+    const int64_t item = chunk + threadIdx.x;
+    Fault fault;
+    const bool bad = item < items && checks.fault(item, &fault);
+    if (bad) {
+      atomicMin(&first, static_cast<unsigned long long>(item));
+    }
+    __syncthreads();
+    const unsigned long long found = first;
+    __syncthreads();  // every thread has read `first` before thread 0 resets it
+    if (found != ~0ull) {
+      if (bad && static_cast<unsigned long long>(item) == found) {
+        store_fault(fault, status);
+      }
+      return;
+    }
+  }
+}
+
+// Checks an op's values on the device before its kernels run. With the caller's status the
+// verdict stays there, for the caller's own sync to report; without one, a fresh status is read
+// back at once (this call's one host sync) and a fault raises here, before anything else is
+// launched. Returns the status the op's kernels consult.
+template <typename Checks>
+at::Tensor check_values(const Checks& checks, const std::optional<at::Tensor>& status_in, const at::Tensor& like,
+                        cudaStream_t stream) {
+  at::Tensor status =
+      status_in.has_value() ? *status_in : at::zeros({kStatusWords}, like.options().dtype(at::kLong));  // [8]
+  if (checks.items() > 0) {
+    first_fault_kernel<Checks><<<1, kCheckThreads, 0, stream>>>(checks, status.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (!status_in.has_value()) {
+    const at::Tensor host = status.cpu();  // host sync: the caller chose a checked call over a status
+    raise_fault(load_fault(host.data_ptr<int64_t>()));
+  }
+  return status;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -82,21 +149,34 @@ __global__ void tree_mask_kernel(const int64_t* __restrict__ parents, const int6
   }
 }
 
+// The kernel's shared memory holds one flag per node: 48 KiB, the limit without an opt-in.
+constexpr int64_t kMaxMaskNodes = 48 * 1024;
+
 std::tuple<at::Tensor, at::Tensor> tree_mask_cuda(const at::Tensor& parents_in, const at::Tensor& committed_in,
-                                                  int64_t tree_start, std::optional<at::ScalarType> additive_dtype) {
-  check_on_cuda(parents_in, "specdec::tree_mask", "parents");
+                                                  int64_t tree_start, std::optional<at::ScalarType> additive_dtype,
+                                                  const std::optional<at::Tensor>& status) {
+  const char* op = "specdec::tree_mask";
+  check_on_cuda(parents_in, op, "parents");
   const auto dtype = check_mask_args(parents_in, committed_in, tree_start, additive_dtype);
+  check_status_arg(status, parents_in.device(), op);
   const int64_t batch = parents_in.size(0);
   const int64_t nodes = parents_in.size(1);
+  TORCH_CHECK(nodes <= kMaxMaskNodes, op, ": trees of ", nodes, " nodes are more than the CUDA kernel's ",
+              kMaxMaskNodes, " (one byte of shared memory per node)");
+  TORCH_CHECK(batch * nodes <= kMaxGridX, op, ": ", batch, " x ", nodes, " mask rows are more than a grid allows");
   const c10::cuda::CUDAGuard guard(parents_in.device());
   const at::Tensor parents = parents_in.contiguous();      // [B, N] int64
   const at::Tensor committed = committed_in.contiguous();  // [B] int64
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (batch > 0) {
+    check_values(MaskChecks{parents.data_ptr<int64_t>(), committed.data_ptr<int64_t>(), batch, nodes, tree_start},
+                 status, parents, stream);
+  }
   at::Tensor mask = at::empty({batch, 1, nodes, tree_start + nodes}, parents.options().dtype(dtype));
   at::Tensor positions = at::empty({batch, nodes}, parents.options());
   if (batch == 0) {
     return {mask, positions};
   }
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   const int threads = 256;
   const size_t shared = static_cast<size_t>(nodes);
   if (dtype == at::kBool) {
@@ -237,16 +317,26 @@ __global__ void walk_kernel(const int64_t* __restrict__ choices, const int64_t* 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_accept_cuda(
     const at::Tensor& logits_in, const at::Tensor& tokens_in, const at::Tensor& parents_in, int64_t topk,
-    const std::optional<at::Tensor>& given_choices) {
-  check_on_cuda(logits_in, "specdec::tree_accept", "logits");
+    const std::optional<at::Tensor>& given_choices, const std::optional<at::Tensor>& status) {
+  const char* op = "specdec::tree_accept";
+  check_on_cuda(logits_in, op, "logits");
   check_accept_args(logits_in, tokens_in, parents_in, topk, given_choices);
+  check_status_arg(status, logits_in.device(), op);
   const int64_t batch = logits_in.size(0);
   const int64_t nodes = logits_in.size(1);
   const int64_t vocab = logits_in.size(2);
+  TORCH_CHECK(batch * nodes <= kMaxGridX, op, ": ", batch, " x ", nodes, " logits rows are more than a grid allows");
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const at::Tensor logits = logits_in.contiguous();    // [B, N, V]
   const at::Tensor tokens = tokens_in.contiguous();    // [B, N] int64
   const at::Tensor parents = parents_in.contiguous();  // [B, N] int64
+  const at::Tensor given = given_choices.has_value() ? given_choices->contiguous() : at::Tensor();  // [B, N] or none
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (batch > 0) {
+    check_values(AcceptChecks{parents.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(),
+                              given.defined() ? given.data_ptr<int64_t>() : nullptr, batch, nodes, vocab},
+                 status, tokens, stream);
+  }
   const auto index_options = tokens.options();
   at::Tensor choices = at::empty({batch, nodes}, index_options);    // [B, N]
   at::Tensor path = at::empty({batch, nodes}, index_options);       // [B, N]
@@ -256,11 +346,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_acce
   if (batch == 0) {
     return {choices, path, path_len, bonus, top};
   }
-  const bool greedy = !given_choices.has_value();
+  const bool greedy = !given.defined();
   if (!greedy) {
-    choices.copy_(*given_choices);  // device to device, on the stream: no host wait
+    choices.copy_(given);  // device to device, on the stream: no host wait
   }
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t rounds = greedy ? std::max<int64_t>(topk, 1) : topk;
   if (rounds > 0) {
     // 256 threads read 1 KiB of float32 per step, coalesced; V = 49,152 is 192 steps per round.
@@ -300,27 +389,33 @@ struct CacheTable {
   int64_t head_dim[kTensorsPerLaunch];
 };
 
+// status [kStatusWords]: the checks ran before this kernel, on the same stream; while it records a
+// fault nothing moves. The bounds below are checked again all the same, so that no value can
+// send a read or a write outside the path or the cache.
 template <typename word_t>
 __global__ void compact_kv_kernel(CacheTable table, const int64_t* __restrict__ path,
                                   const int64_t* __restrict__ path_len, const int64_t* __restrict__ dest,
-                                  int64_t nodes, int64_t tree_start) {
+                                  int64_t nodes, int64_t tree_start, const int64_t* __restrict__ status) {
   const int t = blockIdx.x;
   const int64_t b = blockIdx.y;
   const int64_t h = blockIdx.z;
-  if (h >= table.heads[t]) {
+  if (h >= table.heads[t] || status[0] != kNoFault) {
     return;
   }
   word_t* head = reinterpret_cast<word_t*>(table.data[t]) + b * table.stride_b[t] + h * table.stride_h[t];
   const int64_t stride_s = table.stride_s[t];
   const int64_t slots = table.slots[t];
-  const int64_t length = path_len[b];
+  const int64_t length = min(max(path_len[b], int64_t{0}), nodes);
   const int64_t first_target = dest[b];
   const int64_t* tree_path = path + b * nodes;  // [N]
   for (int64_t d = threadIdx.x; d < table.head_dim[t]; d += blockDim.x) {
     for (int64_t i = 0; i < length; ++i) {
-      const int64_t source = tree_start + tree_path[i];
+      const int64_t node = tree_path[i];
+      // Both slots inside [0, slots), compared without forming an out-of-range sum.
+      const bool in_bounds = node >= 0 && node < slots - tree_start && first_target >= 0 && first_target < slots - i;
+      const int64_t source = tree_start + node;
       const int64_t target = first_target + i;
-      if (source != target && source < slots && target < slots && source >= 0) {
+      if (in_bounds && source != target) {
         head[target * stride_s + d] = head[source * stride_s + d];
       }
     }
@@ -328,16 +423,19 @@ __global__ void compact_kv_kernel(CacheTable table, const int64_t* __restrict__ 
 }
 
 void compact_kv_cuda(at::TensorList cache, const at::Tensor& path_in, const at::Tensor& path_len_in,
-                     const at::Tensor& dest_in, int64_t tree_start) {
+                     const at::Tensor& dest_in, int64_t tree_start, const std::optional<at::Tensor>& status_in) {
   const char* op = "specdec::compact_kv";
   check_on_cuda(path_in, op, "path");
   check_compact_args(cache, path_in, path_len_in, dest_in, tree_start);
+  check_status_arg(status_in, path_in.device(), op);
   const int64_t batch = path_in.size(0);
   const int64_t nodes = path_in.size(1);
-  if (cache.empty() || batch == 0) {
+  if (batch == 0) {
     return;
   }
-  const int64_t item = cache[0].element_size();
+  const int64_t item = cache.empty() ? 1 : cache[0].element_size();  // every tensor's (checks.h)
+  TORCH_CHECK(item == 1 || item == 2 || item == 4 || item == 8, op, ": the CUDA kernel moves elements of 1, 2, 4 or 8 bytes, "
+              "cache[0] has ", item);
   int64_t max_heads = 1;
   int64_t max_head_dim = 1;
   for (size_t t = 0; t < cache.size(); ++t) {
@@ -352,6 +450,10 @@ void compact_kv_cuda(at::TensorList cache, const at::Tensor& path_in, const at::
   const at::Tensor path_len = path_len_in.contiguous();  // [B] int64
   const at::Tensor dest = dest_in.contiguous();          // [B] int64
   const auto stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor status = check_values(compact_checks(cache, path, path_len, dest, tree_start), status_in, path, stream);
+  if (cache.empty()) {
+    return;
+  }
   const int threads = static_cast<int>(std::min<int64_t>(256, ((max_head_dim + kWarp - 1) / kWarp) * kWarp));
   for (size_t first = 0; first < cache.size(); first += kTensorsPerLaunch) {
     const int count = static_cast<int>(std::min<size_t>(kTensorsPerLaunch, cache.size() - first));
@@ -372,14 +474,14 @@ void compact_kv_cuda(at::TensorList cache, const at::Tensor& path_in, const at::
     const int64_t* dest_ptr = dest.data_ptr<int64_t>();
     const auto launch = [&](auto word) {  // word: a value of the unsigned type as wide as one element
       using word_t = decltype(word);
-      compact_kv_kernel<word_t><<<grid, threads, 0, stream>>>(table, path_ptr, len_ptr, dest_ptr, nodes, tree_start);
+      compact_kv_kernel<word_t><<<grid, threads, 0, stream>>>(table, path_ptr, len_ptr, dest_ptr, nodes, tree_start,
+                                                             status.data_ptr<int64_t>());
     };
     switch (item) {
       case 1: launch(uint8_t{}); break;
       case 2: launch(uint16_t{}); break;
       case 4: launch(uint32_t{}); break;
-      case 8: launch(uint64_t{}); break;
-      default: TORCH_CHECK(false, op, ": unsupported element size ", item);
+      default: launch(uint64_t{}); break;  // 8 (checked above)
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
