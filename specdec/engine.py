@@ -99,7 +99,7 @@ def decode(
     """
     if max_nodes is not None and max_nodes < 1:
         raise SpecDecError(f"max_nodes must be at least 1, got {max_nodes}")
-    cap = min(max_nodes or MAX_TREE_NODES, MAX_TREE_NODES)
+    cap = min(max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
     stats = GenerationStats(prompt_tokens=len(prompt), budget="" if planner is None else str(planner.budget))
     started = time.perf_counter()
 
@@ -110,6 +110,7 @@ def decode(
         prompt_topk=topk if prompt_feedback else 0,
         chooser=decision.chooser,
         repetition_penalty=decision.repetition_penalty,
+        reserve=rules.max_new_tokens,
     )
     stats.prefill_s = time.perf_counter() - started
 

@@ -125,22 +125,61 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None
 
 
+def parse_dtype(dtype: Any) -> Any:
+    """A ``torch.dtype`` from a dtype or its name (``"bfloat16"``, ``"torch.float16"``, ``"fp32"``); None stays None.
+
+    >>> parse_dtype("bf16"), parse_dtype(None)
+    (torch.bfloat16, None)
+    """
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
+    name = str(dtype).removeprefix("torch.")
+    value = getattr(torch, aliases.get(name, name), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise SpecDecError(f"dtype {dtype!r} is not a floating torch dtype (float32, float16, bfloat16, float64)")
+    return value
+
+
+def parse_device(device: Any) -> Any:
+    """A ``torch.device`` from a device or its name; one that this torch cannot use is a clear error."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise SpecDecError(f"device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from error
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise SpecDecError(f"device {device!r}: this torch has no usable CUDA device")
+    return parsed
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     *,
     attn_implementation: str = "sdpa",
     dtype: Any = None,
+    device: Any = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer; with no ``path``, the default SmolLM2 model.
 
     The default model is converted from its GGUF file on first use (~20 s) and cached
     under :func:`cache_dir`; later calls load the cached fp32 checkpoint (~2 s).
     A ``path`` is a local Hugging Face checkpoint directory; nothing is downloaded.
+    ``dtype`` (a torch dtype or its name, e.g. ``"bfloat16"``) and ``device`` (e.g.
+    ``"cuda"``) say where the model lives; by default fp32 on the CPU for the default model,
+    the checkpoint's own dtype otherwise.
 
-    >>> model, tokenizer = load_model()  # doctest: +SKIP
+    >>> model, tokenizer = load_model(device="cuda", dtype="bfloat16")  # doctest: +SKIP
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype, device = parse_dtype(dtype), parse_device(device)
 
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise SpecDecError(
@@ -157,6 +196,8 @@ def load_model(
         local, dtype=dtype or "auto", attn_implementation=attn_implementation, local_files_only=True
     )
     model.eval()
+    if device is not None:
+        model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
     return model, tokenizer
 

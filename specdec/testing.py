@@ -14,8 +14,21 @@ from typing import Any
 
 import torch
 
-# The largest top-two logit margin at which a differing token still counts as a near-tie.
+# The largest top-two logit margin at which a differing token still counts as a near-tie (fp32).
 NEAR_TIE_MARGIN = 1e-3
+# Half precisions round logits far more coarsely: bf16 keeps 8 significant bits, so two forwards
+# of different shapes differ by ~2e-2 in logits of magnitude ~10 (measured on an H100,
+# design.md section 6), and a margin below a few of those steps is still a near-tie.
+_MARGINS = {"float64": 1e-6, "float32": NEAR_TIE_MARGIN, "float16": 0.05, "bfloat16": 0.25}
+
+
+def near_tie_margin(dtype: torch.dtype) -> float:
+    """The near-tie margin for a model of ``dtype`` (fp32's for dtypes not listed).
+
+    >>> near_tie_margin(torch.float32), near_tie_margin(torch.bfloat16)
+    (0.001, 0.25)
+    """
+    return _MARGINS.get(str(dtype).removeprefix("torch."), NEAR_TIE_MARGIN)
 
 
 @dataclass(frozen=True)
@@ -25,17 +38,19 @@ class Comparison:
     ``first_difference`` is the index of the first differing token (None when identical,
     or when one output is a prefix of the other, which is reported as ``prefix``).
     ``margin`` is the top-two logit margin the model gives at that position after the
-    common prefix; ``near_tie`` says whether it is under :data:`NEAR_TIE_MARGIN`.
+    common prefix; ``near_tie`` says whether it is under ``limit``, the near-tie margin of
+    the model's dtype (:func:`near_tie_margin`: :data:`NEAR_TIE_MARGIN` in fp32).
     """
 
     identical: bool
     first_difference: int | None = None
     margin: float | None = None
     prefix: bool = False
+    limit: float = NEAR_TIE_MARGIN  # the near-tie margin for the model's dtype (near_tie_margin)
 
     @property
     def near_tie(self) -> bool:
-        return self.margin is not None and self.margin < NEAR_TIE_MARGIN
+        return self.margin is not None and self.margin < self.limit
 
     @property
     def acceptable(self) -> bool:
@@ -71,4 +86,4 @@ def compare_outputs(model: Any, prompt: Sequence[int], ours: Sequence[int], thei
     if index is None:
         return Comparison(False, prefix=True)
     margin = top_two_margin(model, list(prompt) + ours[:index])
-    return Comparison(False, index, margin)
+    return Comparison(False, index, margin, limit=near_tie_margin(next(model.parameters()).dtype))

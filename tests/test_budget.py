@@ -10,6 +10,8 @@ synthetic (frozen) cost models, so no test depends on how fast this machine is.
 
 from __future__ import annotations
 
+import copy
+
 import itertools
 import json
 import random
@@ -293,8 +295,10 @@ def test_cost_table_json_round_trip_and_version_check() -> None:
 
 @pytest.fixture
 def private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> object:
-    """A fresh cache directory and no cost model in memory."""
+    """A fresh cache directory, no cost model in memory, and a machine taken as quiet (tests of the busy
+    checks are in test_calibration_conditions.py): a calibration here is cached whatever the load."""
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("specdec.budget.cost.busy_reason", lambda table: None)
     forget_cost_models()
     yield tmp_path
     forget_cost_models()
@@ -317,7 +321,7 @@ def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object)
     reloaded, spent = cost_model(verifier)
     assert spent == 0.0 and reloaded is not model and reloaded.table == table  # from the file
     # Another architecture config or dtype is another identity, hence another file.
-    other = make_verifier(tiny_model("llama", seed=1).to(torch.float32))
+    other = make_verifier(copy.deepcopy(tiny_model("llama", seed=1)).to(torch.float32))  # the cached model untouched
     assert calibration_path(model_identity(other)) != path
     assert calibration_path(model_identity(make_verifier(tiny_model("qwen2")))) != path
     path.write_text("{not json")

@@ -1,5 +1,13 @@
 """Verification backends: the model-running verifier with a choice of tree operations.
 
+``cache`` picks the KV cache and how the model's forward runs (:data:`CACHES`):
+``"dynamic"`` is Hugging Face's ``DynamicCache`` with eager forwards
+(:class:`~specdec.backends.verifier.ModelVerifier`); ``"static"`` is specdec's static cache
+with one fixed-shape forward per tree-size bucket (:class:`~specdec.backends.static.StaticVerifier`),
+compiled with inductor on a CPU and replayed from CUDA graphs on a GPU;
+``"static-<mode>"`` names the mode (``eager``, ``inductor``, ``cudagraphs``,
+``inductor-cudagraphs``); ``"auto"`` is ``"static"`` on CUDA and ``"dynamic"`` elsewhere.
+
 ``backend="torch"`` uses :class:`~specdec.backends.verifier.TorchTreeOps`, the readable
 reference; ``backend="cuda_ext"`` the compiled kernels of :mod:`specdec.backends.cuda_ext`
 (C++ on the CPU, CUDA on a GPU), and raises when they cannot be built or serve the model's
@@ -14,11 +22,14 @@ from typing import Any
 
 import torch
 
+from specdec.backends.static import MODES as STATIC_MODES
+from specdec.backends.static import StaticVerifier
 from specdec.backends.verifier import KVState, ModelVerifier, TorchTreeOps, TreeOps, check_model
 from specdec.errors import SpecDecError
 from specdec.types import TokenChooser
 
 BACKENDS = ("auto", "torch", "cuda_ext")
+CACHES = ("auto", "dynamic", "static", *(f"static-{mode}" for mode in STATIC_MODES))
 
 _warned_fallback = False
 
@@ -50,13 +61,46 @@ def make_tree_ops(backend: str, device: torch.device) -> TreeOps:
         return TorchTreeOps()
 
 
-def make_verifier(model: Any, backend: str = "auto", chooser: TokenChooser | None = None) -> ModelVerifier:
-    """A verifier for ``model`` with the named backend's tree operations."""
+def resolve_cache(cache: str, device: torch.device) -> tuple[str, str | None]:
+    """``(kind, static mode)`` for a ``cache`` name on ``device``: ``("dynamic", None)`` or ``("static", mode)``.
+
+    >>> resolve_cache("auto", torch.device("cpu")), resolve_cache("static-eager", torch.device("cpu"))
+    (('dynamic', None), ('static', 'eager'))
+    """
+    if not isinstance(cache, str) or cache not in CACHES:
+        raise SpecDecError(f"unknown cache {cache!r}; valid names: {', '.join(CACHES)}")
+    if cache == "auto":
+        cache = "static" if device.type == "cuda" else "dynamic"
+    if cache == "dynamic":
+        return "dynamic", None
+    _, _, mode = cache.partition("-")
+    return "static", mode or None
+
+
+def make_verifier(
+    model: Any, backend: str = "auto", chooser: TokenChooser | None = None, cache: str = "auto"
+) -> ModelVerifier:
+    """A verifier for ``model`` with the named backend's tree operations and the named ``cache``."""
     if backend not in BACKENDS:
         raise SpecDecError(f"unknown backend {backend!r}; valid names: {', '.join(BACKENDS)}")
     check_model(model)  # a model we cannot serve is the first thing to report
-    ops = make_tree_ops(backend, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    kind, mode = resolve_cache(cache, device)
+    ops = make_tree_ops(backend, device)
+    if kind == "static":
+        return StaticVerifier(model, ops=ops, chooser=chooser, mode=mode)
     return ModelVerifier(model, ops=ops, chooser=chooser)
 
 
-__all__ = ["BACKENDS", "KVState", "ModelVerifier", "TorchTreeOps", "TreeOps", "make_tree_ops", "make_verifier"]
+__all__ = [
+    "BACKENDS",
+    "CACHES",
+    "KVState",
+    "ModelVerifier",
+    "StaticVerifier",
+    "TorchTreeOps",
+    "TreeOps",
+    "make_tree_ops",
+    "make_verifier",
+    "resolve_cache",
+]

@@ -10,8 +10,8 @@ diffed against.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,11 +36,12 @@ class KVState:
     ``presence`` (bool ``[V]``, only with a repetition penalty) marks every committed token.
     """
 
-    cache: Any  # transformers DynamicCache
+    cache: Any  # transformers DynamicCache, or the verifier's StaticKVCache
     committed_len: int
     chooser: TokenChooser = field(default_factory=Greedy)
     repetition_penalty: float = 1.0
     presence: torch.Tensor | None = None
+    sequence: int = 0  # which prefill made it (a static cache serves the latest one only)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,13 @@ class ModelVerifier:
         self.narrow_single = False
         self.narrow: NarrowLinears | None = NarrowLinears(model) if supports_narrow(model) else None
         self.grouped: GroupedAttention | None = GroupedAttention(model) if supports_grouped_attention(model) else None
+        # The most nodes one verification takes (None: no limit of the verifier's own).
+        self.max_tree_nodes: int | None = None
+
+    @property
+    def cache_kind(self) -> str:
+        """``"dynamic"``: a Hugging Face ``DynamicCache`` per sequence, eager forwards."""
+        return "dynamic"
 
     @property
     def name(self) -> str:
@@ -200,20 +208,7 @@ class ModelVerifier:
         if bad:
             raise SpecDecError(f"token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})")
 
-    def prefill(
-        self,
-        prompt: Sequence[int],
-        prompt_topk: int = 0,
-        *,
-        chooser: TokenChooser | None = None,
-        repetition_penalty: float = 1.0,
-    ) -> tuple[KVState, int, Feedback | None]:
-        """Run the prompt; return the state, the first pending token and optional per-position feedback.
-
-        Only the last position's logits are computed unless ``prompt_topk`` asks for the
-        model's top ids after every prompt token (Token Recycling's warm start).
-        ``chooser`` and ``repetition_penalty`` decide this sequence's tokens from here on.
-        """
+    def _check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
             raise SpecDecError("the prompt is empty: give at least one token")
         self._check_tokens(prompt)
@@ -221,58 +216,114 @@ class ModelVerifier:
             raise SpecDecError(
                 f"the prompt has {len(prompt)} tokens, past the model's context length of {self.context_length}"
             )
-        cache = self._new_cache()
+
+    def prefill(
+        self,
+        prompt: Sequence[int],
+        prompt_topk: int = 0,
+        *,
+        chooser: TokenChooser | None = None,
+        repetition_penalty: float = 1.0,
+        reserve: int = 0,
+    ) -> tuple[KVState, int, Feedback | None]:
+        """Run the prompt; return the state, the first pending token and optional per-position feedback.
+
+        Only the last position's logits are computed unless ``prompt_topk`` asks for the
+        model's top ids after every prompt token (Token Recycling's warm start).
+        ``chooser`` and ``repetition_penalty`` decide this sequence's tokens from here on.
+        ``reserve``: how many more tokens the sequence may grow by (a static cache sizes
+        itself for them; the dynamic cache grows as it goes and ignores it).
+        """
+        self._check_prompt(prompt)
         input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if prompt_topk else 1
-            )
-        logits = _decision_precision(out.logits[0])  # [L or 1, V]
-        state = KVState(cache, len(prompt), chooser or self.chooser, float(repetition_penalty))
-        last = logits[-1:]
-        if state.repetition_penalty != 1.0:
-            state.presence = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-            state.presence[input_ids[0]] = True
-            last = apply_repetition_penalty(last, state.presence.unsqueeze(0), state.repetition_penalty)
-        position = torch.tensor([len(prompt)], device=self.device)
-        pending = int(state.chooser.choose(last, position)[0])
-        feedback = None
-        if prompt_topk:
-            top = topk_ids(logits, prompt_topk).cpu().numpy()
-            feedback = Feedback(np.asarray(prompt, dtype=np.int64), top)
+            cache, logits = self._prefill_forward(input_ids, keep_all=prompt_topk > 0, reserve=reserve)
+            logits = _decision_precision(logits)  # [L or 1, V]
+            state = KVState(cache, len(prompt), chooser or self.chooser, float(repetition_penalty))
+            self._on_new_state(state)
+            last = logits[-1:]
+            if state.repetition_penalty != 1.0:
+                state.presence = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+                state.presence[input_ids[0]] = True
+                last = apply_repetition_penalty(last, state.presence.unsqueeze(0), state.repetition_penalty)
+            position = torch.tensor([len(prompt)], device=self.device)
+            pending = int(state.chooser.choose(last, position)[0])
+            feedback = None
+            if prompt_topk:
+                top = topk_ids(logits, prompt_topk).cpu().numpy()
+                feedback = Feedback(np.asarray(prompt, dtype=np.int64), top)
         return state, pending, feedback
 
     def verify(self, state: KVState, tree: DraftTree, topk: int = 0) -> Verification:
         """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path."""
         self._check_tokens(tree.tokens)
         committed = state.committed_len
-        mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
-        input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        use_narrow = 2 <= tree.size <= self.narrow_rows or (tree.size == 1 and self.narrow_single)
-        narrow = self.narrow if self.narrow is not None and use_narrow else None
-        grouped = self.grouped if self.grouped is not None and mask is not None else None
         with torch.inference_mode():
-            with narrow.active() if narrow is not None else nullcontext(), (
-                grouped.active() if grouped is not None else nullcontext()
-            ):
-                out = self.model(
-                    input_ids=input_ids,
-                    attention_mask=mask,
-                    position_ids=position_ids,
-                    past_key_values=state.cache,
-                    use_cache=True,
-                )
-            logits = _decision_precision(out.logits[0])  # [N, V]
+            logits, positions = self._tree_forward(state, tree)  # [N, V], int64 [N]
+            logits = _decision_precision(logits)
             if state.presence is not None:
                 mask = penalty_mask(state.presence, tree.tokens, ancestor_matrix(tree.parents))
                 logits = apply_repetition_penalty(logits, mask, state.repetition_penalty)
-            acceptance = self.ops.accept(tree, logits, position_ids[0], state.chooser, topk)
-            self.ops.compact(state.cache, committed, acceptance.path)
+            acceptance = self.ops.accept(tree, logits, positions, state.chooser, topk)
+            self._compact(state, committed, acceptance.path)
+            if state.presence is not None:  # an inference tensor (made in prefill): updated in inference mode
+                state.presence[torch.tensor([tree.tokens[i] for i in acceptance.path], device=self.device)] = True
         state.committed_len = committed + len(acceptance.path)
-        if state.presence is not None:
-            state.presence[torch.tensor([tree.tokens[i] for i in acceptance.path], device=self.device)] = True
         feedback = None
         if acceptance.topk is not None:
             feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), acceptance.topk, acceptance.path)
         accepted_tokens = tuple(tree.tokens[i] for i in acceptance.path)
         return Verification(acceptance.path, accepted_tokens, acceptance.bonus, feedback)
+
+    def rewind(self, state: KVState, committed_len: int) -> None:
+        """Forget the committed tokens past ``committed_len`` (calibration reuses one prefill for many steps)."""
+        if not 0 <= committed_len <= state.committed_len:
+            raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
+        if committed_len < state.committed_len:
+            state.cache.crop(-(state.committed_len - committed_len))
+        state.committed_len = committed_len
+
+    @contextmanager
+    def preserving(self) -> Iterator[None]:
+        """A block whose prefills and verifications leave every live sequence as it was.
+
+        Each dynamic-cache sequence owns its cache, so there is nothing to keep here; a
+        static-cache verifier overrides this (its one cache serves one sequence at a time).
+        """
+        yield
+
+    # -- the model-side hooks a static-cache verifier replaces -------------------------------
+    def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
+        """Run ``input_ids`` ``[1, L]`` into a new cache: ``(cache, logits [L or 1, V])``."""
+        del reserve  # the dynamic cache grows as it goes
+        cache = self._new_cache()
+        keep = 0 if keep_all else 1
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        return cache, out.logits[0]
+
+    def _on_new_state(self, state: KVState) -> None:
+        """Called with every new sequence's state (a static cache records which sequence owns it)."""
+
+    def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over ``tree``: its logits ``[N, V]`` and positions int64 ``[N]``; writes its KV."""
+        committed = state.committed_len
+        mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
+        input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
+        use_narrow = 2 <= tree.size <= self.narrow_rows or (tree.size == 1 and self.narrow_single)
+        narrow = self.narrow if self.narrow is not None and use_narrow else None
+        grouped = self.grouped if self.grouped is not None and mask is not None else None
+        with narrow.active() if narrow is not None else nullcontext(), (
+            grouped.active() if grouped is not None else nullcontext()
+        ):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=state.cache,
+                use_cache=True,
+            )
+        return out.logits[0], position_ids[0]
+
+    def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
+        """Keep only the accepted path's KV (slot ``committed_len + path[i]`` to ``committed_len + i``)."""
+        self.ops.compact(state.cache, committed_len, path)

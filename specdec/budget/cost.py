@@ -43,17 +43,34 @@ corrected within a few steps.
 model's architecture (its config, minus names and paths: two checkpoints of one
 architecture cost the same), parameter dtype, device (CPU model or GPU name), attention
 implementation, torch version and thread count.
+
+**Busy machines.** A table measured while other jobs ran was once cached 10x too slow and
+wrongly shaped (docs/budget.md). So calibration records two witnesses of interference:
+the **spread** of its repeats (median over the timed cells of slowest / fastest - 1) and
+the **others' share** of the machine's CPU time while it ran (from ``/proc/stat``: the
+machine's busy time minus this process's own, over wall time times CPUs; the load average
+where there is no ``/proc/stat``). Past :data:`BUSY_SPREAD` or :data:`BUSY_SHARE` the table
+serves this process but is not cached, with a one-line warning; the next process measures
+again (``specdec calibrate --recalibrate --force`` caches it anyway, for machines that are
+never quiet).
+
+**Drift.** When the online ratio over all sizes stays beyond :data:`DRIFT_RATIO` (either
+way) for :data:`DRIFT_MIN_STEPS` steps, the table no longer describes the machine. If
+other processes are busy right now the load explains it and online refinement already
+follows it; otherwise the next generation measures the table again (with a warning), and
+the steps required before another re-measurement double each time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import platform
 import random
-import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +80,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specdec.backends.verifier import ModelVerifier
+from specdec.cachefiles import write_atomically
 from specdec.errors import SpecDecError
 from specdec.models import cache_dir
 from specdec.types import DraftTree
@@ -70,7 +88,7 @@ from specdec.types import DraftTree
 FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 NARROW_MAX_SIZE = 32  # narrow products are timed up to this size (past ~8 the usual GEMM wins)
 DEFAULT_CONTEXTS = (64, 1024)
@@ -78,6 +96,10 @@ DEFAULT_REPEATS = 3
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
 RATIO_CLIP = 5.0
 SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
+BUSY_SPREAD = 0.25  # median spread of a calibration's repeats past which the machine was busy
+BUSY_SHARE = 0.25  # share of the machine's CPU time other processes may use while calibrating
+DRIFT_RATIO = 2.0  # measured / calibrated, over all sizes, past which the table has drifted
+DRIFT_MIN_STEPS = 32  # online observations before drift counts (doubled after each re-measurement)
 
 
 @dataclass(frozen=True)
@@ -90,6 +112,9 @@ class CostTable:
     identity: dict[str, str]
     narrow_rows: int = 0  # verify trees of 2..narrow_rows nodes with narrow products (0: never)
     narrow_single: bool = False  # verify one-node trees with the padded narrow product
+    bucketed: bool = False  # a size costs the next calibrated size's forward (a static cache's buckets)
+    spread: float = 0.0  # median over timed cells of slowest / fastest repeat - 1 (module docstring)
+    others_share: float = 0.0  # other processes' share of the machine's CPU time while calibrating
 
     def __post_init__(self) -> None:
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
@@ -107,6 +132,10 @@ class CostTable:
             raise SpecDecError(f"narrow_rows must be a non-negative int, got {self.narrow_rows!r}")
         if not isinstance(self.narrow_single, bool):
             raise SpecDecError(f"narrow_single must be a bool, got {self.narrow_single!r}")
+        for name in ("spread", "others_share"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise SpecDecError(f"calibration {name} must be a finite number >= 0, got {value!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +146,9 @@ class CostTable:
             "seconds": [list(row) for row in self.seconds],
             "narrow_rows": self.narrow_rows,
             "narrow_single": self.narrow_single,
+            "bucketed": self.bucketed,
+            "spread": self.spread,
+            "others_share": self.others_share,
         }
 
     @classmethod
@@ -130,6 +162,9 @@ class CostTable:
             {str(k): str(v) for k, v in data["identity"].items()},
             data.get("narrow_rows", 0),
             data.get("narrow_single", False),
+            bool(data.get("bucketed", False)),
+            data.get("spread", 0.0),
+            data.get("others_share", 0.0),
         )
 
 
@@ -152,11 +187,23 @@ class VerifyCostModel:
         self._count = np.zeros(len(table.sizes), dtype=np.float64)  # [S] observations per size
         self._global_ratio = 1.0
         self._global_count = 0.0
+        self.drift_steps = DRIFT_MIN_STEPS  # observations before :attr:`drifted` can hold (module docstring)
 
     @property
     def observations(self) -> int:
         """Real steps this model has learned from."""
         return int(self._global_count)
+
+    @property
+    def drift(self) -> float:
+        """The online ratio measured / calibrated over all sizes, lately (1.0: as calibrated)."""
+        return self._global_ratio
+
+    @property
+    def drifted(self) -> bool:
+        """Whether the machine drifted from the table: beyond :data:`DRIFT_RATIO` after ``drift_steps`` steps."""
+        far = not 1.0 / DRIFT_RATIO <= self._global_ratio <= DRIFT_RATIO
+        return self.learn and self._global_count >= self.drift_steps and far
 
     def _along_sizes(self, row: FloatArray, sizes: FloatArray) -> FloatArray:
         """Linear interpolation of ``row[S]`` at ``sizes[K]``, extrapolated linearly past the ends."""
@@ -167,9 +214,18 @@ class VerifyCostModel:
             out[beyond] = row[-1] + slope * (sizes[beyond] - self._sizes[-1])
         return out
 
+    def _padded(self, sizes: npt.NDArray[np.int64]) -> FloatArray:
+        """``sizes`` as float64; with a bucketed table, each raised to its bucket (the size it is verified at)."""
+        x = np.asarray(sizes, dtype=np.float64)
+        if self.table.bucketed:  # padded up to the next bucket: its cost, not an interpolation
+            index = np.searchsorted(self._sizes, x)  # [K] first bucket >= size
+            inside = index < len(self._sizes)
+            x = np.where(inside, self._sizes[np.minimum(index, len(self._sizes) - 1)], x)
+        return x
+
     def calibrated(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
         """The calibration table's prediction for ``sizes`` int ``[K]`` after ``committed_len`` tokens, ``[K]``."""
-        x = np.asarray(sizes, dtype=np.float64)
+        x = self._padded(sizes)
         rows = [self._along_sizes(row, x) for row in self._seconds]
         contexts = self.table.contexts
         if len(rows) == 1:
@@ -181,7 +237,7 @@ class VerifyCostModel:
     def correction(self, sizes: npt.NDArray[np.int64]) -> FloatArray:
         """The online ratio measured / calibrated at ``sizes`` ``[K]``: per size, shrunk toward the global one."""
         shrunk = (self._count * self._ratio + SHRINK_STEPS * self._global_ratio) / (self._count + SHRINK_STEPS)
-        return np.interp(np.log(np.asarray(sizes, dtype=np.float64)), self._log_sizes, shrunk)
+        return np.interp(np.log(self._padded(sizes)), self._log_sizes, shrunk)
 
     def predict(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
         """Predicted seconds to verify trees of ``sizes`` ``[K]`` nodes after ``committed_len`` tokens. O(K log S)."""
@@ -197,7 +253,7 @@ class VerifyCostModel:
         # corrected within a few steps instead of staying off by its excess over the clip.
         level = self._global_ratio
         ratio = min(max(seconds / base, level / RATIO_CLIP), level * RATIO_CLIP)
-        j = int(np.argmin(np.abs(self._log_sizes - np.log(size))))
+        j = int(np.argmin(np.abs(self._log_sizes - np.log(self._padded(np.array([size]))[0]))))
         self._count[j] += 1.0
         self._ratio[j] += max(1.0 / self._count[j], MIN_RATE) * (ratio - self._ratio[j])
         self._global_count += 1.0
@@ -236,6 +292,7 @@ def model_identity(verifier: ModelVerifier) -> dict[str, str]:
         "device": _device_name(verifier),
         "attention": str(getattr(verifier.model.config, "_attn_implementation", None) or "eager"),
         "backend": verifier.name,
+        "cache": verifier.cache_kind,
         "torch": torch.__version__,
         "threads": str(torch.get_num_threads()) if verifier.device.type == "cpu" else "-",
         "version": str(CALIBRATION_VERSION),
@@ -285,19 +342,32 @@ def calibrate(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise SpecDecError(f"calibration repeats must be a positive int, got {repeats!r}")
+    buckets = getattr(verifier, "buckets", None)
+    if buckets is not None:  # a static cache costs its bucket's forward: time the buckets themselves
+        sizes = tuple(b for b in buckets if b <= max(sizes))
     sizes, contexts = calibration_plan(verifier, sizes, contexts)
+    watch = MachineWatch.start(verifier.device.type == "cpu")
+    with verifier.preserving():  # a static cache keeps the sequence it serves
+        table = _calibrate(verifier, sizes, contexts, repeats, seed)
+    share = watch.others_share()
+    return dataclasses.replace(table, bucketed=buckets is not None, others_share=0.0 if share is None else share)
+
+
+def _calibrate(
+    verifier: ModelVerifier, sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int, seed: int
+) -> CostTable:
     rng = random.Random(seed)
     vocab = verifier.vocab_size
     narrow_sizes = {s for s in sizes if s <= NARROW_MAX_SIZE} if verifier.narrow is not None else set()
     prompt = [rng.randrange(vocab) for _ in range(contexts[-1])]
-    state, pending, _ = verifier.prefill(prompt)
+    state, pending, _ = verifier.prefill(prompt, reserve=sizes[-1])
     plain: list[list[float]] = []  # [C][S] fastest round, usual kernels
     narrow: list[list[float]] = []  # [C][S] fastest round, narrow products (inf where not timed)
+    spreads: list[float] = []  # slowest / fastest - 1 of every timed cell's repeats
     kept_rows, kept_single = verifier.narrow_rows, verifier.narrow_single
     try:
         for context in reversed(contexts):  # crop the one prefilled cache down, context by context
-            state.cache.crop(-(state.committed_len - context))
-            state.committed_len = context
+            verifier.rewind(state, context)
             times: dict[tuple[int, bool], list[float]] = {}
             warmup = 1 if context == contexts[-1] else 0  # the first round warms up (allocator growth, kernel choice)
             for round_ in range(warmup + repeats):
@@ -309,11 +379,11 @@ def calibrate(
                         started = time.perf_counter()
                         verifier.verify(state, tree)  # ends in a host sync: the walk needs the choices
                         elapsed = time.perf_counter() - started
-                        state.cache.crop(-(state.committed_len - context))
-                        state.committed_len = context
+                        verifier.rewind(state, context)
                         if round_ >= warmup:
                             times.setdefault((size, use_narrow), []).append(elapsed)
             plain.insert(0, [min(times[(s, False)]) for s in sizes])
+            spreads.extend(max(t) / min(t) - 1.0 for t in times.values() if len(t) > 1)
             narrow.insert(0, [min(times.get((s, True), [np.inf])) for s in sizes])
     finally:
         verifier.narrow_rows, verifier.narrow_single = kept_rows, kept_single
@@ -330,7 +400,10 @@ def calibrate(
         fastest = np.maximum.accumulate(row)  # [S] non-decreasing
         fastest = np.minimum(fastest, np.asarray(sizes, dtype=np.float64) * fastest[0])  # subadditive
         seconds.append(tuple(float(s) for s in fastest))
-    return CostTable(sizes, contexts, tuple(seconds), model_identity(verifier), narrow_rows, narrow_single)
+    spread = float(np.median(spreads)) if spreads else 0.0
+    return CostTable(
+        sizes, contexts, tuple(seconds), model_identity(verifier), narrow_rows, narrow_single, spread=spread
+    )
 
 
 def _narrow_threshold(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) -> int:
@@ -357,40 +430,118 @@ def _narrow_single(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) 
     return bool(float(narrow[:, j].sum()) < float(plain[:, j].sum()))
 
 
+# -- busy machines ------------------------------------------------------------------------
+
+
+def _machine_cpu_seconds() -> tuple[float, int] | None:
+    """``(busy CPU seconds of the whole machine since boot, CPUs)`` from ``/proc/stat``; None where there is none.
+
+    Busy: user, nice, system, irq, softirq and steal (a VM's neighbours) time; not idle or iowait.
+    """
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            total = handle.readline().split()
+            cpus = sum(1 for line in handle if line.startswith("cpu"))
+        ticks = os.sysconf("SC_CLK_TCK")
+        busy = sum(int(total[i]) for i in (1, 2, 3, 6, 7, 8))
+    except (OSError, ValueError, IndexError):
+        return None
+    return busy / ticks, max(cpus, 1)
+
+
+@dataclass(frozen=True)
+class MachineWatch:
+    """Other processes' share of the machine's CPU time over an interval (module docstring).
+
+    ``others_share()`` = (machine busy time - this process's CPU time) / (wall time * CPUs),
+    in [0, 1]. Without ``/proc/stat``: the 1-minute load average minus this process's
+    threads, over the CPUs (coarser: it lags by a minute). None where neither exists.
+    """
+
+    wall: float
+    own: float
+    machine: tuple[float, int] | None
+    own_threads: int
+
+    @classmethod
+    def start(cls, on_cpu: bool = True) -> MachineWatch:
+        import torch
+
+        threads = torch.get_num_threads() if on_cpu else 1
+        return cls(time.perf_counter(), time.process_time(), _machine_cpu_seconds(), threads)
+
+    def others_share(self) -> float | None:
+        wall = time.perf_counter() - self.wall
+        now = _machine_cpu_seconds()
+        if self.machine is not None and now is not None and wall > 0.0:
+            others = (now[0] - self.machine[0]) - (time.process_time() - self.own)
+            return min(max(others / (wall * now[1]), 0.0), 1.0)
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return None
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return min(max((load - self.own_threads) / cpus, 0.0), 1.0)
+
+
+def others_share_now(seconds: float = 0.25) -> float | None:
+    """Other processes' share of the machine's CPU time over the next ``seconds`` (this process idle)."""
+    watch = MachineWatch.start(on_cpu=False)
+    time.sleep(seconds)
+    return watch.others_share()
+
+
+def busy_reason(table: CostTable) -> str | None:
+    """Why ``table`` was measured on a busy machine (one clause per witness), or None when it was quiet."""
+    reasons = []
+    if table.others_share > BUSY_SHARE:
+        reasons.append(f"other processes used {table.others_share:.0%} of its CPU time")
+    if table.spread > BUSY_SPREAD:
+        reasons.append(f"repeated timings spread by {table.spread:.0%}")
+    return "; ".join(reasons) or None
+
+
 # -- cache ------------------------------------------------------------------------------
 
 _MODELS: dict[str, VerifyCostModel] = {}
+_REMEASURED: dict[str, int] = {}  # identity key -> re-measurements after drift in this process
 
 
 def calibration_path(identity: dict[str, str]) -> Path:
     return cache_dir() / "calibration" / f"{identity_key(identity)}.json"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".calibration-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-
-
-def cost_model(verifier: ModelVerifier, *, recalibrate: bool = False) -> tuple[VerifyCostModel, float]:
+def cost_model(
+    verifier: ModelVerifier, *, recalibrate: bool = False, cache_busy: bool = False
+) -> tuple[VerifyCostModel, float]:
     """The cost model for ``verifier``'s model, device and dtype, and the seconds spent calibrating.
 
     One model per identity and process (so online refinements are shared by every
     generator of that model); loaded from the cache file when there is one, else
-    calibrated (and saved). ``recalibrate`` measures again and overwrites the file. A
-    corrupt or stale cache file is measured again, not trusted.
+    calibrated (and saved, unless the machine was busy: module docstring; ``cache_busy``
+    saves it anyway). ``recalibrate`` measures again and overwrites the file. A corrupt or
+    stale cache file is measured again, not trusted. A model in memory that has drifted far
+    from its table is measured again while the machine is quiet (module docstring).
     """
     identity = model_identity(verifier)
     key = identity_key(identity)
-    if not recalibrate and key in _MODELS:
-        _use_kernels(verifier, _MODELS[key].table)
-        return _MODELS[key], 0.0
+    known = None if recalibrate else _MODELS.get(key)
+    if known is not None and known.drifted:
+        share = others_share_now()
+        if share is not None and share > BUSY_SHARE:  # the load explains it; online refinement follows it
+            known.drift_steps *= 2
+        else:
+            warnings.warn(
+                f"specdec: verification has taken {known.drift:.2f}x the calibrated time over the last "
+                f"{known.observations} steps: measuring the verification cost again",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            _REMEASURED[key] = _REMEASURED.get(key, 0) + 1
+            known, recalibrate = None, True
+    if known is not None:
+        _use_kernels(verifier, known.table)
+        return known, 0.0
     path = calibration_path(identity)
     table = None
     if not recalibrate and path.is_file():
@@ -405,8 +556,18 @@ def cost_model(verifier: ModelVerifier, *, recalibrate: bool = False) -> tuple[V
         started = time.perf_counter()
         table = calibrate(verifier)
         spent = time.perf_counter() - started
-        _write_atomically(path, json.dumps(table.to_json(), indent=1))
+        busy = busy_reason(table)
+        if busy is None or cache_busy:
+            write_atomically(path, json.dumps(table.to_json(), indent=1))
+        else:
+            warnings.warn(
+                f"specdec: the verification cost was measured on a busy machine ({busy}): using it in this "
+                "process only, not caching it (`specdec calibrate --recalibrate` on a quiet machine caches one)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     model = _MODELS[key] = VerifyCostModel(table)
+    model.drift_steps = DRIFT_MIN_STEPS * 2 ** _REMEASURED.get(key, 0)
     _use_kernels(verifier, table)
     return model, spent
 
@@ -420,3 +581,4 @@ def _use_kernels(verifier: ModelVerifier, table: CostTable) -> None:
 def forget_cost_models() -> None:
     """Drop the in-process cost models (tests; a changed cache directory)."""
     _MODELS.clear()
+    _REMEASURED.clear()
