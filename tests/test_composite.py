@@ -151,6 +151,51 @@ def test_merged_tree_is_the_union_of_paths(seed: int, a: int, b: int, first: boo
         assert merged.node_sources[node] == expected
 
 
+def test_merged_tree_keeps_part_labels_and_features() -> None:
+    retrieved = DraftTree((1, 2, 3, 4), (-1, 0, 1, 0), "sam", ("sam-dynamic", "sam-dynamic", "sam-store", "sam-store"),
+                          (0, 7, 5, 2))
+    auxiliary = DraftTree((1, 2, 9), (-1, 0, 1), "recycling")
+    merged = merge_trees(retrieved, auxiliary, ("sam", "recycling"), "sam+recycling")
+    assert merged.tokens == (1, 2, 3, 4, 9)
+    assert merged.node_sources == ("sam-dynamic&recycling", "sam-dynamic&recycling", "sam-store", "sam-store",
+                                   "recycling")
+    assert merged.node_features == (0, 7, 5, 2, 0)  # the retrieval part's; 0 where only recycling drafted
+
+
+def test_merged_tree_cut_by_a_budget_is_ordered_by_expected_acceptance() -> None:
+    """When max_nodes cuts a merged tree, the caller's acceptance model decides what stays."""
+    from specdec.budget.acceptance import AcceptanceModel, node_keys
+
+    model = AcceptanceModel(memory=1.0)
+    for _ in range(50):  # the auxiliary's nodes were always accepted, the retrieval's never
+        tree = merge_trees(DraftTree.chain(1, [5, 8, 9], "ret"), DraftTree((1, 6, 7), (-1, 0, 1), "aux"),
+                           ("ret", "aux"), "ret+aux")
+        model.observe(tree, node_keys(tree), accepted_nodes=(0, 4, 5))
+    drafter = CompositeDrafter(ScriptedRetrieval([5, 8, 9], match=9), ScriptedTree([0, 6, 7], [-1, 0, 1]),
+                               CompositeConfig("merge"), model)
+    assert drafter.propose(1, 10).tokens == (1, 5, 8, 9, 6, 7)  # no cut: the trusted retrieval first
+    assert drafter.propose(1, 3).tokens == (1, 6, 7)  # cut: the nodes the model expects accepted
+    unordered = CompositeDrafter(ScriptedRetrieval([5, 8, 9], match=9), ScriptedTree([0, 6, 7], [-1, 0, 1]),
+                                 CompositeConfig("merge"))
+    assert unordered.propose(1, 3).tokens == (1, 5, 8)  # no model: the trusted retrieval first
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10**6), a=st.integers(1, 20), b=st.integers(1, 20))
+def test_merged_tree_accepts_at_least_either_part(seed: int, a: int, b: int) -> None:
+    """Never below either part: on the same step, the merged tree accepts at least as many
+    tokens as each part's tree would (the walk can follow any path either part drafted)."""
+    from specdec.bench.replay import judge
+
+    rng = random.Random(seed)
+    retrieved, auxiliary = random_tree(rng, 3, 5, a), random_tree(rng, 3, 5, b)
+    stream = [retrieved.tokens[0]] + [rng.randrange(5) for _ in range(8)]
+    merged = merge_trees(retrieved, auxiliary, ("r", "x"), "m", retrieved_first=rng.random() < 0.5)
+    accepted = {name: len(judge(tree, stream, 0, 10, 0)[0]) for name, tree in
+                (("r", retrieved), ("x", auxiliary), ("m", merged))}
+    assert accepted["m"] >= max(accepted["r"], accepted["x"])
+
+
 def test_merging_trees_with_different_roots_is_refused() -> None:
     with pytest.raises(SpecDecError, match="merged trees need one root, got tokens 1 and 2"):
         merge_trees(DraftTree.single(1), DraftTree.single(2), ("a", "b"), "c")
@@ -223,5 +268,8 @@ def test_sam_composite_when_registered() -> None:
     """Says so when this checkout has no ``sam`` (the lossless test above then covers pld only)."""
     if "sam" not in REGISTRY:
         pytest.skip("drafter 'sam' is not registered in this checkout")
-    drafter = make_factory("sam+recycling", {"mode": "merge"}).create()
-    assert isinstance(drafter, CompositeDrafter) and drafter.threshold == 5 and drafter.config.mode == "merge"
+    drafter = make_factory("sam+recycling").create()  # merged by default (docs/algorithms/sam.md)
+    assert isinstance(drafter, CompositeDrafter) and drafter.threshold == 5 and drafter.mode == "merge"
+    assert make_factory("sam+recycling", {"mode": "either"}).create().mode == "either"
+    pld_recycling = make_factory("pld+recycling").create()
+    assert isinstance(pld_recycling, CompositeDrafter) and pld_recycling.mode == "either"

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from specdec.datastores.format import TokenizerIdentity, write_datastore
 from specdec.datastores.sam import KIND, KIND_VERSION, StaticSuffixAutomaton, build, build_arrays
+from specdec.drafters.sam import node_feature
 from specdec.errors import DatastoreError, SpecDecError
-from specdec.reference.suffix_automaton import Cursor, SuffixAutomaton
+from specdec.reference.suffix_automaton import Cursor, Match, SuffixAutomaton, occurrence_tree
 
 Documents = list[list[int]]
 
@@ -179,6 +180,7 @@ def test_reference_equals_brute_force(documents: Documents, query: list[int], k:
             ends = occurrences(documents, prefix[len(prefix) - cursor.length :])
             assert state.min_endpos == ends[0]
             assert sam.draft_endpos(cursor.state) in ends
+            assert (sam.occurrences(cursor.state), sam.last_endpos(cursor.state)) == (len(ends), ends[-1])
         assert sam.draft(cursor, k) == brute_draft(documents, prefix, k), (prefix, k)
 
 
@@ -202,6 +204,126 @@ def test_online_cursor_equals_matching_from_scratch(text: list[int], data: st.Da
         if cursor.length:
             assert state.min_endpos < i  # an earlier occurrence, never the token itself
     sam.check()
+
+
+# -- the occurrence tree: the reference against a restatement on strings --------------------------
+
+
+def brute_tree(sources: list[tuple[Documents, int, int]], query: list[int], max_nodes: int, max_depth: int,
+               max_children: int) -> tuple[list[int], list[int], list[int]]:
+    """The occurrence tree's rules 1-3 restated on strings, every count by scanning the documents.
+
+    ``sources``: ``(documents, bias, rank)``. Returns tokens (root: ``query[-1]``), parents, occurrences.
+    """
+    def after(documents: Documents, pattern: list[int]) -> list[tuple[int, int | None]]:
+        """(corpus end position, next token in its document or None) of every occurrence."""
+        found, offset = [], 0
+        for document in documents:
+            for end in range(len(pattern) - 1, len(document)):
+                if document[end - len(pattern) + 1 : end + 1] == pattern:
+                    found.append((offset + end, document[end + 1] if end + 1 < len(document) else None))
+            offset += len(document)
+        return found
+
+    matches = []  # (documents, match string, bias, rank)
+    for documents, bias, rank in sources:
+        length = longest_suffix_match(documents, query)
+        # Rule 1: shorten while no occurrence continues; report the longest suffix of the same endpos set.
+        if length and all(t is None for _, t in after(documents, query[len(query) - length :])):
+            shorter = next((n for n in range(length - 1, 0, -1)
+                            if any(t is not None for _, t in after(documents, query[len(query) - n :]))), 0)
+            ends = [e for e, _ in after(documents, query[len(query) - shorter :])] if shorter else []
+            length = max((n for n in range(shorter, length) if [e for e, _ in after(documents, query[len(query) - n :])]
+                          == ends), default=0) if shorter else 0
+        if length:
+            matches.append((documents, query[len(query) - length :], bias, rank))
+    if not matches or max_nodes < 2 or max_depth < 1:
+        return [query[-1]], [-1], [0]
+    best = max(len(x) - bias for _, x, bias, _ in matches)  # rule 2
+    matches = [m for m in matches if len(m[1]) - m[2] == best]
+
+    def child_stats(path: list[int], token: int) -> tuple[int, tuple[int, int]]:
+        count, recency = 0, (-1, -1)
+        for documents, x, _, rank in matches:
+            found = after(documents, [*x, *path, token])
+            count += len(found)
+            if found:
+                recency = max(recency, (rank, found[-1][0] - len(path) - 1))
+        return count, recency
+
+    tokens, parents, counts, paths = [query[-1]], [-1], [sum(len(after(d, x)) for d, x, _, _ in matches)], [[]]
+    candidates: list[tuple[tuple[float, ...], int, int, int]] = []  # (key, parent node, token, occurrences)
+    offered = 0
+
+    def offer(node: int) -> None:
+        nonlocal offered
+        path = paths[node]
+        if len(path) >= max_depth:
+            return
+        following = {t for d, x, _, _ in matches for _, t in after(d, [*x, *path]) if t is not None}
+        stats = {t: child_stats(path, t) for t in following}
+        ranked = sorted(following, key=lambda t: (-stats[t][0], -stats[t][1][0], -stats[t][1][1], t))
+        for t in ranked[:max_children]:
+            count, (rank, end) = stats[t]
+            weight = count / 2 ** (len(path) + 1)
+            candidates.append(((-weight, -rank, -end, len(path) + 1, offered), node, t, count))
+            offered += 1
+
+    offer(0)
+    while candidates and len(tokens) < max_nodes:  # rule 3
+        candidates.sort()
+        _, parent, token, count = candidates.pop(0)
+        tokens.append(token)
+        parents.append(parent)
+        counts.append(count)
+        paths.append([*paths[parent], token])
+        offer(len(tokens) - 1)
+    return tokens, parents, counts
+
+
+def test_occurrence_tree_by_hand() -> None:
+    """'1 2' is followed by 3 twice (then 1 and 5) and by 4 once: weight first, then the latest occurrence."""
+    sam = SuffixAutomaton.from_documents([[1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 1, 2]])
+    tree = occurrence_tree([Match(sam, sam.match([7, 1, 2]))], 2, max_nodes=6, max_depth=3)
+    assert tree.match_length == 2 and tree.occurrences[0] == 4  # "1 2" occurs 4 times (the last one ends the text)
+    # Weights (occurrences / 2^depth): "3" 1, "4" 1/2, then the depth-2 nodes at 1/4 by their
+    # latest occurrence: "3 5" (the match ended at 7), "4 1" (at 4), "3 1" (at 1).
+    assert tree.tokens == [2, 3, 4, 5, 1, 1] and tree.parents == [-1, 0, 0, 1, 2, 1]
+    assert tree.occurrences == [4, 2, 1, 1, 1, 1]
+    # max_children=1: only the most frequent continuation of each node; max_depth=1: one level.
+    assert occurrence_tree([Match(sam, sam.match([1, 2]))], 2, max_nodes=9, max_depth=9, max_children=1).tokens \
+        == [2, 3, 5, 1, 2]
+    assert occurrence_tree([Match(sam, sam.match([1, 2]))], 2, max_nodes=9, max_depth=1).tokens == [2, 3, 4]
+    # Rule 1: "3 5 1 2" ends the text (no continuation), so the match falls back to "1 2" (length 2).
+    fallback = occurrence_tree([Match(sam, sam.match([3, 5, 1, 2]))], 2, max_nodes=3, max_depth=3)
+    assert fallback.match_length == 2 and fallback.tokens == [2, 3, 4]
+    # Rule 2: a longer match elsewhere wins unless its bias makes it shorter; equal ones merge.
+    other = SuffixAutomaton.from_documents([[9, 1, 2, 6]])
+    longer = occurrence_tree([Match(sam, sam.match([9, 1, 2])), Match(other, other.match([9, 1, 2]), 0, 1)], 2,
+                             max_nodes=3, max_depth=3)
+    assert longer.tokens == [2, 6] and longer.ranks[1] == frozenset({1})
+    merged = occurrence_tree([Match(sam, sam.match([9, 1, 2])), Match(other, other.match([9, 1, 2]), 1, 1)], 2,
+                             max_nodes=3, max_depth=1)
+    assert merged.tokens == [2, 3, 6] and merged.occurrences == [5, 2, 1]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    sources=st.lists(st.tuples(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=18), min_size=1, max_size=3),
+                               st.integers(0, 2)), min_size=1, max_size=3),
+    query=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    budget=st.tuples(st.integers(1, 14), st.integers(1, 6), st.integers(1, 4)),
+)
+def test_occurrence_tree_equals_brute_force(sources: list[tuple[Documents, int]], query: list[int],
+                                            budget: tuple[int, int, int]) -> None:
+    max_nodes, max_depth, max_children = budget
+    matches = []
+    for rank, (documents, bias) in enumerate(sources):
+        sam = SuffixAutomaton.from_documents(documents)
+        matches.append(Match(sam, sam.match(query), bias, rank))
+    tree = occurrence_tree(matches, query[-1], max_nodes=max_nodes, max_depth=max_depth, max_children=max_children)
+    want = brute_tree([(d, b, r) for r, (d, b) in enumerate(sources)], query, max_nodes, max_depth, max_children)
+    assert (tree.tokens, tree.parents, tree.occurrences) == want
 
 
 # -- the compiled static automaton against the reference ---------------------------------------
@@ -346,6 +468,81 @@ def test_dynamic_refuses_bad_tokens(sam_native: Any) -> None:
 # -- the datastore file -------------------------------------------------------------------------
 
 
+# -- occurrence trees: the compiled automata against the reference ---------------------------------
+
+
+def assert_trees_equal(sam_native: Any, compiled: list[tuple[Any, Cursor | tuple[int, int], int, int]],
+                       reference: list[Match], pending: int, rng: random.Random) -> None:
+    """The compiled tree (sources: automaton, cursor after ``pending``, bias, rank) equals the reference's."""
+    for _ in range(3):
+        max_nodes, max_depth, max_children = rng.randrange(1, 50), rng.randrange(1, 40), rng.randrange(1, 6)
+        tokens, parents, counts, masks, match, features = sam_native.occurrence_tree(
+            [(a, c[0], c[1], bias, rank) for a, c, bias, rank in compiled], pending, max_nodes, max_depth, max_children)
+        want = occurrence_tree(reference, pending, max_nodes=max_nodes, max_depth=max_depth, max_children=max_children)
+        assert (tokens, parents, counts, match) == (want.tokens, want.parents, want.occurrences, want.match_length)
+        assert [{r for r in range(4) if m >> r & 1} for m in masks] == [set(r) for r in want.ranks]
+        assert features == [0] + [node_feature(match, counts[i], counts[parents[i]]) for i in range(1, len(tokens))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.lists(st.integers(0, 4), min_size=1, max_size=80),
+       store=st.lists(st.lists(st.integers(0, 4), max_size=40), max_size=4),
+       corpus=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=40), min_size=1, max_size=4),
+       biases=st.tuples(st.integers(0, 3), st.integers(0, 3)), seed=st.integers(0, 2**16))
+def test_compiled_trees_equal_reference(sam_native: Any, text: list[int], store: Documents, corpus: Documents,
+                                        biases: tuple[int, int], seed: int) -> None:
+    """Dynamic (committed in chunks), shared (documents added one at a time) and static
+    automata, alone and together: the same trees as the reference, step after step."""
+    rng = random.Random(seed)
+    dynamic, shared = sam_native.DynamicSam(), sam_native.SharedSam()
+    for document in store:
+        shared.add_document(document)
+    assert shared.check() == "" and shared.num_documents == len(store)
+    static = StaticSuffixAutomaton.from_documents(corpus)
+    reference_store = SuffixAutomaton.from_documents([d for d in store if d]) if any(store) else None
+    reference_static = SuffixAutomaton.from_documents(corpus)
+    position = split = rng.randrange(len(text))
+    dynamic.commit(text[:split])
+    while position < len(text):
+        pending, context = text[position], text[: position + 1]
+        reference_dynamic = SuffixAutomaton.from_documents([text[:position]])
+        compiled = [(dynamic, dynamic.peek(pending), 0, 3), (static.native_view, static.advance((0, 0), context),
+                                                               biases[1], 0)]
+        reference = [Match(reference_dynamic, reference_dynamic.match(context), 0, 3),
+                     Match(reference_static, reference_static.match(context), biases[1], 0)]
+        if reference_store is not None:
+            compiled.append((shared, shared.advance((0, 0), context), biases[0], 2))
+            reference.append(Match(reference_store, reference_store.match(context), biases[0], 2))
+        assert_trees_equal(sam_native, compiled[:1], reference[:1], pending, rng)
+        assert_trees_equal(sam_native, compiled, reference, pending, rng)
+        step = rng.randrange(1, 6)
+        dynamic.commit(text[position : position + step])
+        position += step
+    assert dynamic.check() == ""
+
+
+def test_compiled_occurrences_are_counted_online(sam_native: Any) -> None:
+    """Seeded stress: online counts (every extend walks its suffix-link path) equal a recount,
+    for the dynamic automaton on repetitive text and the shared one over many documents."""
+    rng = random.Random(5)
+    dynamic, shared = sam_native.DynamicSam(), sam_native.SharedSam()
+    for _ in range(60):
+        chunk = [rng.randrange(3) for _ in range(rng.randrange(1, 30))]
+        dynamic.commit(chunk * rng.randrange(1, 4))
+        shared.add_document(chunk + [rng.randrange(5) for _ in range(rng.randrange(0, 10))])
+    assert dynamic.check() == "" and shared.check() == ""
+    state, _ = dynamic.cursor
+    assert dynamic.state_occurrences(state) >= 1 and dynamic.state_last_endpos(state) < dynamic.size
+    with pytest.raises(IndexError, match="state -1 out of range"):
+        shared.state_occurrences(-1)
+    with pytest.raises(ValueError, match="token id -2 is outside"):
+        shared.add_document([1, -2])
+    with pytest.raises(TypeError, match="DynamicSam, SharedSam or StaticView"):
+        sam_native.occurrence_tree([(object(), 1, 1, 0, 0)], 1, 5, 5, 4)
+    with pytest.raises(ValueError, match="at most 4 sources"):
+        sam_native.occurrence_tree([(dynamic, 1, 1, 0, 0)] * 5, 1, 5, 5, 4)
+
+
 def test_round_trip_and_sharing(sam_native: Any, tmp_path: Path) -> None:
     rng = random.Random(7)
     documents = random_documents(rng, 50, 8, 80)
@@ -411,8 +608,13 @@ def test_bad_files_are_refused(sam_native: Any, tmp_path: Path) -> None:
         load(write(tmp_path, "tok.sam"), tokenizer=TokenizerIdentity("other", 4, "other"))
     with pytest.raises(DatastoreError, match="past this model's vocabulary of 3"):
         load(write(tmp_path, "vocab.sam"), tokenizer=None, vocab_size=3)
-    with pytest.raises(DatastoreError, match="version 2; this specdec reads versions 1: upgrade specdec"):
+    with pytest.raises(DatastoreError, match=f"version {KIND_VERSION + 1}; this specdec reads versions "
+                       f"{KIND_VERSION}: upgrade specdec"):
         load(write(tmp_path, "newer.sam", version=KIND_VERSION + 1))
+    # Version 1 (no occurrence counts): refused with the command that rebuilds it.
+    with pytest.raises(DatastoreError, match="version 1; this specdec reads versions 2: rebuild it from its corpus "
+                       "with `specdec datastore build --kind sam --input ... -o old.sam`"):
+        load(write(tmp_path, "old.sam", changed(occurrences=None, last_endpos=None), version=1))
     with pytest.raises(DatastoreError, match="is a 'rest' datastore, not 'sam'"):
         load(write(tmp_path, "kind.sam", kind="rest"))
 
@@ -473,6 +675,7 @@ def test_crafted_files_cannot_crash_or_hang(sam_native: Any, tmp_path: Path) -> 
         "docs": (changed(doc_starts=short_doc_starts), "doc_starts does not cover the tokens"),
         "endpos": (changed(draft_endpos=past_the_end), "state 1: draft_endpos 1000000 out of range"),
         "lengths": (changed(length=negative_lengths), "state 1: bad suffix link 0"),
+        "counts": (changed(occurrences=lambda a: a * 0 - 7), "state 1: occurrences -7"),
     }
     for name, (arrays, message) in cases.items():
         sam = StaticSuffixAutomaton.load(write(tmp_path, f"{name}.sam", arrays), tokenizer=identity(4))
@@ -482,6 +685,7 @@ def test_crafted_files_cannot_crash_or_hang(sam_native: Any, tmp_path: Path) -> 
             for token in range(5):
                 sam.step((state, 3), token)
             sam.draft(state, 4)
+            sam_native.occurrence_tree([(sam.native_view, state, 3, 0, 0)], 1, 20, 8, 4)
         sam.advance((0, 0), [1, 2, 1, 2, 3, 0, 2, 3] * 3)
 
 
@@ -499,11 +703,23 @@ def test_check_finds_broken_semantics(sam_native: Any) -> None:
         draft_endpos[3] = (draft_endpos[3] + 1) % 5
         return draft_endpos
 
+    def one_more(occurrences: Any) -> Any:
+        occurrences[2] += 1
+        return occurrences
+
+    def earlier_last(last_endpos: Any) -> Any:
+        last_endpos[1:] = -1
+        return last_endpos
+
     load(changed()).check()
     with pytest.raises(DatastoreError, match="state 0: edges not sorted"):
         load(changed(edge_token=swap_first_edges)).check()
     with pytest.raises(DatastoreError, match="state 3: its longest string"):
         load(changed(draft_endpos=moved_endpos)).check()
+    with pytest.raises(DatastoreError, match="state 2: stores .* occurrences .* the corpus has"):
+        load(changed(occurrences=one_more)).check()
+    with pytest.raises(DatastoreError, match="state 1: occurrences .*, last_endpos -1"):
+        load(changed(last_endpos=earlier_last)).check()
 
 
 def test_bad_build_input(sam_native: Any, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from specdec.datastores.trust import is_trusted, remember_verified
 from specdec.errors import DatastoreError
 
 MAGIC = b"SPECDEC\x00"
@@ -88,6 +89,7 @@ class Datastore:
     tokenizer: TokenizerIdentity
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
+    trusted: bool = False  # the CRC pass was skipped on a stamp of an earlier full verification (trust.py)
 
     def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
         return self.arrays[name]
@@ -209,7 +211,9 @@ def read_datastore(
 
     ``tokenizer`` (when known) must match the one the datastore was built with;
     otherwise ``vocab_size`` (the model's) must at least cover the datastore's ids.
-    ``verify=False`` skips the per-section CRC-32 (a full read of the file).
+    ``verify=False`` skips the per-section CRC-32 (a full read of the file). With
+    ``verify=True`` a large file verified in full before and unchanged since (a trusted
+    stamp, :mod:`specdec.datastores.trust`) skips it too; every other check still runs.
     """
     source = Path(path)
     header = read_header(source)
@@ -218,9 +222,12 @@ def read_datastore(
     version = int(header.get("kind_version", -1))
     if version not in supported_versions:
         newer = version > max(supported_versions)
+        advice = ": upgrade specdec" if newer else (
+            f": rebuild it from its corpus with `specdec datastore build --kind {kind} --input ... -o {source.name}`"
+        )
         raise DatastoreError(
             f"{source} is a {kind!r} datastore of version {version}; this specdec reads versions "
-            f"{', '.join(map(str, supported_versions))}" + (": upgrade specdec" if newer else ": rebuild it")
+            f"{', '.join(map(str, supported_versions))}" + advice
         )
     stored = header["tokenizer"]
     identity = TokenizerIdentity(stored["fingerprint"], int(stored["vocab_size"]), stored.get("name", ""))
@@ -234,7 +241,9 @@ def read_datastore(
         raise DatastoreError(
             f"{source} holds token ids up to {identity.vocab_size - 1}, past this model's vocabulary of {vocab_size}"
         )
-    file_size = source.stat().st_size
+    status = source.stat()
+    file_size = status.st_size
+    trusted = verify and is_trusted(source.resolve(), status, header)
     arrays: dict[str, np.ndarray[Any, Any]] = {}
     for raw in header["sections"]:
         section = Section(raw["name"], raw["dtype"], tuple(raw["shape"]), raw["offset"], raw["nbytes"], raw["crc32"])
@@ -248,7 +257,9 @@ def read_datastore(
         else:
             array = np.memmap(source, dtype=np.dtype(section.dtype), mode="r", offset=section.offset,
                               shape=section.shape)
-        if verify and _crc(array) != section.crc32:
+        if verify and not trusted and _crc(array) != section.crc32:
             raise DatastoreError(f"{source} is corrupt: section {section.name!r} fails its checksum")
         arrays[section.name] = array
-    return Datastore(source, kind, version, identity, dict(header.get("meta", {})), arrays)
+    if verify and not trusted:  # verified in full: later loads of this unchanged file may skip the CRC pass
+        remember_verified(source.resolve(), status, header)
+    return Datastore(source, kind, version, identity, dict(header.get("meta", {})), arrays, trusted)

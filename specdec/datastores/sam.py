@@ -8,20 +8,25 @@ document boundary (the SAM-Decoding reference joins documents with EOS and draft
 them). Semantics, names and the draft rule are those of
 :mod:`specdec.reference.suffix_automaton`, the oracle this is tested against.
 
-Layout (sections of the datastore file, see ``csrc/sam.cpp`` for the reasons)::
+Layout (sections of the datastore file, version 2; see ``csrc/sam.cpp`` for the reasons)::
 
     tokens      [N]    uint16/uint32  the corpus, documents one after another
     doc_starts  [D+1]  int64          document d is tokens[doc_starts[d] : doc_starts[d+1]]
     length      [S]    int32          per state: longest string's length
     link        [S]    int32          suffix link (-1 for the root, state 0)
-    draft_endpos [S]   int32          where the draft of a match in the state starts (below)
+    draft_endpos [S]   int32          where the paper's chain of a match in the state starts (below)
+    occurrences [S]    int32          |endpos|: how often the state's strings occur in the corpus
+    last_endpos [S]    int32          max(endpos): where their latest occurrence ends
     edge_start  [S+1]  uint32         state v's transitions are edge_*[edge_start[v]:edge_start[v+1]]
     edge_token  [E]    uint16/uint32  sorted within each state
     edge_target [E]    int32
 
-With S ~ 1.5 N and E ~ 2.5 N this is about 40 bytes per corpus token (the reference's
+With S ~ 1.5 N and E ~ 2 N this is about 50 bytes per corpus token (the reference's
 Python object graph costs several hundred). Building runs in C++ (amortized O(1) per
-token); matching and drafting run in C++ over the mapped arrays.
+token); matching and drafting run in C++ over the mapped arrays. ``occurrences`` and
+``last_endpos`` (new in version 2) let the ``sam`` drafter read the occurrence tree of a
+match, REST's frequency trie, straight from the transitions; a version-1 file lacks them
+and is refused with the command that rebuilds it.
 
 ``draft_endpos[v]`` is the end of the occurrence of the state's strings with the most
 tokens after it *in its document* (ties: the earliest). In one text that is the paper's
@@ -49,13 +54,13 @@ from specdec.errors import DatastoreError, SpecDecError
 from specdec.native import load_extension
 
 KIND = "sam"
-KIND_VERSION = 1
+KIND_VERSION = 2  # 2: per-state occurrences and last_endpos (occurrence trees)
 SOURCES = (Path(__file__).parent / "csrc" / "sam.cpp",)
 # Largest corpus: positions and state ids are int32.
 MAX_TOKENS = 2**31 - 2
 
 Cursor = tuple[int, int]  # (state, match length); (0, 0) is no match
-_STATE_SECTIONS = ("length", "link", "draft_endpos")
+_STATE_SECTIONS = ("length", "link", "draft_endpos", "occurrences", "last_endpos")
 
 
 def native() -> ModuleType:
@@ -241,6 +246,11 @@ class StaticSuffixAutomaton:
         """``(length, link, draft_endpos)`` of ``state``."""
         view = self._view
         return int(view.state_length(state)), int(view.state_link(state)), int(view.state_draft_endpos(state))
+
+    def occurrences(self, state: int) -> tuple[int, int]:
+        """``(occurrences, last_endpos)`` of ``state``: how often its strings occur, and where last."""
+        view = self._view
+        return int(view.state_occurrences(state)), int(view.state_last_endpos(state))
 
     def check(self) -> None:
         """Raise :class:`DatastoreError` naming the first broken invariant (O(sum of lengths): tests)."""

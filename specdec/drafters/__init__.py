@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from specdec.drafters import arctic
 from specdec.drafters.base import DrafterContext, Factory, parse_options
 from specdec.drafters.composite import composite_factory
 from specdec.drafters.none import NoDrafter
@@ -47,6 +48,9 @@ REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory
     "rest": rest_factory,
     "sam": sam_factory,
 }
+# Arctic Inference's suffix decoding, a peer to measure against: listed only where it is installed.
+if arctic.installed():
+    REGISTRY["arctic"] = arctic.arctic_factory
 
 
 def available_drafters() -> list[str]:

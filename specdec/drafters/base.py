@@ -16,15 +16,23 @@ ConfigT = TypeVar("ConfigT")
 
 @dataclass
 class DrafterContext:
-    """What a drafter factory may know of the target: its vocabulary, tokenizer and EOS ids.
+    """What a drafter factory may know of the target and of its caller.
 
-    Datastore-backed drafters check their file against :meth:`tokenizer_identity` (a hash
-    of the vocabulary, computed on first use, ~50 ms) or, with no tokenizer, ``vocab_size``.
+    ``vocab_size``, ``tokenizer``, ``eos_token_ids``: the target's. Datastore-backed drafters
+    check their file against :meth:`tokenizer_identity` (a hash of the vocabulary, computed
+    on first use, ~50 ms) or, with no tokenizer, ``vocab_size``. ``store``: the caller's
+    store of earlier sequences (a :class:`~specdec.datastores.shared.SharedStore`), False
+    when the caller turned it off, None when it says nothing (the ``sam`` factory then makes
+    one its drafters share). ``acceptance``: the caller's budget planner's acceptance model
+    (:class:`~specdec.budget.acceptance.AcceptanceModel`), which composites order merged
+    trees by when a node budget cuts them.
     """
 
     vocab_size: int | None = None
     tokenizer: Any = None
     eos_token_ids: tuple[int, ...] = ()
+    store: Any = None
+    acceptance: Any = None
     _identity: Any = field(default=None, repr=False)
 
     def tokenizer_identity(self) -> TokenizerIdentity | None:

@@ -10,11 +10,16 @@ accepted chain; a short one predicts little, and the auxiliary tree does better.
 Two modes:
 
 - ``either`` (the paper's Algorithm 2): one source per step, chosen as above.
-- ``merge`` (new here): the chain is grafted onto the auxiliary tree as one more branch of
-  the root, sharing the prefixes it has in common with existing branches, so one forward
-  verifies both. Best first, as every draft: a trusted chain (``m >= l_threshold``) comes
-  before the auxiliary nodes, an untrusted one (``0 < m < l_threshold``) after them, so a
-  node budget cuts the less promising source first.
+- ``merge`` (new here; the default of ``sam+recycling``): both drafts in one tree, the
+  retrieval drafter's tree (``sam``'s occurrence tree, ``pld``'s chain) grafted onto the
+  auxiliary tree, prefixes they share verified once, so one forward verifies both and the
+  composite accepts at least what either part would on the same step. Order, which
+  decides what a node budget cuts: when the merged tree is larger than the step's
+  ``max_nodes`` and the caller's budget planner lends its acceptance model
+  (``DrafterContext.acceptance``), nodes are ordered by the acceptance it expects of each
+  (learned per source, feature, depth and rank); otherwise a trusted retrieval draft
+  (``m >= l_threshold``) comes before the auxiliary nodes, an untrusted one after them.
+  Under ``budget="auto"`` the planner picks nodes by the same estimates whatever the order.
 
 **Attribution.** A step's ``DraftTree.source`` names its source (A's or B's name, or the
 composite's name for a merged tree); a merged tree also labels every node
@@ -43,19 +48,22 @@ MODES = ("either", "merge")
 # l_threshold by retrieval drafter: SAM's is the paper's; PLD's match length is an n-gram length (1..3).
 DEFAULT_THRESHOLDS = {"sam": 5, "pld": 2}
 PAPER_THRESHOLD = 5
+# The mode by retrieval drafter: sam's occurrence tree merges (measured, docs/algorithms/sam.md); others choose.
+DEFAULT_MODES = {"sam": "merge"}
 
 Builder = Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]
 
 
 @dataclass(frozen=True)
 class CompositeConfig:
-    """``mode``: ``"either"`` (Algorithm 2) or ``"merge"``; ``threshold``: l_threshold (None: by drafter)."""
+    """``mode``: ``"either"`` (Algorithm 2) or ``"merge"`` (None: by drafter, :data:`DEFAULT_MODES`,
+    else ``"either"``); ``threshold``: l_threshold (None: by drafter)."""
 
-    mode: str = "either"
+    mode: str | None = None
     threshold: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
+        if self.mode is not None and self.mode not in MODES:
             raise SpecDecError(f"composite drafter: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.threshold is not None and (
             isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 0
@@ -72,7 +80,10 @@ def merge_trees(
     keep their order and come first; the other tree's nodes follow, those whose path
     already exists shared rather than repeated, so siblings stay distinct. ``labels`` name
     the two sources; each node is labelled by who proposed it: ``labels[0]``,
-    ``labels[1]`` or ``"labels[0]&labels[1]"``. O(N) for N nodes in all.
+    ``labels[1]`` or ``"labels[0]&labels[1]"``; a part that labels its own nodes (``sam``:
+    ``sam-dynamic``, ``sam-store``) keeps its labels in place of its name. A node keeps the
+    feature its first proposer gave it (the retrieval drafter's, when both did). O(N) for N
+    nodes in all.
 
     >>> t = merge_trees(DraftTree.chain(1, [2, 3]), DraftTree((1, 2, 4), (-1, 0, 1)), ("sam", "rec"), "x")
     >>> t.tokens, t.parents, t.node_sources
@@ -80,25 +91,58 @@ def merge_trees(
     """
     if retrieved.tokens[0] != auxiliary.tokens[0]:
         raise SpecDecError(f"merged trees need one root, got tokens {retrieved.tokens[0]} and {auxiliary.tokens[0]}")
-    tokens, parents, owners = [retrieved.tokens[0]], [-1], [3]
+    tokens, parents = [retrieved.tokens[0]], [-1]
+    names: list[list[str]] = [["", ""]]  # per merged node: its label from each part ("": not proposed by it)
+    features: list[int] = [-1]
     children: list[dict[int, int]] = [{}]
-    order = ((retrieved, 1), (auxiliary, 2)) if retrieved_first else ((auxiliary, 2), (retrieved, 1))
-    for tree, bit in order:
+    order = ((retrieved, 0), (auxiliary, 1)) if retrieved_first else ((auxiliary, 1), (retrieved, 0))
+    for tree, part in order:
+        own = tree.node_sources
+        tree_features = tree.node_features
         where = [0] * tree.size  # tree node -> merged node
-        for i in range(1, tree.size):
-            parent, token = where[tree.parents[i]], tree.tokens[i]
-            node = children[parent].get(token)
-            if node is None:
-                node = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-                owners.append(0)
-                children.append({})
-                children[parent][token] = node
-            owners[node] |= bit
+        for i in range(tree.size):
+            if i == 0:
+                node = 0
+            else:
+                parent, token = where[tree.parents[i]], tree.tokens[i]
+                node = children[parent].get(token, -1)
+                if node < 0:
+                    node = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                    names.append(["", ""])
+                    features.append(-1)
+                    children.append({})
+                    children[parent][token] = node
+            names[node][part] = own[i] if own is not None else labels[part]
+            if features[node] < 0 and tree_features is not None:
+                features[node] = tree_features[i]
             where[i] = node
-    names = {1: labels[0], 2: labels[1], 3: f"{labels[0]}&{labels[1]}"}
-    return DraftTree(tuple(tokens), tuple(parents), source, tuple(names[o] for o in owners))
+    node_sources = tuple("&".join(name for name in pair if name) for pair in names)
+    node_features = tuple(max(f, 0) for f in features) if max(features) >= 0 else None
+    return DraftTree(tuple(tokens), tuple(parents), source, node_sources, node_features)
+
+
+def order_by_acceptance(tree: DraftTree, acceptance: Any) -> DraftTree:
+    """``tree`` with its nodes in the order of the acceptance ``acceptance`` expects of each.
+
+    ``acceptance`` is an :class:`~specdec.budget.acceptance.AcceptanceModel`; its ``p`` never
+    grows from a parent to its child, so sorting by ``p`` (ties: the old order) keeps
+    parents first, and every prefix is the best tree of its size under the model. O(N log N).
+    """
+    from specdec.budget.acceptance import node_keys
+
+    _, p = acceptance.estimate(tree, node_keys(tree))
+    order = sorted(range(tree.size), key=lambda i: (-float(p[i]), i))
+    position = {old: new for new, old in enumerate(order)}
+    sources, features = tree.node_sources, tree.node_features
+    return DraftTree(
+        tuple(tree.tokens[i] for i in order),
+        tuple(-1 if i == 0 else position[tree.parents[i]] for i in order),
+        tree.source,
+        None if sources is None else tuple(sources[i] for i in order),
+        None if features is None else tuple(features[i] for i in order),
+    )
 
 
 def _part_feedback(feedback: Feedback | None, k: int) -> Feedback | None:
@@ -113,13 +157,16 @@ def _part_feedback(feedback: Feedback | None, k: int) -> Feedback | None:
 class CompositeDrafter:
     """Algorithm 2 (``either``) or one merged tree (``merge``) from a retrieval and an auxiliary drafter."""
 
-    def __init__(self, retrieval: RetrievalDrafter, auxiliary: Drafter, config: CompositeConfig | None = None) -> None:
+    def __init__(self, retrieval: RetrievalDrafter, auxiliary: Drafter, config: CompositeConfig | None = None,
+                 acceptance: Any = None) -> None:
         self.config = config or CompositeConfig()
         self.retrieval = retrieval
         self.auxiliary = auxiliary
+        self.acceptance = acceptance  # the caller's AcceptanceModel (orders merged trees a budget cuts), or None
         self.name = f"{retrieval.name}+{auxiliary.name}"
         threshold = self.config.threshold
         self.threshold = threshold if threshold is not None else DEFAULT_THRESHOLDS.get(retrieval.name, PAPER_THRESHOLD)
+        self.mode = self.config.mode or DEFAULT_MODES.get(retrieval.name, "either")
         self.feedback_topk = max(retrieval.feedback_topk, auxiliary.feedback_topk)
 
     def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
@@ -127,21 +174,31 @@ class CompositeDrafter:
         self.auxiliary.reset(prompt, _part_feedback(feedback, self.auxiliary.feedback_topk))
 
     def propose(self, pending: int, max_nodes: int) -> DraftTree:
-        chain = self.retrieval.propose(pending, max_nodes)
-        trusted = chain.size > 1 and self.retrieval.match_length() >= self.threshold
-        if self.config.mode == "either":
-            return chain if trusted else self.auxiliary.propose(pending, max_nodes)
+        retrieved = self.retrieval.propose(pending, max_nodes)
+        trusted = retrieved.size > 1 and self.retrieval.match_length() >= self.threshold
+        if self.mode == "either":
+            return retrieved if trusted else self.auxiliary.propose(pending, max_nodes)
         tree = self.auxiliary.propose(pending, max_nodes)
-        if chain.size == 1:
+        if retrieved.size == 1:
             return tree
         if tree.size == 1:
-            return chain
+            return retrieved
         labels = (self.retrieval.name, self.auxiliary.name)
-        return merge_trees(chain, tree, labels, self.name, retrieved_first=trusted).prefix(max_nodes)
+        merged = merge_trees(retrieved, tree, labels, self.name, retrieved_first=trusted)
+        if merged.size > max_nodes and self.acceptance is not None:
+            merged = order_by_acceptance(merged, self.acceptance)
+        return merged.prefix(max_nodes)
 
     def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
         self.retrieval.update(accepted, _part_feedback(feedback, self.retrieval.feedback_topk))
         self.auxiliary.update(accepted, _part_feedback(feedback, self.auxiliary.feedback_topk))
+
+    def finish(self) -> None:
+        """The sequence ended: tell the parts that keep state across sequences (``sam``'s store)."""
+        for part in (self.retrieval, self.auxiliary):
+            finish = getattr(part, "finish", None)
+            if callable(finish):
+                finish()
 
 
 def composite_factory(
@@ -197,7 +254,7 @@ def composite_factory(
     def build() -> Drafter:
         retrieval = retrieval_factory.create()
         assert isinstance(retrieval, RetrievalDrafter), f"{first!r} made a {type(retrieval).__name__}"
-        return CompositeDrafter(retrieval, auxiliary_factory.create(), config)
+        return CompositeDrafter(retrieval, auxiliary_factory.create(), config, context.acceptance)
 
     return Factory(name, build)
 

@@ -86,10 +86,50 @@ where it stops (:meth:`SuffixAutomaton.draft`), never past its document's end.
   (dynamic) and ``m_s`` (static), ``m_s' = m_s - l_bias``; if ``max(m_d, m_s') >=
   l_threshold`` draft from the dynamic automaton when ``m_d >= m_s'``, else from the
   static one; otherwise the automata propose nothing (an auxiliary drafter may).
+
+specdec's ``sam`` drafter does not draft the paper's chain: it drafts the occurrence tree
+below (:func:`sam_tree` is its oracle), whose tree for a match with one occurrence is that
+chain. The chain rule stays here as the paper states it, the oracle of the static
+automaton's ``draft`` (``StaticSuffixAutomaton.draft``, ``DynamicSam.draft``).
+
+The occurrence tree (specdec's rule, :func:`occurrence_tree`)
+-------------------------------------------------------------
+The paper drafts one chain, from one occurrence, and only when the match is long. specdec
+drafts the **trie of the continuations of every occurrence** of the match, which the
+automaton already is: the strings ``x`` of a state ``v`` occur ``occurrences(v) =
+|endpos(v)|`` times, and ``x`` followed by ``t`` occurs ``occurrences(next[t])`` times. A
+node of the tree is a path ``t_1 .. t_d`` after the match; its **occurrences** are those of
+``x t_1 .. t_d``; its **recency** is where the latest of those occurrences of ``x`` ends,
+``last_endpos(state) - d`` (``last_endpos(v) = max(endpos(v))``). Several automata (the
+sequence's own text, a store of earlier sequences, a corpus) are *sources*; each has a
+match (a cursor), a **bias** subtracted from its match length before sources are compared,
+and a **rank** (more recent text ranks higher), and the rule reads:
+
+1. **No fallback while the match continues.** A source's match whose state has no
+   transition (every occurrence ends its text) moves to its suffix link until one has;
+   the root means no match.
+2. **The longest match.** Only the sources whose biased match length is the largest take
+   part (ties: all of them); a node's occurrences are summed over them, and its recency is
+   the largest ``(rank, end)`` over them.
+3. **Best first.** A node offers as candidates its ``max_children`` children of most
+   occurrences (then most recent, then lowest token). The tree grows by taking the
+   candidate of the largest **weight**, ``occurrences / 2**depth`` (then most recent, then
+   shallowest, then first offered), until ``max_nodes`` nodes (root included); nothing
+   deeper than ``max_depth`` is offered. The halving per level says that a continuation
+   one token deeper needs twice the evidence to come first: every level is one more token
+   that must be accepted (measured: docs/algorithms/sam.md, "Choosing the tree rule").
+
+A child never has more occurrences than its parent and is one level deeper, so its weight
+is at most half its parent's: parents come first and every prefix of the tree is the tree
+of a smaller budget. With one occurrence the tree is the paper's chain (from the latest
+occurrence rather than the earliest: measured to matter by +-0.01 MAT); with many it
+ranks the continuations by how often they followed, REST's frequency trie, read from the
+automaton instead of a suffix array.
 """
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -134,6 +174,8 @@ class SuffixAutomaton:
         self.last = 0  # the state of the current document's whole prefix
         self.prefix_states: list[int] = []  # per position: the state of its document's prefix ending there
         self._draft_endpos: list[int] | None = None  # computed on demand, dropped by extend
+        self._occurrences: list[int] | None = None  # |endpos(v)|, on demand, dropped by extend
+        self._last_endpos: list[int] | None = None  # max(endpos(v)), on demand, dropped by extend
         # The state the last extend split and the clone it made (-1: none); an online
         # user keeps its cursor canonical with them (the dynamic automaton's cursor).
         self.split = -1
@@ -181,7 +223,7 @@ class SuffixAutomaton:
         position = len(self.tokens)
         self.tokens.append(token)
         self.split = self.clone = -1
-        self._draft_endpos = None
+        self._draft_endpos = self._occurrences = self._last_endpos = None
         last = self.last
         # Generalized case: the document's prefix + token already occurred in an earlier document.
         if token in states[last].next:
@@ -258,6 +300,36 @@ class SuffixAutomaton:
             self._draft_endpos = best
         return self._draft_endpos[state]
 
+    def _count_occurrences(self) -> None:
+        """``occurrences`` and ``last_endpos`` of every state: each position counts for the state
+        of its document prefix, and ``endpos(link(v))`` contains ``endpos(v)``, so totals flow
+        to suffix links, longest states first. O(n log n)."""
+        states = self.states
+        counts, last = [0] * len(states), [-1] * len(states)
+        for position, prefix_state in enumerate(self.prefix_states):
+            counts[prefix_state] += 1
+            last[prefix_state] = max(last[prefix_state], position)
+        for index in sorted(range(1, len(states)), key=lambda i: -states[i].length):
+            link = states[index].link
+            counts[link] += counts[index]
+            last[link] = max(last[link], last[index])
+        counts[0], last[0] = 0, -1
+        self._occurrences, self._last_endpos = counts, last
+
+    def occurrences(self, state: int) -> int:
+        """``|endpos(state)|``: how many times the state's strings occur (0 for the root)."""
+        if self._occurrences is None:
+            self._count_occurrences()
+        assert self._occurrences is not None
+        return self._occurrences[state]
+
+    def last_endpos(self, state: int) -> int:
+        """``max(endpos(state))``: where the latest occurrence of the state's strings ends."""
+        if self._last_endpos is None:
+            self._count_occurrences()
+        assert self._last_endpos is not None
+        return self._last_endpos[state]
+
     def continuation(self, state: int) -> list[int]:
         """The tokens after ``draft_endpos(state)`` up to the end of its document."""
         end = self.draft_endpos(state)
@@ -318,30 +390,125 @@ def select_source(m_dynamic: int, m_static: int, l_bias: int, l_threshold: int) 
     return "dynamic" if m_dynamic >= m_static else "static"
 
 
-def sam_draft(
+@dataclass(frozen=True)
+class Match:
+    """One source of an occurrence tree: an automaton and the cursor of the context in it.
+
+    ``bias`` is subtracted from the match length before sources are compared (SAM-Decoding's
+    ``l_bias`` for a corpus); ``rank`` orders sources by recency (larger: more recent text).
+    """
+
+    automaton: SuffixAutomaton
+    cursor: Cursor
+    bias: int = 0
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class OccurrenceTree:
+    """A draft tree (``tokens[0]`` is the pending token, ``parents[0] == -1``), each node's
+    occurrences (the root's: the match's), the ranks of the sources that hold each node, and
+    the length of the match it continues (0: no draft)."""
+
+    tokens: list[int]
+    parents: list[int]
+    occurrences: list[int]
+    ranks: list[frozenset[int]]
+    match_length: int
+
+
+def occurrence_tree(
+    matches: Sequence[Match], pending: int, *, max_nodes: int, max_depth: int, max_children: int = 4
+) -> OccurrenceTree:
+    """The occurrence tree of the module docstring (rules 1-3), rooted at ``pending``.
+
+    >>> sam = SuffixAutomaton.from_documents([[1, 2, 3, 1, 2, 4, 1, 2, 3, 5]])
+    >>> tree = occurrence_tree([Match(sam, sam.match([1, 2]))], 2, max_nodes=4, max_depth=3)
+    >>> tree.tokens, tree.parents, tree.occurrences   # "1 2" is followed by 3 twice, by 4 once
+    ([2, 3, 4, 5], [-1, 0, 0, 1], [3, 2, 1, 1])
+    """
+    # Rule 1: a match with no continuation moves to its suffix link.
+    live: list[tuple[Match, int, int]] = []  # (match, state, length)
+    for match in matches:
+        sam, state, length = match.automaton, match.cursor.state, match.cursor.length
+        while state > 0 and not sam.states[state].next:
+            state = sam.states[state].link
+            length = sam.states[state].length
+        if state > 0:
+            live.append((match, state, length))
+    if not live or max_nodes < 2 or max_depth < 1:
+        return OccurrenceTree([pending], [-1], [0], [frozenset()], 0)
+    # Rule 2: the longest (biased) match; ties all take part.
+    best = max(length - match.bias for match, _, length in live)
+    kept = [(match, state, length) for match, state, length in live if length - match.bias == best]
+    tokens, parents = [pending], [-1]
+    occurrences = [sum(match.automaton.occurrences(state) for match, state, _ in kept)]
+    ranks = [frozenset(match.rank for match, _, _ in kept)]
+    match_length = max(length for _, _, length in kept)
+
+    # Rule 3: best first. A candidate: (sort key, parent node, token, occurrences, ranks, states by source).
+    candidates: list[tuple[tuple[float, ...], int, int, int, frozenset[int], dict[int, int]]] = []
+    offered = 0
+
+    def offer(node: int, states: dict[int, int], depth: int) -> None:
+        """Offer the ``max_children`` best children of a node whose state in source i is ``states[i]``."""
+        nonlocal offered
+        if depth >= max_depth:
+            return
+        children: dict[int, tuple[int, tuple[int, int], frozenset[int], dict[int, int]]] = {}
+        for i, state in states.items():
+            match = kept[i][0]
+            sam = match.automaton
+            for token, target in sam.states[state].next.items():
+                count, recency, holders, targets = children.get(token, (0, (-1, -1), frozenset(), {}))
+                end = sam.last_endpos(target) - (depth + 1)  # where that occurrence of the match ends
+                children[token] = (count + sam.occurrences(target), max(recency, (match.rank, end)),
+                                   holders | {match.rank}, {**targets, i: target})
+        ranked = sorted(children.items(), key=lambda item: (-item[1][0], tuple(-r for r in item[1][1]), item[0]))
+        for token, (count, recency, holders, targets) in ranked[:max_children]:
+            weight = count / 2 ** (depth + 1)  # exact: a power of two scales a float without rounding
+            key = (-weight, -recency[0], -recency[1], depth + 1, offered)
+            heapq.heappush(candidates, (key, node, token, count, holders, targets))
+            offered += 1
+
+    offer(0, {i: state for i, (_, state, _) in enumerate(kept)}, 0)
+    depths = [0]
+    while candidates and len(tokens) < max_nodes:
+        _, parent, token, count, holders, targets = heapq.heappop(candidates)
+        tokens.append(token)
+        parents.append(parent)
+        occurrences.append(count)
+        ranks.append(holders)
+        depths.append(depths[parent] + 1)
+        offer(len(tokens) - 1, targets, depths[-1])
+    return OccurrenceTree(tokens, parents, occurrences, ranks, match_length)
+
+
+def sam_tree(
     committed: Sequence[int],
     pending: int,
-    static: SuffixAutomaton | None,
     *,
+    static: SuffixAutomaton | None = None,
+    store: Sequence[Sequence[Sequence[int]]] = (),
+    num_nodes: int = 40,
+    max_children: int = 4,
     chain_length: int = 40,
     l_bias: int = 5,
-    l_threshold: int = 5,
-) -> tuple[list[int], int, int, str | None]:
-    """SAM-Decoding's draft after ``pending``, computed from scratch: the oracle of the drafter.
+    store_bias: int = 0,
+) -> OccurrenceTree:
+    """The ``sam`` drafter's tree after ``pending``, from scratch: the oracle of the drafter.
 
-    The dynamic automaton is built over ``committed``; the cursor matches the context
-    ``committed + [pending]`` (the longest suffix of it that occurs in ``committed``,
-    which is what advancing before extending yields online). Returns the draft (at most
-    ``chain_length - 1`` tokens after the pending one), ``m_d``, ``m_s`` and the source.
+    Sources, most recent first: the dynamic automaton of ``committed`` (rank 3); the shared
+    store's generations, ``store`` as lists of finished sequences, oldest generation first
+    (the youngest ranks 2, an older one 1; biased by ``store_bias``); the static corpus
+    (rank 0, biased by ``l_bias``). Each matches the context ``committed + [pending]``.
     """
-    dynamic = SuffixAutomaton.from_documents([committed])
     context = [*committed, pending]
-    cursor_dynamic = dynamic.match(context)
-    cursor_static = static.match(context) if static is not None else Cursor()
-    source = select_source(cursor_dynamic.length, cursor_static.length, l_bias, l_threshold)
-    draft: list[int] = []
-    if source == "dynamic":
-        draft = dynamic.draft(cursor_dynamic, chain_length - 1)
-    elif source == "static" and static is not None:
-        draft = static.draft(cursor_static, chain_length - 1)
-    return draft, cursor_dynamic.length, cursor_static.length, source
+    dynamic = SuffixAutomaton.from_documents([committed])
+    matches = [Match(dynamic, dynamic.match(context), 0, 3)]
+    for rank, generation in zip((2, 1), reversed(store), strict=False):
+        automaton = SuffixAutomaton.from_documents(generation)
+        matches.append(Match(automaton, automaton.match(context), store_bias, rank))
+    if static is not None:
+        matches.append(Match(static, static.match(context), l_bias, 0))
+    return occurrence_tree(matches, pending, max_nodes=num_nodes, max_depth=chain_length - 1, max_children=max_children)
