@@ -186,11 +186,21 @@ class AcceptanceModel:
 
     def estimate(self, tree: DraftTree, keys: Sequence[NodeKey]) -> tuple[FloatArray, FloatArray]:
         """``(q, p)`` for every node of ``tree``, float64 ``[N]`` each; ``q[0] = p[0] = 1``. O(N)."""
-        n = tree.size
-        q = np.ones(n, dtype=np.float64)
-        memo: dict[NodeKey, float] = {}
-        sibling_sum = np.zeros(n, dtype=np.float64)  # [N] sum of q over each node's children
+        q, p = self.estimate_lists(tree, keys)
+        return np.asarray(q, dtype=np.float64), np.asarray(p, dtype=np.float64)
+
+    def estimate_lists(self, tree: DraftTree, keys: Sequence[NodeKey],
+                       memo: dict[NodeKey, float] | None = None) -> tuple[list[float], list[float]]:
+        """:meth:`estimate` as lists (plain Python beats NumPy on the few nodes of one draft).
+
+        ``memo`` caches ``conditional`` by key; a caller may keep one across trees for as
+        long as the model observes nothing (a batch of drafts between two verifications).
+        """
+        memo = {} if memo is None else memo
         parents = tree.parents
+        n = len(parents)
+        q = [1.0] * n
+        sibling_sum = [0.0] * n  # sum of q over each node's children
         for i in range(1, n):
             key = keys[i]
             value = memo.get(key)
@@ -198,11 +208,12 @@ class AcceptanceModel:
                 value = memo[key] = self.conditional(key)
             q[i] = value
             sibling_sum[parents[i]] += value
-        parent_index = np.asarray(parents[1:], dtype=np.int64)  # [N-1]
-        q[1:] /= np.maximum(sibling_sum[parent_index], 1.0)  # exclusive siblings sum to <= 1
-        p = q.copy()
+        p = [1.0] * n
         for i in range(1, n):
-            p[i] *= p[parents[i]]
+            parent = parents[i]
+            if sibling_sum[parent] > 1.0:  # exclusive siblings sum to <= 1
+                q[i] /= sibling_sum[parent]
+            p[i] = q[i] * p[parent]
         return q, p
 
     def observe(self, tree: DraftTree, keys: Sequence[NodeKey], accepted_nodes: Sequence[int]) -> None:
@@ -226,6 +237,42 @@ class AcceptanceModel:
                     counts.stamp = now
                 counts.trials += 1.0
                 counts.hits += hit
+
+    def state(self, min_trials: float = 0.01) -> list[list[object]]:
+        """What the model has learned, as JSON-ready rows ``[key..., trials, hits]`` decayed to now.
+
+        ``key...`` is a level's key (1 to 4 parts: source, feature, depth, rank). Levels whose
+        decayed trials fell under ``min_trials`` are left out: forgotten, they would only
+        grow a saved file. :meth:`load_state` reads the rows back. O(keys).
+        """
+        rows: list[list[object]] = []
+        for level_key in sorted(self._counts, key=lambda k: tuple(map(str, k))):
+            trials, hits = self._current(level_key)
+            if trials >= min_trials:
+                rows.append([*level_key, trials, hits])
+        return rows
+
+    def load_state(self, rows: Sequence[Sequence[object]]) -> None:
+        """Replace what the model knows with ``rows`` from :meth:`state` (another run's, saved).
+
+        Every row is checked before anything changes: a key of 1 to 4 parts (a source
+        string, then ints), finite counts with ``0 <= hits <= trials``. A bad row raises
+        :class:`SpecDecError` naming it and leaves the model as it was. O(rows).
+        """
+        loaded: dict[tuple[object, ...], _Counts] = {}
+        for row in rows:
+            if not isinstance(row, (list, tuple)) or not 3 <= len(row) <= 6:
+                raise SpecDecError(f"acceptance state: a row must be [key (1-4 parts), trials, hits], got {row!r}")
+            *key, trials, hits = row
+            if not isinstance(key[0], str) or any(isinstance(k, bool) or not isinstance(k, int) for k in key[1:]):
+                raise SpecDecError(f"acceptance state: a key must be a source then ints, got {key!r}")
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (trials, hits)):
+                raise SpecDecError(f"acceptance state: counts must be numbers, got {row!r}")
+            trials, hits = float(trials), float(hits)
+            if not (np.isfinite(trials) and 0.0 <= hits <= trials * (1.0 + 1e-9)):
+                raise SpecDecError(f"acceptance state: counts must be finite with 0 <= hits <= trials, got {row!r}")
+            loaded[tuple(key)] = _Counts(trials, min(hits, trials), self.steps)
+        self._counts = loaded
 
     def trials(self, key_prefix: tuple[object, ...]) -> float:
         """Decayed trial count at one level (``(source,)``, ``(source, feature)``, ...); 0 if unseen."""

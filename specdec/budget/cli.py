@@ -57,20 +57,15 @@ def budget_arg(text: str) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    import torch
-
     from specdec.backends import make_verifier
-    from specdec.budget.cost import calibration_path, cost_model, model_identity
+    from specdec.budget.cost import busy_reason, calibration_path, cost_model, model_identity
     from specdec.models import load_model
 
-    dtype = None if args.dtype is None else getattr(torch, args.dtype, None)
-    if args.dtype is not None and not isinstance(dtype, torch.dtype):
-        raise SpecDecError(f"--dtype {args.dtype!r} is not a torch dtype (float32, float16, bfloat16, ...)")
-    model, _ = load_model(None if args.model == "default" else args.model, dtype=dtype)
-    model.to(args.device)
-    verifier = make_verifier(model, args.backend)
-    cost, spent = cost_model(verifier, recalibrate=args.recalibrate)
+    model, _ = load_model(None if args.model == "default" else args.model, dtype=args.dtype, device=args.device)
+    verifier = make_verifier(model, args.backend, cache=args.cache)
+    cost, spent = cost_model(verifier, recalibrate=args.recalibrate, cache_busy=args.force)
     table = cost.table
+    busy = busy_reason(table)
     ms_rows = [[round(s * 1e3, 2) for s in row] for row in table.seconds]
     budgets = budget_examples(cost)
     report: dict[str, Any] = {
@@ -82,6 +77,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "ms": ms_rows,
         "narrow_rows": table.narrow_rows,
         "narrow_single": table.narrow_single,
+        "spread": round(table.spread, 4),
+        "others_share": round(table.others_share, 4),
+        "busy": busy,
+        "cached": bool(busy is None or args.force or not spent),
         "budgets": budgets,
     }
     if args.json:
@@ -89,6 +88,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     print(f"{report['identity']['device']}, {report['identity']['dtype']}: "
           f"{'measured in ' + str(report['calibration_s']) + ' s' if spent else 'cached'} ({report['cache']})")
+    print(f"measured with repeats spread by {table.spread:.0%} and other processes using "
+          f"{table.others_share:.0%} of the CPUs" + ("" if busy is None else f": a busy machine ({busy})")
+          + ("" if report["cached"] else "; not cached (--force caches it anyway)"))
     print("verification ms by tree size (columns) and context length (rows):")
     print("context  " + "  ".join(f"{s:>7}" for s in table.sizes))
     for context, ms_row in zip(table.contexts, ms_rows, strict=True):
@@ -105,15 +107,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from specdec.cli import add_placement_arguments
+
     parser = sub.add_parser(
         "calibrate", help="measure the verification cost per tree size (cached) and show the budgets it implies",
         description="Calibrates the cost model behind budget='auto' for a model, device and dtype (or shows the "
         "cached calibration) and prints the draft budgets it picks for example acceptance rates.",
     )
     parser.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: %(default)s)")
-    parser.add_argument("--dtype", default=None, help="parameter dtype, e.g. float32, float16, bfloat16")
     parser.add_argument("--backend", default="auto")
+    add_placement_arguments(parser)
     parser.add_argument("--recalibrate", action="store_true", help="measure again and overwrite the cache")
+    parser.add_argument("--force", action="store_true",
+                        help="cache the measurement even when the machine was busy (for machines never quiet)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=cmd_calibrate)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -170,6 +171,26 @@ class Throughput:
         """Tokens per second lately, never below ``floor`` (plain decoding's rate)."""
         measured = self.tokens / self.seconds if self.seconds > 0.0 else 0.0
         return max(measured, floor)
+
+    def state(self) -> dict[str, float]:
+        """What was measured, JSON-ready; :meth:`load_state` reads it back."""
+        return {"tokens": self.tokens, "seconds": self.seconds, "overhead_s": self.overhead_s, "steps": self.steps}
+
+    def load_state(self, state: Any) -> None:
+        """Take another run's measurements (saved by :meth:`state`); a fixed overhead stays fixed.
+
+        Every value is checked first (finite, non-negative numbers): a bad one raises
+        :class:`SpecDecError` naming it and changes nothing.
+        """
+        values = {}
+        for name in ("tokens", "seconds", "overhead_s", "steps"):
+            value = state.get(name) if isinstance(state, dict) else None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise SpecDecError(f"throughput state: {name} must be a finite number >= 0, got {value!r}")
+            values[name] = float(value)
+        self.tokens, self.seconds, self.steps = values["tokens"], values["seconds"], int(values["steps"])
+        if self.fixed_overhead_s is None:
+            self.overhead_s = values["overhead_s"]
 
 
 @dataclass(frozen=True)

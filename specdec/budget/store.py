@@ -1,0 +1,283 @@
+"""What the budget planner learned, saved across runs and processes ("planner statistics").
+
+A :class:`~specdec.api.Generator` keeps its planner's :class:`~specdec.budget.acceptance.AcceptanceModel`
+(acceptance per drafter source, feature, depth and rank) and
+:class:`~specdec.budget.planner.Throughput` (the run's rate and per-step overhead) from one
+prompt to the next; :func:`specdec.run` makes a new generator per call, so without this
+module every one-off call would start from the prior and draft as if it knew nothing.
+:class:`PlannerStatsStore` saves both after every generation and loads them when the next
+generator of the same **identity** starts, in this process or any later one:
+
+- the model: its architecture and dtype, device, attention, backend, KV cache kind, torch
+  version and threads (the calibration's identity, :func:`~specdec.budget.cost.model_identity`,
+  since the throughput depends on all of them), plus a fingerprint of its weights (two
+  checkpoints of one architecture accept drafts differently);
+- the tokenizer (a hash of its vocabulary: the acceptance of a token id depends on what it means);
+- the drafter (its name and options, or a drafter object's class and name).
+
+**File.** ``<cache_dir>/planner/<key>.json`` (``$SPECDEC_CACHE_DIR``, or
+``$SPECDEC_PLANNER_DIR`` for this directory alone), ``key`` a hash of the identity. One
+JSON object: ``format``, ``version``, ``checksum`` (SHA-256 of the canonical JSON of
+``body``) and ``body`` (the identity, the counts, the throughput, how many runs saved it
+and when). Written atomically (a temporary file renamed into place), so a reader sees a
+whole file; when two processes save at once the last one wins (both hold recent counts).
+
+**Bad files never break a run.** A file that does not parse, fails its checksum (a flipped
+byte), has another format version (another specdec), another identity (copied from another
+model or drafter) or values out of range gives one clear warning and a fresh start, and is
+replaced at the next save. The statistics only steer how many draft nodes each step
+verifies; verification keeps the output exact whatever they say, so even a file crafted to
+pass every check can cost speed, never correctness.
+
+**Off switch.** ``planner_cache=False`` (``run``, ``Generator``) or the environment variable
+``SPECDEC_PLANNER_CACHE=0`` (also ``false``, ``off``, ``no``): nothing is loaded or saved.
+Plain decoding (``drafter="none"``) decides no budget and keeps no file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec.backends.verifier import ModelVerifier
+from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.cost import model_identity
+from specdec.budget.planner import Throughput
+from specdec.cachefiles import checksum, write_atomically
+from specdec.errors import SpecDecError
+from specdec.models import cache_dir
+
+FORMAT = "specdec.planner-stats"
+VERSION = 1  # bump when the body's meaning changes: older files then start afresh, with a warning
+SWITCH_ENV = "SPECDEC_PLANNER_CACHE"
+DIR_ENV = "SPECDEC_PLANNER_DIR"
+_OFF = frozenset({"0", "false", "off", "no"})
+_SAMPLES_PER_TENSOR = 64  # weight values hashed per parameter tensor: enough to tell checkpoints apart
+
+_WEIGHTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_TOKENIZERS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def enabled(option: bool | None = None) -> bool:
+    """Whether planner statistics are loaded and saved: ``option`` when given, else ``$SPECDEC_PLANNER_CACHE``."""
+    if option is not None:
+        if not isinstance(option, bool):
+            raise SpecDecError(f"planner_cache must be True, False or None, got {option!r}")
+        return option
+    return os.environ.get(SWITCH_ENV, "1").strip().lower() not in _OFF
+
+
+def stats_dir() -> Path:
+    """Where planner statistics live: ``$SPECDEC_PLANNER_DIR``, else ``<cache_dir>/planner``."""
+    root = os.environ.get(DIR_ENV)
+    return Path(root).expanduser() if root else cache_dir() / "planner"
+
+
+def _memo(table: weakref.WeakKeyDictionary[Any, str], owner: Any, compute: Any) -> str:
+    """``compute()`` remembered per ``owner`` object while it lives (unless it refuses weak references)."""
+    try:
+        found = table.get(owner)
+    except TypeError:
+        return str(compute())
+    if found is None:
+        found = table[owner] = str(compute())
+    return found
+
+
+def weights_fingerprint(model: Any) -> str:
+    """A hash of every parameter's name, shape, dtype and ``_SAMPLES_PER_TENSOR`` evenly spaced values.
+
+    Tells two checkpoints of one architecture apart at the cost of a few hundred tiny reads
+    (~5-60 ms for the default model), not a pass over the weights; remembered per model
+    object (an in-place weight update after the first call goes unnoticed: the statistics
+    only steer budgets). Parameters that cannot be read (offloaded to ``meta``) count by
+    name and shape only.
+    """
+
+    def compute() -> str:
+        import torch
+
+        digest = hashlib.sha256()
+        with torch.no_grad():
+            for name, tensor in sorted(model.state_dict().items()):
+                digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
+                if tensor.device.type == "meta" or tensor.numel() == 0:
+                    continue
+                flat = tensor.detach().reshape(-1)
+                step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
+                digest.update(flat[::step][:_SAMPLES_PER_TENSOR].to(torch.float64).cpu().numpy().tobytes())
+        return digest.hexdigest()[:24]
+
+    return _memo(_WEIGHTS, model, compute)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The tokenizer's vocabulary hash (:class:`~specdec.datastores.format.TokenizerIdentity`), or ``"none"``."""
+    if tokenizer is None:
+        return "none"
+    from specdec.datastores.format import TokenizerIdentity
+
+    return _memo(_TOKENIZERS, tokenizer, lambda: TokenizerIdentity.of(tokenizer).fingerprint)
+
+
+def drafter_label(drafter: Any, options: Mapping[str, Any] | None = None) -> str:
+    """The drafter's part of the identity: a name with its options, or an object's class and name.
+
+    A ``datastore`` option counts by absolute path, so the same file named from two working
+    directories is one identity.
+    """
+    if isinstance(drafter, str):
+        canonical = dict(options or {})
+        if isinstance(canonical.get("datastore"), (str, os.PathLike)):
+            canonical["datastore"] = str(Path(canonical["datastore"]).expanduser().resolve())
+        return f"{drafter} {json.dumps(canonical, sort_keys=True, default=str)}"
+    kind = type(drafter)
+    return f"{kind.__module__}.{kind.__qualname__}:{getattr(drafter, 'name', '')}"
+
+
+def planner_identity(verifier: ModelVerifier, tokenizer: Any, drafter: str) -> dict[str, str]:
+    """What the saved statistics are valid for (module docstring), as strings."""
+    identity = {k: v for k, v in model_identity(verifier).items() if k != "version"}
+    identity["weights"] = weights_fingerprint(verifier.model)
+    identity["tokenizer"] = tokenizer_fingerprint(tokenizer)
+    identity["drafter"] = drafter
+    return identity
+
+
+@dataclass
+class PlannerStatsStore:
+    """The saved statistics of one identity: :meth:`load` at a generator's start, :meth:`save` after each run.
+
+    ``runs``: how many generations the saved statistics hold (loaded, then counted up by :meth:`save`).
+    """
+
+    path: Path
+    identity: dict[str, str]
+    runs: int = 0
+
+    @classmethod
+    def for_identity(cls, identity: dict[str, str]) -> PlannerStatsStore:
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        return cls(stats_dir() / f"{key}.json", identity)
+
+    def read(self) -> dict[str, Any] | None:
+        """The checked body of the file, None when there is none; raises :class:`SpecDecError` naming what is wrong."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, UnicodeDecodeError) as error:
+            raise SpecDecError(f"cannot be read ({type(error).__name__}: {error})") from None
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise SpecDecError(f"is not JSON ({error.msg} at character {error.pos}): truncated or corrupt") from None
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise SpecDecError("is not a specdec planner-statistics file")
+        if document.get("version") != VERSION:
+            raise SpecDecError(
+                f"was saved by another specdec (format version {document.get('version')!r}, this one reads {VERSION})"
+            )
+        body = document.get("body")
+        if not isinstance(body, dict) or document.get("checksum") != checksum(body):
+            raise SpecDecError("fails its checksum: corrupt")
+        if body.get("identity") != self.identity:
+            found = body.get("identity")
+            theirs: dict[str, Any] = found if isinstance(found, dict) else {}
+            differs = sorted(k for k in set(theirs) | set(self.identity) if theirs.get(k) != self.identity.get(k))
+            raise SpecDecError(
+                f"belongs to another model, tokenizer, drafter or device (differs in: {', '.join(differs)})"
+            )
+        return body
+
+    def load(self, acceptance: AcceptanceModel, throughput: Throughput) -> int:
+        """Load the saved statistics into ``acceptance`` and ``throughput``; :attr:`runs`, how many runs saved them.
+
+        A bad file (module docstring) gives one warning and leaves both as they were: a fresh start.
+        """
+        try:
+            body = self.read()
+            if body is None:
+                return 0
+            runs = body.get("runs")
+            if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+                raise SpecDecError(f"has a bad run count {runs!r}")
+            rows = body.get("acceptance")
+            if not isinstance(rows, list):
+                raise SpecDecError("has no acceptance counts")
+            measured = Throughput()
+            try:
+                measured.load_state(body.get("throughput"))  # checks every value before anything changes
+                acceptance.load_state(rows)  # checks every row, then replaces the counts at once
+            except SpecDecError as error:
+                raise SpecDecError(f"has bad values ({error})") from None
+        except SpecDecError as error:
+            warnings.warn(
+                f"specdec: ignoring the saved planner statistics {self.path}: it {error}; starting afresh",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return 0
+        throughput.load_state(measured.state())
+        self.runs = runs
+        return runs
+
+    def save(self, acceptance: AcceptanceModel, throughput: Throughput) -> bool:
+        """Count one more run and write the statistics (atomically); False, with a warning, when that fails."""
+        self.runs += 1
+        body = {
+            "identity": self.identity,
+            "runs": self.runs,
+            "saved_at": round(time.time(), 3),
+            "acceptance": acceptance.state(),
+            "throughput": throughput.state(),
+        }
+        document = {"format": FORMAT, "version": VERSION, "checksum": checksum(body), "body": body}
+        try:
+            write_atomically(self.path, json.dumps(document, indent=0))
+        except OSError as error:
+            warnings.warn(
+                f"specdec: could not save the planner statistics to {self.path} ({error.strerror or error}); "
+                f"set {SWITCH_ENV}=0 to stop trying",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        return True
+
+
+def open_store(
+    option: bool | None, verifier: ModelVerifier, tokenizer: Any, drafter: Any, options: Mapping[str, Any] | None
+) -> PlannerStatsStore | None:
+    """The store of a generator's identity; None when planner statistics are off (:func:`enabled`) or moot
+    (``drafter="none"``: plain decoding decides no budget)."""
+    if not enabled(option) or drafter == "none":
+        return None
+    return PlannerStatsStore.for_identity(planner_identity(verifier, tokenizer, drafter_label(drafter, options)))
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    """A saved file's description for ``specdec cache info``: drafter, device, runs, trials, age; or its problem."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        body = document["body"]
+        identity = body["identity"]
+        return {
+            "file": path.name,
+            "drafter": identity.get("drafter", "?"),
+            "device": ", ".join(str(identity.get(k, "?")) for k in ("device", "dtype", "cache")),
+            "runs": body.get("runs"),
+            "trials": round(sum(row[-2] for row in body.get("acceptance", []) if len(row) == 3), 1),
+            "saved_at": body.get("saved_at"),
+            "ok": document.get("version") == VERSION and document.get("checksum") == checksum(body),
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+        return {"file": path.name, "problem": f"{type(error).__name__}: {error}", "ok": False}
