@@ -6,7 +6,9 @@ docs/benchmarks.md) and, when a baseline for this machine kind is saved in
 ``benchmarks/baselines``, compares every benchmark with the newest one and fails where a
 median is more than 25% slower. Wall times move with the machine's load: run it on a quiet
 machine, under ``flock /tmp/specdec-bench.lock``. Explicit ``--benchmark-*`` options and
-paths still apply (``pytest --benchmark benchmarks/test_loop_overhead.py``).
+paths still apply (``pytest --benchmark benchmarks/test_loop_overhead.py``). CI runs the
+suite in smoke mode, every benchmark once and untimed (``scripts/test.sh``:
+``pytest benchmarks --benchmark-disable -o addopts=-ra``).
 """
 
 from __future__ import annotations

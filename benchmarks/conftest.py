@@ -43,6 +43,13 @@ def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, An
         machine_info["load_average"] = [round(x, 2) for x in os.getloadavg()]
 
 
+def per_item_us(benchmark: Any, items: int, digits: int) -> float | None:
+    """Microseconds per item of a round of ``items``; None when timing is off (``--benchmark-disable``)."""
+    if benchmark.stats is None:
+        return None
+    return round(1e6 * benchmark.stats.stats.mean / max(items, 1), digits)
+
+
 def _stdlib() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
@@ -71,9 +78,8 @@ def code_stream(tokenizer: Any) -> list[int]:
 @pytest.fixture(scope="session")
 def datastore_for(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
     """``datastore_for(kind)``: the path of a ``kind`` datastore over :data:`CORPUS_PACKAGES`, built once."""
-    from specdec.datastores import BUILDERS
+    from specdec.bench.corpus import build_datastore
     from specdec.datastores.corpus import iter_texts, tokenize_documents
-    from specdec.datastores.format import TokenizerIdentity
 
     directory = tmp_path_factory.mktemp("datastores")
     built: dict[str, str] = {}
@@ -81,14 +87,11 @@ def datastore_for(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> C
 
     def get(kind: str) -> str:
         if kind not in built:
-            module_name, _, function_name = BUILDERS[kind].partition(":")
-            build = getattr(importlib.import_module(module_name), function_name)
             if not documents:
                 inputs = [_stdlib() / name for name in CORPUS_PACKAGES]
                 documents.extend(tokenize_documents(tokenizer, iter_texts(inputs, suffixes=(".py",)), progress=False))
-            path = directory / f"corpus.{kind}"
-            build(documents, path, TokenizerIdentity.of(tokenizer), progress=False)
-            built[kind] = str(path)
+            built[kind] = str(directory / f"corpus.{kind}")
+            build_datastore(kind, documents, built[kind], tokenizer)
         return built[kind]
 
     return get

@@ -4,9 +4,11 @@ Each op is timed through the ``TreeOps`` interface the verifier calls (so the Py
 each backend is included), with the default model's shapes: vocabulary 49,152, 30 layers of
 3 KV heads x 64 dims, float32; tree sizes 1, 16, 64, 256; committed KV of 1K and 4K tokens.
 ``step`` is the three together (mask + acceptance + compaction), the figure the issue's 3x
-target is about. Run (the ratio table: ``benchmarks/backend_ratios.py``)::
+target is about. Run, then tabulate torch vs cuda_ext (``specdec bench ratios``)::
 
-    flock /tmp/specdec-bench.lock python -m pytest benchmarks/test_bench_backend.py --benchmark-only
+    flock /tmp/specdec-bench.lock python -m pytest benchmarks/test_bench_backend.py --benchmark-only \\
+        --benchmark-json=runs/backend.json
+    specdec bench ratios runs/backend.json
 
 On a machine with a CUDA device every case runs there too (``device=cuda``); each timed CUDA
 call ends with ``torch.cuda.synchronize()`` so the time covers the device's work.

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import drafter_specs
+from conftest import drafter_specs, per_item_us
 
 from specdec.bench.replay import ReplayVerifier, replay
 from specdec.types import Drafter, Feedback
@@ -77,7 +77,7 @@ def test_propose_and_update(benchmark: Any, spec: str, make_drafter_factory: Cal
     benchmark.pedantic(steps, setup=setup, rounds=10, warmup_rounds=1)
     benchmark.extra_info.update(steps=stats.steps, replay_mat=round(stats.mat, 3),
                                 mean_tree_size=round(stats.mean_tree_size, 2),
-                                us_per_step=round(1e6 * benchmark.stats.stats.mean / stats.steps, 2))
+                                us_per_step=per_item_us(benchmark, stats.steps, 2))
 
 
 @pytest.mark.parametrize("spec", drafter_specs())

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from conftest import per_item_us
 
 from specdec.bench.replay import replay
 from specdec.drafters import make_factory
@@ -33,7 +34,7 @@ def test_loop_overhead(benchmark: Any, drafter: str, code_stream: list[int], voc
     stats = result.stats
     benchmark.extra_info.update(
         steps=stats.steps,
-        us_per_step=round(1e6 * benchmark.stats.stats.mean / stats.steps, 2),
+        us_per_step=per_item_us(benchmark, stats.steps, 2),
         other_us_per_step=round(1e6 * stats.other_s / stats.steps, 2),
         draft_us_per_step=round(1e6 * stats.draft_s / stats.steps, 2),
     )

@@ -3,7 +3,7 @@
 The datastore is the suite's shared one (``datastore_for("rest")``: ~1.3 MB of standard-library
 source); the steps are every position of ``textwrap.py`` (not in the corpus), each querying
 the 16 tokens ending there, as the ``rest`` drafter does. The figures for a >10M-token
-store come from ``benchmarks/rest_datastore.py``.
+store come from ``specdec bench costs --kind rest``.
 
     flock /tmp/specdec-bench.lock python -m pytest benchmarks/test_rest_datastore.py --benchmark-only
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import per_item_us
 
 from specdec.datastores import rest
 
@@ -31,7 +32,7 @@ def test_build(benchmark: Any, store: rest.RestDatastore, tmp_path: Path) -> Non
                                 rounds=3, warmup_rounds=1)
     benchmark.extra_info.update(tokens=store.num_tokens, documents=store.num_documents,
                                 bytes_per_token=report["bytes_per_token"],
-                                us_per_token=round(1e6 * benchmark.stats.stats.mean / store.num_tokens, 3))
+                                us_per_token=per_item_us(benchmark, store.num_tokens, 3))
 
 
 @pytest.mark.parametrize("max_matches", [5000, 500])
@@ -46,4 +47,4 @@ def test_retrieve_per_step(benchmark: Any, store: rest.RestDatastore, code_strea
 
     drafted = benchmark.pedantic(steps, rounds=5, warmup_rounds=1)
     benchmark.extra_info.update(steps=len(queries), matched_fraction=round(drafted / len(queries), 3),
-                                us_per_step=round(1e6 * benchmark.stats.stats.mean / len(queries), 2))
+                                us_per_step=per_item_us(benchmark, len(queries), 2))

@@ -3,7 +3,7 @@
 The static automaton is the suite's shared one (``datastore_for("sam")``: ~1.3 MB of
 standard-library source); the stream is ``textwrap.py`` (not in the corpus). The
 drafter's whole step (propose + update) for every drafter is in ``test_drafter_step.py``;
-the figures for a 10M-token automaton come from ``benchmarks/sam_costs.py``.
+the figures for a 10M-token automaton come from ``specdec bench costs --kind sam``.
 
     flock /tmp/specdec-bench.lock python -m pytest benchmarks/test_sam_bench.py --benchmark-only
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import per_item_us
 
 from specdec.datastores.format import TokenizerIdentity
 from specdec.datastores.sam import StaticSuffixAutomaton, build, native
@@ -36,7 +37,7 @@ def test_build(benchmark: Any, static: StaticSuffixAutomaton, tokenizer: Any, tm
                                 rounds=3, warmup_rounds=1)
     benchmark.extra_info.update(tokens=static.num_tokens, documents=static.num_documents,
                                 bytes_per_token=report["bytes_per_token"],
-                                us_per_token=round(1e6 * benchmark.stats.stats.mean / static.num_tokens, 3))
+                                us_per_token=per_item_us(benchmark, static.num_tokens, 3))
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["checksums", "no-checksums"])
@@ -63,7 +64,7 @@ def test_dynamic_commit_per_token(benchmark: Any, code_stream: list[int]) -> Non
 
     states = benchmark.pedantic(commit, rounds=10, warmup_rounds=1)
     benchmark.extra_info.update(tokens=len(code_stream), states=states,
-                                us_per_token=round(1e6 * benchmark.stats.stats.mean / len(code_stream), 3))
+                                us_per_token=per_item_us(benchmark, len(code_stream), 3))
 
 
 def test_static_cursor_per_token(benchmark: Any, static: StaticSuffixAutomaton, code_stream: list[int]) -> None:
@@ -80,7 +81,7 @@ def test_static_cursor_per_token(benchmark: Any, static: StaticSuffixAutomaton, 
 
     matched = benchmark.pedantic(walk, rounds=10, warmup_rounds=1)
     benchmark.extra_info.update(tokens=len(code_stream), matched_fraction=round(matched / len(code_stream), 3),
-                                us_per_token=round(1e6 * benchmark.stats.stats.mean / len(code_stream), 3))
+                                us_per_token=per_item_us(benchmark, len(code_stream), 3))
 
 
 @pytest.mark.parametrize("length", [8, 39])
@@ -98,4 +99,4 @@ def test_static_draft(benchmark: Any, static: StaticSuffixAutomaton, code_stream
 
     total = benchmark.pedantic(drafts, rounds=10, warmup_rounds=1)
     benchmark.extra_info.update(drafts=len(states), mean_tokens=round(total / max(len(states), 1), 2),
-                                us_per_draft=round(1e6 * benchmark.stats.stats.mean / max(len(states), 1), 3))
+                                us_per_draft=per_item_us(benchmark, max(len(states), 1), 3))

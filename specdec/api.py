@@ -14,6 +14,7 @@ from typing import Any
 from specdec.backends import make_verifier
 from specdec.budget.acceptance import AcceptanceModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
+from specdec.budget.store import open_store
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
@@ -27,17 +28,40 @@ ModelSpec = str | os.PathLike[str] | Any
 _LOADED: dict[str, tuple[Any, Any]] = {}
 
 
-def _resolve_model(model: ModelSpec, tokenizer: Any) -> tuple[Any, Any]:
-    """A model object (loading a path or "default" once per process) and its tokenizer."""
+def _resolve_model(model: ModelSpec, tokenizer: Any, device: Any = None, dtype: Any = None) -> tuple[Any, Any]:
+    """A model object (loading a path or "default" once per process and placement) and its tokenizer.
+
+    ``device`` and ``dtype`` place a model that specdec loads; a model object the user
+    passes stays where it is (specdec never moves or casts the user's model).
+    """
     if isinstance(model, (str, os.PathLike)):
-        key = str(model)
+        key = f"{model}|{device}|{dtype}"
         if key not in _LOADED:
-            _LOADED[key] = load_model(None if key == "default" else key)
+            _LOADED[key] = load_model(None if str(model) == "default" else model, device=device, dtype=dtype)
         loaded_model, loaded_tokenizer = _LOADED[key]
         return loaded_model, tokenizer if tokenizer is not None else loaded_tokenizer
     if model is None:
         raise SpecDecError("model is None: pass a Hugging Face causal LM, a checkpoint path or 'default'")
+    if device is not None or dtype is not None:
+        raise SpecDecError(
+            "device= and dtype= place a model that specdec loads (a path or 'default'); move your own model "
+            "object with model.to(...) before passing it"
+        )
     return model, tokenizer
+
+
+def resolve_store(store: Any) -> Any:
+    """The ``DrafterContext.store`` of a ``store`` argument: True -> None (the drafter's factory keeps
+    one), False -> False (none), an int -> a store of that many tokens, a ``SharedStore`` as is."""
+    from specdec.datastores.shared import SharedStore
+
+    if store is True:
+        return None
+    if store is False or isinstance(store, SharedStore):
+        return store
+    if isinstance(store, int) and not isinstance(store, bool):
+        return SharedStore(store)
+    raise SpecDecError(f"store must be True, False, a token budget (int) or a specdec.SharedStore, got {store!r}")
 
 
 def _prompt_ids(prompt: Any, tokenizer: Any, chat_template: bool | None) -> list[int]:
@@ -78,7 +102,15 @@ class Generator:
 
     ``budget`` is the default draft budget of :meth:`generate` (see :func:`run`). What the
     budget planner learns (acceptance per drafter source and feature, the measured
-    throughput) lives here and carries over from one prompt to the next.
+    throughput) lives here and carries over from one prompt to the next; it is also saved
+    per model, tokenizer, drafter and device after every generation and loaded by the next
+    ``Generator`` or :func:`run` of that identity, in any process (``planner_cache=False`` or
+    ``SPECDEC_PLANNER_CACHE=0`` turns that off; :mod:`specdec.budget.store`).
+
+    ``store``: what earlier generations produced, for ``sam`` to draft from
+    (:class:`~specdec.datastores.shared.SharedStore`): True (default) keeps one for this
+    generator's sequences, False none, an int sizes it (tokens), a ``SharedStore`` object is
+    used as given (share one across generators and :func:`run` calls).
     """
 
     def __init__(
@@ -91,9 +123,14 @@ class Generator:
         backend: str = "auto",
         datastore: str | os.PathLike[str] | None = None,
         budget: str | int = "auto",
+        store: Any = True,
+        cache: str = "auto",
+        device: Any = None,
+        dtype: Any = None,
+        planner_cache: bool | None = None,
     ) -> None:
-        self.model, self.tokenizer = _resolve_model(model, tokenizer)
-        self.verifier = make_verifier(self.model, backend)
+        self.model, self.tokenizer = _resolve_model(model, tokenizer, device, dtype)
+        self.verifier = make_verifier(self.model, backend, cache=cache)
         self.budget = Budget.parse(budget)
         self.acceptance = AcceptanceModel()
         self.throughput = Throughput()
@@ -101,6 +138,8 @@ class Generator:
             vocab_size=self.verifier.vocab_size,
             tokenizer=self.tokenizer,
             eos_token_ids=eos_token_ids(self.model, self.tokenizer),
+            store=resolve_store(store),
+            acceptance=self.acceptance,
         )
         self._drafter_spec = drafter
         # A named drafter's factory is made once (it may load a datastore) and checked here,
@@ -113,6 +152,9 @@ class Generator:
             self._factory = make_factory(drafter, options, self.context)
         elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
+        self.planner_stats = open_store(planner_cache, self.verifier, self.tokenizer, drafter, options)
+        if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
+            self.planner_stats.load(self.acceptance, self.throughput)
 
     def new_drafter(self) -> Drafter:
         """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
@@ -172,6 +214,11 @@ class Generator:
             self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback, planner=planner,
             on_tokens=on_tokens, decision=decision,
         )
+        finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
+        if self.planner_stats is not None and result.stats.steps:
+            self.planner_stats.save(self.acceptance, self.throughput)
+        if callable(finish):
+            finish()
         if decode_text is not None:
             result.text = decode_text(result.tokens)
         return result
@@ -191,6 +238,7 @@ def run(
     max_nodes: int | None = None,
     budget: str | int = "auto",
     backend: str = "auto",
+    cache: str = "auto",
     drafter_options: Mapping[str, Any] | None = None,
     datastore: str | os.PathLike[str] | None = None,
     prompt_feedback: bool = False,
@@ -202,6 +250,10 @@ def run(
     seed: int | None = None,
     repetition_penalty: float | None = None,
     use_generation_config: bool = False,
+    store: Any = True,
+    device: Any = None,
+    dtype: Any = None,
+    planner_cache: bool | None = None,
 ) -> GenerationResult:
     """Generate from ``prompt`` with speculative decoding; the output equals plain decoding's.
 
@@ -224,6 +276,16 @@ def run(
             fixed budgets). An int ``N``: every tree cut to its first ``N`` nodes.
         backend: ``"auto"`` (the compiled ``"cuda_ext"`` kernels when they build, else ``"torch"``),
             ``"cuda_ext"`` or ``"torch"`` (the reference); see ``docs/backends.md``.
+        cache: the KV cache and how verification forwards run. ``"auto"`` (default):
+            ``"static"`` on a CUDA device, ``"dynamic"`` elsewhere. ``"dynamic"``: Hugging
+            Face's ``DynamicCache``, eager forwards. ``"static"``: specdec's static cache, one
+            fixed-shape forward per tree-size bucket, replayed from CUDA graphs on a GPU and
+            compiled with inductor (frozen weights) on a CPU, each at its first use;
+            ``"static-eager"``, ``"static-inductor"``, ``"static-cudagraphs"`` and
+            ``"static-inductor-cudagraphs"`` name the mode. A ``Generator`` keeps its
+            compiled forwards and graphs across prompts; see ``docs/backends.md``.
+        device, dtype: where a model that specdec loads (a path or ``"default"``) lives,
+            e.g. ``device="cuda", dtype="bfloat16"``; a model object stays where it is.
         drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
         datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
         prompt_feedback: give learning drafters the model's predictions over the prompt too.
@@ -237,13 +299,20 @@ def run(
         use_generation_config: take ``do_sample``/``temperature``/``top_k``/``top_p``/
             ``repetition_penalty`` defaults from the model's generation config (explicit
             arguments win); other token-choosing options there are refused.
+        store: a :class:`~specdec.datastores.shared.SharedStore` that ``sam`` drafts from and
+            adds this generation to: pass one object to many calls to share what they
+            generate (default: a fresh store per call, i.e. nothing shared; False: none).
+        planner_cache: load what the budget planner learned in earlier runs of this model,
+            tokenizer, drafter and device (in any process) and save what this run adds
+            (default None: on, unless ``SPECDEC_PLANNER_CACHE=0``); False: start from the prior
+            and save nothing. A corrupt or foreign file gives a warning and a fresh start.
 
     Returns:
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
     """
     generator = Generator(
         model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend, datastore=datastore,
-        budget=budget,
+        budget=budget, store=store, cache=cache, device=device, dtype=dtype, planner_cache=planner_cache,
     )
     return generator.generate(
         prompt,
@@ -276,6 +345,7 @@ def generate(
     backend: str = "auto",
     drafter_options: Mapping[str, Any] | None = None,
     budget: str | int = "auto",
+    cache: str = "auto",
 ) -> list[int]:
     """Token ids in, new token ids out: :func:`run` without a tokenizer."""
     result = run(
@@ -288,5 +358,6 @@ def generate(
         backend=backend,
         drafter_options=drafter_options,
         budget=budget,
+        cache=cache,
     )
     return result.tokens

@@ -1,8 +1,8 @@
 """The ``specdec`` command: ``generate``, ``demo`` and the subcommands other modules add.
 
 ``specdec generate "prompt" --drafter pld --max-new-tokens 128`` streams the text as it is
-decided and prints the run's stats after it; ``specdec demo`` compares plain decoding
-with speculative drafters on the default model.
+decided and prints the run's stats after it; ``specdec demo`` (:mod:`specdec.demo`) compares
+plain decoding with speculative drafters on the default model.
 """
 
 from __future__ import annotations
@@ -15,20 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from specdec.errors import SpecDecError
-
-DEMO_PROMPT = (
-    "Here is a Python function:\n\n"
-    "def moving_average(values, window):\n"
-    "    result = []\n"
-    "    for i in range(len(values) - window + 1):\n"
-    "        total = 0\n"
-    "        for j in range(window):\n"
-    "            total += values[i + j]\n"
-    "        result.append(total / window)\n"
-    "    return result\n\n"
-    "Rename the function to `rolling_mean` and the argument `values` to `data`. "
-    "Reply with the whole updated function only."
-)
 
 
 class TextStream:
@@ -69,20 +55,12 @@ def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def _format_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(str(row[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
-    return "\n".join(lines)
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.api import Generator
 
     generator = Generator(
-        args.model, drafter=args.drafter, drafter_options=_parse_options(args.option), backend=args.backend
+        args.model, drafter=args.drafter, drafter_options=_parse_options(args.option), backend=args.backend,
+        cache=args.cache, device=args.device, dtype=args.dtype,
     )
     if generator.tokenizer is None:
         raise SpecDecError("the model has no tokenizer to decode the output")
@@ -129,39 +107,14 @@ def _budget_text(summary: dict[str, Any]) -> str:
     )
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from specdec.api import Generator
+def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype`` and ``--cache``: where the model runs and how its verification forwards run."""
+    from specdec.backends import CACHES
 
-    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    if "none" not in drafters:
-        drafters.insert(0, "none")
-    print(f"Loading the model ({args.model}) ...", file=sys.stderr)
-    generators = {name: Generator(args.model, drafter=name, budget=args.budget) for name in drafters}
-    prompt = args.prompt or DEMO_PROMPT
-    print(f"Prompt:\n{prompt}\n", file=sys.stderr)
-    generators["none"].generate(prompt, max_new_tokens=8)  # warm-up: first calls pay one-time costs
-    results = {}
-    for name, generator in generators.items():
-        print(f"... {name}", file=sys.stderr)
-        results[name] = generator.generate(prompt, max_new_tokens=args.max_new_tokens)
-    baseline = results["none"]
-    print("Generated text:\n" + (baseline.text or ""))
-    rows = []
-    for name, result in results.items():
-        stats = result.stats
-        rows.append(
-            {
-                "drafter": name,
-                "tokens": stats.new_tokens,
-                "tokens/s": f"{stats.tokens_per_s:.2f}",
-                "MAT": f"{stats.mat:.2f}",
-                "speedup": f"{stats.tokens_per_s / baseline.stats.tokens_per_s:.2f}x",
-                "identical": "yes" if result.tokens == baseline.tokens else "NO",
-            }
-        )
-    print()
-    print(_format_table(rows, ["drafter", "tokens", "tokens/s", "MAT", "speedup", "identical"]))
-    return 0 if all(r["identical"] == "yes" for r in rows) else 1
+    parser.add_argument("--device", default=None, help="torch device for the model, e.g. cpu, cuda (default: cpu)")
+    parser.add_argument("--dtype", default=None, help="model dtype: float32, bfloat16, float16 (default: float32)")
+    parser.add_argument("--cache", default="auto", choices=CACHES,
+                        help="KV cache: static (compiled/CUDA graphs), dynamic, or auto (static on CUDA)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,19 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft nodes per step: auto (cost-aware), full, or a count N")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--backend", default="auto")
+    add_placement_arguments(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--quiet", action="store_true", help="print the text once at the end instead of streaming")
     gen.add_argument("--json", action="store_true", help="print the stats as JSON")
     gen.set_defaults(func=cmd_generate)
-
-    demo = sub.add_parser("demo", help="plain decoding vs speculative drafters on the default model")
-    demo.add_argument("--model", default="default")
-    demo.add_argument("--drafters", default="none,pld,sam+recycling")
-    demo.add_argument("--prompt", default=None)
-    demo.add_argument("--max-new-tokens", type=int, default=128)
-    demo.add_argument("--budget", default="auto", type=budget_arg,
-                      help="draft nodes per step: auto (cost-aware), full, or a count N")
-    demo.set_defaults(func=cmd_demo)
 
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
@@ -203,10 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Modules that add subcommands; each has `register(subparsers)` and is imported only here.
 SUBCOMMAND_MODULES: list[str] = [
+    "specdec.demo",
     "specdec.datastores.cli",
     "specdec.budget.cli",
     "specdec.bench.cli",
     "specdec.drafters.template_calibration",
+    "specdec.cachefiles",
+    "specdec.budget.coldstart",
 ]
 
 

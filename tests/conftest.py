@@ -15,6 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Tests neither read nor write the user's saved planner statistics (specdec.budget.store):
+# a test's budgets must not depend on what earlier runs learned. Tests of the store turn it on.
+os.environ["SPECDEC_PLANNER_CACHE"] = "0"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 # "model/drafter" -> generations found token-identical to plain greedy decoding in this run.

@@ -5,7 +5,7 @@ machine's load: a change that makes a drafter draft worse (a lower MAT, more tar
 forwards) fails here, whatever the wall times do. The saved values are in
 ``tests/data/quality_baseline.json``; after a deliberate change, refresh them with::
 
-    python -m specdec.bench.quality --write tests/data/quality_baseline.json
+    specdec bench quality --write tests/data/quality_baseline.json
 
 (from the repository root, so that REST's datastore is built over ``../shared/data``'s
 GSM8K, as here). The check itself (:func:`specdec.bench.quality.check`) is tested on hand

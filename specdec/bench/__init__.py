@@ -1,14 +1,19 @@
-"""Benchmarks users can trust: Spec-Bench against the peers, on the same run.
+"""Benchmarks users can trust: ``specdec bench``, the one door for measurements.
 
-- :mod:`~specdec.bench.questions`: Spec-Bench's question file, categories, stratified subsets;
-- :mod:`~specdec.bench.methods`: method specs (``label=name:key=value``), specdec drafters
-  and Hugging Face's ``generate`` / prompt lookup, all measured by hooks on the model;
-- :mod:`~specdec.bench.runner`: the interleaved, resumable run that writes ``results.json``;
+- :mod:`~specdec.bench.questions`: Spec-Bench's question file, categories, the one question selector;
+- :mod:`~specdec.bench.methods`: method specs (``label=name:key=value``), specdec drafters and
+  the table of Hugging Face peers, all measured by hooks on the model;
+- :mod:`~specdec.bench.runner`: the interleaved, resumable run;
+- :mod:`~specdec.bench.judge`: identical, greedy near-tie, sampling near-boundary, or different;
+- :mod:`~specdec.bench.results`: the one results format (``results.json``) everything reads;
 - :mod:`~specdec.bench.report` and :mod:`~specdec.bench.plot`: tables, comparisons, the plot;
+- :mod:`~specdec.bench.replay`: drafters driven by a known token stream, no model (drafter
+  microbenchmarks, and replays of a run's recorded outputs under frozen cost tables);
 - :mod:`~specdec.bench.quality`: deterministic MAT/steps figures on fixed prompts, the
   regression guard the test suite checks against saved values;
-- :mod:`~specdec.bench.replay`: drafters driven by a known token stream, no model (drafter
-  microbenchmarks).
+- :mod:`~specdec.bench.costs`, :mod:`~specdec.bench.curves`, :mod:`~specdec.bench.corpus`:
+  datastore costs, verification cost curves, the corpora they build from.
 
-``specdec bench`` (:mod:`~specdec.bench.cli`) is the command line.
+``specdec bench`` (:mod:`~specdec.bench.cli`) is the command line; docs/benchmarks.md has
+the command behind every figure.
 """

@@ -1,13 +1,20 @@
-"""``specdec bench``: run Spec-Bench against the peers, or report on saved runs.
+"""``specdec bench``: the one door for measurements (docs/benchmarks.md has a command per figure).
 
-    specdec bench --per-category 10 --max-new-tokens 128 --drafters none,hf-generate,hf-pld,pld --out runs/a
-    specdec bench --report runs/a             # the tables of a saved run
-    specdec bench --report runs/a runs/b      # two runs side by side
+    specdec bench --per-category 10 --drafters none,hf-generate,hf-pld,pld --out runs/a   # Spec-Bench
+    specdec bench --report runs/a [runs/b]          # a saved run's tables, or two runs side by side
+    specdec bench --report saved new --check        # exit 1 where new's MAT or identity regressed
+    specdec bench replay runs/a --drafters pld,sam  # drafters over a run's recorded outputs, no model
+    specdec bench judge --ids 241 --drafters "sam+recycling:temperature=0.7:seed=1" --position 78
+    specdec bench quality --check tests/data/quality_baseline.json     # MAT/steps on fixed prompts
+    specdec bench costs --kind sam                  # a datastore's build, size, load and step costs
+    specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
+    specdec bench ratios backend.json               # cuda_ext vs torch op ratios from pytest-benchmark
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -19,6 +26,7 @@ from specdec.errors import SpecDecError
 DEFAULT_METHODS = "none,hf-generate,hf-pld,pld"
 REPORT_FILE = "report.md"
 PLOT_FILE = "speedup.png"
+DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def _command_line() -> str:
@@ -30,41 +38,71 @@ def _command_line() -> str:
     return shlex.join(sys.argv)
 
 
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model and tokenizer of ``--model``, in ``--dtype`` on ``--device``."""
+    import inspect
+
+    import torch
+
+    from specdec.models import load_model
+
+    options: dict[str, Any] = {}
+    if args.dtype is not None:
+        options["dtype"] = getattr(torch, args.dtype)
+    takes_device = "device" in inspect.signature(load_model).parameters
+    if takes_device and args.device is not None:
+        options["device"] = args.device
+    if not getattr(args, "quiet", False):
+        print(f"Loading the model ({args.model}) ...", file=sys.stderr)
+    model: Any
+    model, tokenizer = load_model(None if args.model == "default" else args.model, **options)
+    if not takes_device and args.device is not None:  # until load_model takes a device
+        model.to(args.device)
+    return model, tokenizer
+
+
+def selected_questions(args: argparse.Namespace) -> list[Any]:
+    from specdec.bench.questions import load_questions, select_questions
+
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    ids = [int(i) for i in args.ids.split(",") if i.strip()] if args.ids else None
+    return select_questions(load_questions(args.questions), args.per_category, categories, ids)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from specdec.bench.report import format_comparison, format_report, load_results
+    from specdec.bench.report import format_comparison, format_report
+    from specdec.bench.results import load_results
 
     if args.report:
         if len(args.report) > 2:
             raise SpecDecError(f"--report takes one or two run directories, got {len(args.report)}")
         if len(args.report) == 1:
             print(format_report(load_results(args.report[0])))
-        else:
-            print(format_comparison(load_results(args.report[0]), load_results(args.report[1])))
+            return 0
+        saved, new = load_results(args.report[0]), load_results(args.report[1])
+        print(format_comparison(saved, new))
+        if args.check:
+            from specdec.bench.report import regressions
+
+            problems = regressions(saved, new)
+            print("\n".join(["", "Regressions from A to B:", *problems]) if problems else "\nno regression from A to B")
+            return 1 if problems else 0
         return 0
     if args.out is None:
         raise SpecDecError("--out DIR is required to run a benchmark (or use --report DIR [DIR2])")
-    return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
+    if args.check:
+        raise SpecDecError("--check goes with --report SAVED NEW")
     from specdec.bench.methods import parse_methods
     from specdec.bench.plot import plot_speedup
-    from specdec.bench.questions import load_questions, select_questions
-    from specdec.bench.report import format_report
     from specdec.bench.runner import BenchRun, BenchSettings
-    from specdec.models import load_model
 
     specs = parse_methods(args.drafters or [DEFAULT_METHODS])
-    questions = load_questions(args.questions)
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    selected = select_questions(questions, args.per_category, categories)
+    selected = selected_questions(args)
     settings = BenchSettings(
         model=args.model, max_new_tokens=args.max_new_tokens, turns=args.turns, backend=args.backend,
-        datastores=tuple(args.datastore), warmup_tokens=args.warmup_tokens,
+        datastores=tuple(args.datastore), warmup_tokens=args.warmup_tokens, keep_outputs=args.keep_outputs,
     )
-    if not args.quiet:
-        print(f"Loading the model ({args.model}) ...", file=sys.stderr)
-    model, tokenizer = load_model(None if args.model == "default" else args.model)
+    model, tokenizer = load(args)
     run = BenchRun(model, tokenizer, specs, settings, args.out, questions_file=args.questions,
                    command=_command_line(), resume=args.resume)
     if not args.quiet:
@@ -78,32 +116,223 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from specdec.bench.methods import parse_methods
+    from specdec.bench.replay import cost_table, recorded_streams, replay_spec, replay_table
+    from specdec.bench.results import load_results, write_json_atomic
+    from specdec.drafters import DrafterContext
+    from specdec.models import load_tokenizer
+
+    runs = [load_results(path) for path in args.runs]
+    streams = [stream for results in runs for stream in recorded_streams(results, args.method)]
+    model = runs[0]["meta"]["settings"]["model"]
+    tokenizer = load_tokenizer(None if model == "default" else model)  # datastores are checked against it
+    eos = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+    context = DrafterContext(vocab_size=len(tokenizer), tokenizer=tokenizer, eos_token_ids=eos)
+    specs = parse_methods(args.drafters)
+    rows = []
+    for table in args.costs.split(","):
+        cost = cost_table(table, model)
+        print(f"\ncost table {table} (ms by nodes: " + ", ".join(
+            f"{s}: {1e3 * float(cost.calibrated(np.array([s]), 300)[0]):.0f}"
+            for s in (1, 8, 16, 32, 64)) + f"); {len(streams)} recorded outputs; each cell: modelled speedup, "
+            "MAT, nodes per step")
+        table_rows = [{**row, "costs": table} for spec in specs for row in replay_spec(spec, streams, context, cost)]
+        print(replay_table(table_rows), flush=True)
+        rows += table_rows
+    if args.json:
+        write_json_atomic(args.json, {"command": _command_line(), "rows": rows})
+    return 0
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    from specdec.bench.judge import judge_sampled
+    from specdec.bench.methods import ForwardMeter, SpecdecMethod, build_methods, parse_method
+    from specdec.bench.runner import references, warm_up
+    from specdec.models import encode_prompt
+
+    spec = parse_method(args.drafters)
+    if not spec.sampling:
+        raise SpecDecError(f"{args.drafters!r} does not sample: greedy outputs are judged by their margin in a run")
+    reference = parse_method("none:" + ":".join(f"{k}={json.dumps(v)}" for k, v in spec.sampling.items()))
+    references([reference, spec])  # a run's checks (a seed is needed)
+    questions = selected_questions(args)
+    if len(questions) != 1:
+        raise SpecDecError(f"the judge takes one question (--ids N), got {len(questions)}")
+    question = questions[0]
+    model, tokenizer = load(args)
+    meter = ForwardMeter(model)
+    try:
+        methods = build_methods([reference, spec], model, tokenizer, meter, backend=args.backend)
+        assert all(isinstance(m, SpecdecMethod) for m in methods)
+        warm_up(methods, tokenizer, question, 16)
+        prompt = encode_prompt(tokenizer, question.turns[0])
+        runs = [method.generate(prompt, args.max_new_tokens) for method in methods]
+    finally:
+        meter.close()
+    pairs = zip(runs[0].tokens, runs[1].tokens, strict=False)
+    index = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    print(f"{spec.label} on question {question.question_id}: "
+          + ("identical to plain sampling" if index is None else f"first difference at output index {index}"))
+    at = args.position if index is None else index
+    if at is None:
+        return 0
+    boundary = judge_sampled(methods[0], methods[1], prompt, runs[0], runs[1], args.max_new_tokens, at)
+    if index is None and boundary.shift is None:
+        print(f"at output index {at}: a redo did not reproduce a run; no verdict")
+    elif index is None:  # no difference here: how near a flip was this position?
+        print(f"at output index {at}: " + "; ".join(
+            "not reproduced" if d is None else f"token {d.token}, the draw {d.distance:.2e} from its bucket's boundary"
+            for d in (boundary.reference, boundary.ours)) + f" (plain sampling; {spec.label}); the forwards' CDFs "
+            f"differ by up to {boundary.shift:.1e}; near-boundary limit {boundary.limit:.1e}: "
+            + ("a flip here would be rounding" if boundary.near_boundary else "a flip here would be a real difference"))
+    else:
+        print(boundary.describe())
+    print(json.dumps({"question_id": question.question_id, "method": spec.label, "identical": index is None,
+                      **boundary.to_json()}, indent=1))
+    return 0
+
+
+def cmd_quality(args: argparse.Namespace) -> int:
+    from specdec.bench import quality
+
+    return quality.main(args, load(args))
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from specdec.bench.costs import measure
+
+    report = measure(args.kind, args.out, skip_build=args.skip_build, max_tokens=args.max_tokens)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def cmd_curves(args: argparse.Namespace) -> int:
+    from specdec.bench.curves import measure, write
+
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    contexts = tuple(int(c) for c in args.contexts.split(","))
+    model, _ = load(args)
+    report = measure(model, args.variants, sizes, contexts, args.repeats)
+    report["command"] = _command_line()
+    print(write(report, args.out))
+    return 0
+
+
+def cmd_ratios(args: argparse.Namespace) -> int:
+    from specdec.bench.curves import ratio_table
+
+    print(ratio_table(json.loads(Path(args.json).read_text(encoding="utf-8"))))
+    return 0
+
+
+def _model_options(parser: argparse.ArgumentParser, sub: bool) -> None:
+    """``--model``, ``--device``, ``--dtype`` (on a subcommand, unset ones keep the ``bench`` level's value)."""
+    default = argparse.SUPPRESS if sub else None
+    parser.add_argument("--model", default=argparse.SUPPRESS if sub else "default",
+                        help="a local checkpoint directory, or 'default'")
+    parser.add_argument("--device", default=default, help="where the model runs: cpu, cuda, cuda:1 (default: cpu)")
+    parser.add_argument("--dtype", default=default, choices=DTYPES,
+                        help="the model's dtype (default: float32 for the default model, else the checkpoint's)")
+
+
+def _question_options(parser: argparse.ArgumentParser, sub: bool) -> None:
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if sub else value
+
+    parser.add_argument("--questions", default=default(str(DEFAULT_QUESTIONS)),
+                        help=f"Spec-Bench question.jsonl (default: {DEFAULT_QUESTIONS})")
+    parser.add_argument("--per-category", type=int, default=default(None), metavar="N",
+                        help="N evenly spaced questions per category (default: all)")
+    parser.add_argument("--categories", default=default(None), help="comma-separated categories to keep")
+    parser.add_argument("--ids", default=default(None), help="comma-separated question ids to keep")
+    parser.add_argument("--max-new-tokens", type=int, default=default(128))
+    parser.add_argument("--backend", default=default("auto"), help="specdec's tree ops: auto, torch, cuda_ext")
+
+
 def register(sub: Any) -> None:
     bench = sub.add_parser(
-        "bench", help="Spec-Bench: MAT, tokens/s and speedup per category, specdec drafters vs Hugging Face",
-        description="Runs every method on every selected question (interleaved, after an untimed warm-up), "
-        "prints per-category tables and writes results.json, report.md and speedup.png to --out.",
+        "bench", help="measure: Spec-Bench runs against the peers, replays, costs, curves, the judge",
+        description="With no subcommand: runs every method on every selected question (interleaved, after an "
+        "untimed warm-up), prints per-category tables and writes results.json, report.md and speedup.png to --out.",
     )
-    bench.add_argument("--questions", default=str(DEFAULT_QUESTIONS),
-                       help="Spec-Bench question.jsonl (default: %(default)s)")
-    bench.add_argument("--per-category", type=int, default=None, metavar="N",
-                       help="N evenly spaced questions per category (default: all)")
-    bench.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
-    bench.add_argument("--max-new-tokens", type=int, default=128)
+    _model_options(bench, sub=False)
+    _question_options(bench, sub=False)
     bench.add_argument("--drafters", action="append", default=None, metavar="SPECS",
                        help="comma-separated methods, the first being the speedup baseline: registered drafters, "
-                       "hf-generate, hf-pld; options and labels as label=name:key=value "
+                       "hf-generate, hf-pld, hf-static; options and labels as label=name:key=value "
                        f"(default: {DEFAULT_METHODS})")
     bench.add_argument("--datastore", action="append", default=[], metavar="PATH",
                        help="a datastore file (repeatable); its kind (rest, sam) names the drafter that reads it")
     bench.add_argument("--turns", type=int, choices=(1, 2), default=1, help="MT-Bench turns to ask (default: 1)")
-    bench.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
-    bench.add_argument("--backend", default="auto")
     bench.add_argument("--warmup-tokens", type=int, default=16, help="length of each method's untimed warm-up")
+    bench.add_argument("--keep-outputs", action="store_true",
+                       help="save every prompt and output (token ids) in results.json, for `specdec bench replay`")
     bench.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, speedup.png go")
     bench.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     bench.add_argument("--no-plot", action="store_true")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.add_argument("--report", nargs="+", default=None, metavar="DIR",
                        help="print the tables of a saved run, or compare two runs (A then B)")
+    bench.add_argument("--check", action="store_true",
+                       help="with --report A B: exit 1 where B's deterministic figures regressed from A's (MAT "
+                       "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
+    commands = bench.add_subparsers(dest="bench_command", metavar="{replay,judge,quality,costs,curves,ratios}")
+
+    replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
+                                 "modelled speedup under frozen cost tables, no model, no clock")
+    replay.add_argument("runs", nargs="+", metavar="RUN", help="run directories made with --keep-outputs")
+    replay.add_argument("--drafters", required=True, action="append", metavar="SPECS",
+                        help="method specs (budget=auto|full|N, max_nodes=N and drafter options); budget "
+                        "defaults to auto, as in a run")
+    replay.add_argument("--method", default=None, help="whose outputs to replay (default: the run's reference)")
+    replay.add_argument("--costs", default="reference", help="cost tables: reference, flat, calibrated (comma-"
+                        "separated; default: reference)")
+    replay.add_argument("--json", default=None, metavar="PATH", help="also write every per-question row here")
+    replay.set_defaults(func=cmd_replay)
+
+    judge = commands.add_parser("judge", help="a sampled method against plain sampling on one question: is a "
+                                "difference a near-boundary draw or real?")
+    _model_options(judge, sub=True)
+    _question_options(judge, sub=True)
+    judge.add_argument("--drafters", required=True, metavar="SPEC", help="one sampled method spec (with seed=N)")
+    judge.add_argument("--position", type=int, default=None,
+                       help="output index to examine when the outputs are identical")
+    judge.set_defaults(func=cmd_judge)
+
+    quality = commands.add_parser("quality", help="MAT and steps of every drafter on fixed prompts (the "
+                                  "regression guard tests/test_quality.py runs)")
+    _model_options(quality, sub=True)
+    quality.add_argument("--write", metavar="PATH", help="save the figures here (the regression baseline)")
+    quality.add_argument("--check", metavar="PATH", help="compare with the figures saved here")
+    quality.add_argument("--drafters", default=None, help="comma-separated method specs (default: the suite)")
+    quality.add_argument("--corpus", default=None, help="GSM8K jsonl for the datastores (default: ../shared's)")
+    quality.set_defaults(func=cmd_quality)
+
+    costs = commands.add_parser("costs", help="a datastore's build, size, load and per-step costs on a >10M-token "
+                                "corpus (GSM8K, the Python standard library, /usr/share/doc)")
+    costs.add_argument("--kind", required=True, choices=("sam", "rest"))
+    costs.add_argument("--out", type=Path, default=None, help="the datastore file (default: in the cache)")
+    costs.add_argument("--skip-build", action="store_true", help="measure an existing --out file")
+    costs.add_argument("--max-tokens", type=int, default=None, help="cap the corpus (default: all of it)")
+    costs.set_defaults(func=cmd_costs)
+
+    curves = commands.add_parser("curves", help="verification ms by tree size and context, kernel variants "
+                                 "side by side (interleaved rounds, fastest kept)")
+    _model_options(curves, sub=True)
+    curves.add_argument("--variants", default=None, metavar="SPECS",
+                        help="comma-separated label=key=value:key=value verifier settings (make_verifier "
+                        "arguments or verifier attributes; default: usual, grouped, grouped+narrow)")
+    curves.add_argument("--sizes", default="1,2,3,4,6,8,12,16,32,64")
+    curves.add_argument("--contexts", default="64,1024")
+    curves.add_argument("--repeats", type=int, default=5)
+    curves.add_argument("--out", default=None, metavar="DIR", help="write curves.json, curves.md, curves.png here")
+    curves.set_defaults(func=cmd_curves)
+
+    ratios = commands.add_parser("ratios", help="the cuda_ext vs torch table from a pytest-benchmark JSON of "
+                                 "benchmarks/test_bench_backend.py")
+    ratios.add_argument("json", help="pytest --benchmark-json output")
+    ratios.set_defaults(func=cmd_ratios)

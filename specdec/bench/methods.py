@@ -3,15 +3,20 @@
 A method is named by a **spec** string: ``[label=]name[:key=value[:key=value...]]``.
 
 - ``name`` is a registered drafter (``specdec.available_drafters()``: ``none``, ``pld``,
-  ...) run through specdec's loop, or one of the peers run through ``model.generate``:
-  ``hf-generate`` (plain greedy decoding) and ``hf-pld`` (Hugging Face's prompt lookup,
-  ``prompt_lookup_num_tokens=10`` unless ``num_tokens`` says otherwise).
-- ``key=value`` pairs are the drafter's options; values parse as JSON when they can
-  (``pld:num_draft=6``), else stay strings (``rest:datastore=gsm8k.rest``). ``budget``
-  and ``max_nodes`` go to ``generate`` instead (``sam:budget=full``), and so do the
-  sampling options ``do_sample``, ``temperature``, ``top_k``, ``top_p`` and ``seed``
-  (``pld:temperature=0.7:seed=7``): a sampled method's output is judged against ``none``
-  with the same sampling options, which must be among the methods.
+  ...; composites ``a+b``) run through specdec's loop, or a peer from :data:`PEERS`, run
+  through ``model.generate``: ``hf-generate`` (plain greedy decoding), ``hf-pld`` (its
+  prompt lookup) and ``hf-static`` (greedy decoding on a static KV cache, compiled).
+- ``key=value`` pairs: values parse as JSON when they can (``pld:num_draft=6``), else stay
+  strings (``rest:datastore=gsm8k.rest``). For a drafter, a key that
+  :meth:`specdec.Generator.generate` takes goes there (``budget``, ``max_nodes``,
+  ``prompt_feedback``, the sampling options ``do_sample``, ``temperature``, ``top_k``,
+  ``top_p``, ``seed``), a key that the :class:`~specdec.Generator` constructor takes goes
+  there (``backend``, ``cache``, ``store``, ...; ``planner_cache`` is off unless the spec
+  turns it on, so a run does not depend on what earlier processes learned), ``keep=true``
+  keeps one drafter object (and what it learns) across all questions, and every other key
+  is a drafter option. A sampled method's output is judged against ``none`` with the same sampling
+  options, which must be among the methods. A peer takes the options its row in
+  :data:`PEERS` lists.
 - ``label`` names the method in tables (default: the spec itself), so one drafter can
   appear twice with two settings: ``pld6=pld:num_draft=6``.
 
@@ -19,37 +24,74 @@ Every method is measured the same way, by hooks on the target model's ``forward`
 (:class:`ForwardMeter`): the number of target forwards and the time spent inside them.
 So MAT means the same thing for a peer as for specdec (tokens emitted per target forward
 after the prefill, bonus included), and ``wall - forward time`` is each method's own host
-overhead: the loop, drafting, mask building, acceptance and cache bookkeeping.
+overhead. The exception is a compiled peer: hooks inside a compiled forward would break
+its graph, so they are paused and its forwards counted from its output (plain decoding
+runs one per token), with no forward time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.types import Drafter, DraftTree
 
-HF_GENERATE = "hf-generate"
-HF_PLD = "hf-pld"
-PEERS = (HF_GENERATE, HF_PLD)
+
+@dataclass(frozen=True)
+class Peer:
+    """A decoding method of Hugging Face's, run as ``model.generate(ids, **arguments)``.
+
+    ``options`` maps each spec option to the ``generate`` argument it sets; ``arguments``
+    are always passed (before the options); ``compiled`` peers run a compiled forward
+    (see :meth:`HuggingFaceMethod.generate_kwargs`).
+    """
+
+    name: str
+    about: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    compiled: bool = False
+
+
+# The peers, one row each: a new peer is a new row (and, if it needs one, a generate argument).
+PEERS: dict[str, Peer] = {peer.name: peer for peer in (
+    Peer("hf-generate", "model.generate, greedy"),
+    Peer("hf-pld", "model.generate with prompt lookup (prompt_lookup_num_tokens=10)",
+         {"num_tokens": "prompt_lookup_num_tokens", "max_ngram": "max_matching_ngram_size"},
+         {"prompt_lookup_num_tokens": 10}),
+    Peer("hf-static", "model.generate, greedy, cache_implementation='static', the decoding forward torch.compile'd "
+         "(compile=false: the static cache alone)", {"compile": "compile"}, {"cache_implementation": "static"},
+         compiled=True),
+)}
 # Greedy baselines: their output is plain decoding by definition, so identity is judged against them.
-GREEDY_BASELINES = ("none", HF_GENERATE)
-# Options the peers take, with Hugging Face's argument each one sets.
-_PEER_OPTIONS: dict[str, dict[str, str]] = {
-    HF_GENERATE: {},
-    HF_PLD: {"num_tokens": "prompt_lookup_num_tokens", "max_ngram": "max_matching_ngram_size"},
-}
-# Spec options that go to ``Generator.generate`` (how the loop runs the drafter), not to the drafter.
+GREEDY_BASELINES = ("none", "hf-generate")
 SAMPLING_OPTIONS = ("do_sample", "temperature", "top_k", "top_p", "seed")
-GENERATION_OPTIONS = ("budget", "max_nodes", *SAMPLING_OPTIONS)
-_PEER_DEFAULTS: dict[str, dict[str, Any]] = {HF_GENERATE: {}, HF_PLD: {"prompt_lookup_num_tokens": 10}}
+KEEP = "keep"  # the bench's own option: one drafter object across all questions
+# Generator.generate arguments a spec must not set: the benchmark sets them (or they are no decoding option).
+_NOT_OPTIONS = {"self", "prompt", "max_new_tokens", "on_tokens", "chat_template", "stop", "eos_token_id",
+                "ignore_eos", "model", "tokenizer", "drafter", "drafter_options", "datastore"}
+
+
+def generator_options() -> tuple[frozenset[str], frozenset[str]]:
+    """``(construction, generation)``: the spec options :class:`~specdec.Generator` takes, read from it.
+
+    Read from the signatures, so an option the library adds (a ``cache`` for the
+    constructor, say) is a bench option the day it lands.
+    """
+    from specdec.api import Generator
+
+    construction = set(inspect.signature(Generator.__init__).parameters) - _NOT_OPTIONS
+    generation = set(inspect.signature(Generator.generate).parameters) - _NOT_OPTIONS
+    return frozenset(construction - generation), frozenset(generation)
 
 
 @dataclass(frozen=True)
@@ -108,9 +150,9 @@ def parse_method(spec: str) -> MethodSpec:
             options[key.strip()] = value
     # A drafter name (composites included) is checked by the registry when the method is built.
     if name in PEERS:
-        unknown = sorted(set(options) - set(_PEER_OPTIONS[name]))
+        unknown = sorted(set(options) - set(PEERS[name].options))
         if unknown:
-            valid = ", ".join(_PEER_OPTIONS[name]) or "none"
+            valid = ", ".join(PEERS[name].options) or "none"
             raise SpecDecError(f"method spec {spec!r}: {name} has no option {unknown[0]!r}; valid options: {valid}")
     return MethodSpec(label, name, options)
 
@@ -139,11 +181,16 @@ class ForwardMeter:
     def __init__(self, model: torch.nn.Module) -> None:
         self.forwards = 0
         self.forward_s = 0.0
+        self._model = model
         self._started = 0.0
         self._cuda = next(model.parameters()).device.type == "cuda"
+        self._handles: list[Any] = []
+        self._install()
+
+    def _install(self) -> None:
         self._handles = [
-            model.register_forward_pre_hook(self._before),
-            model.register_forward_hook(self._after),
+            self._model.register_forward_pre_hook(self._before),
+            self._model.register_forward_hook(self._after),
         ]
 
     def _before(self, module: Any, args: Any) -> None:
@@ -160,6 +207,17 @@ class ForwardMeter:
     def snapshot(self) -> tuple[int, float]:
         return self.forwards, self.forward_s
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No hooks inside: a compiled forward would trace them (graph breaks, host syncs)."""
+        handles = self._handles
+        self.close()
+        try:
+            yield
+        finally:
+            if handles:
+                self._install()
+
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
@@ -173,8 +231,10 @@ class Measurement:
     ``forwards``: target forwards that decoded (the prefill and ``steps`` verification
     steps); ``emitted_by_steps``: tokens the steps emitted (the output minus the prefill's
     token), so ``mat = emitted_by_steps / steps`` for every method alike. ``forward_s``:
-    time inside those forwards. ``draft_s``/``verify_s``/``prefill_s``/``other_s`` come
-    from specdec's own stats and are None for the peers.
+    time inside those forwards (None where they were not hooked).
+    ``draft_s``/``verify_s``/``prefill_s``/``other_s`` come from specdec's own stats and are
+    None for the peers. ``trees``: the trees a sampled specdec method verified, in order,
+    for the judge (not saved).
 
     ``calibration_s`` and ``extra_forwards``: a one-time measurement of the verifier's
     cost (the draft budget planner's calibration, on its first draft in a process) runs
@@ -185,7 +245,7 @@ class Measurement:
     tokens: list[int]
     wall_s: float
     forwards: int
-    forward_s: float
+    forward_s: float | None
     emitted_by_steps: int
     stop_reason: str
     calibration_s: float = 0.0
@@ -195,6 +255,8 @@ class Measurement:
     draft_s: float | None = None
     verify_s: float | None = None
     other_s: float | None = None
+    sources: dict[str, dict[str, int]] | None = None  # {"steps": by source, "accepted": by source} (specdec)
+    trees: list[DraftTree] | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -211,23 +273,66 @@ class Method(Protocol):
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Measurement: ...
 
 
+class _TreeLog:
+    """A verifier seen through a window that keeps every tree it verifies (attributes pass through)."""
+
+    def __init__(self, verifier: Any) -> None:
+        object.__setattr__(self, "_inner", verifier)
+        object.__setattr__(self, "trees", [])
+
+    def verify(self, state: Any, tree: DraftTree, topk: int = 0) -> Any:
+        self.trees.append(tree)
+        return self._inner.verify(state, tree, topk)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+
+class _Kept:
+    """A drafter factory whose ``create`` returns one object until :meth:`renew` (``keep=true``)."""
+
+    def __init__(self, factory: Any) -> None:
+        self._factory = factory
+        self.name = factory.name
+        self.drafter: Drafter = factory.create()
+
+    def create(self) -> Drafter:
+        return self.drafter
+
+    def renew(self) -> None:
+        self.drafter = self._factory.create()
+
+
 class SpecdecMethod:
-    """A registered drafter through specdec's loop (a fresh drafter per generation)."""
+    """A registered drafter through specdec's loop (a fresh drafter per generation, unless ``keep``)."""
 
     def __init__(self, spec: MethodSpec, model: Any, tokenizer: Any, meter: ForwardMeter, backend: str,
                  datastores: Mapping[str, str] | None = None) -> None:
         from specdec.api import Generator
+        from specdec.drafters import make_factory
 
         self.spec = spec
         self._meter = meter
-        options = {k: v for k, v in spec.options.items() if k not in GENERATION_OPTIONS}
-        self._generation = {k: v for k, v in spec.options.items() if k in GENERATION_OPTIONS}
-        accepted = inspect.signature(Generator.generate).parameters
-        for key in self._generation:
-            if key not in accepted:
-                raise SpecDecError(f"method {spec.label!r}: this specdec's generate() takes no {key!r}")
+        construction, generation = generator_options()
+        self._generation = {k: v for k, v in spec.options.items() if k in generation}
+        built = {"backend": backend, **{k: v for k, v in spec.options.items() if k in construction}}
+        if "planner_cache" in construction:  # a run must not depend on what earlier processes learned
+            built.setdefault("planner_cache", False)
+        options = {k: v for k, v in spec.options.items() if k not in construction | generation | {KEEP}}
         options = with_datastores(spec.name, options, datastores or {})
-        self._generator = Generator(model, tokenizer, drafter=spec.name, drafter_options=options, backend=backend)
+        self._generator = Generator(model, tokenizer, drafter=spec.name, drafter_options=options, **built)
+        self._kept: _Kept | None = None
+        if spec.options.get(KEEP):
+            self._kept = _Kept(make_factory(spec.name, options, self._generator.context))
+            self._generator = Generator(model, tokenizer, drafter=self._kept, **built)
+        self._trees: _TreeLog | None = None
+        if spec.sampling:  # the judge redoes a sampled run's forwards from its trees
+            self._trees = _TreeLog(self._generator.verifier)
+            self._generator.verifier = cast(Any, self._trees)
+            self._feedback_topk = self._generator.new_drafter().feedback_topk
 
     def prepare(self) -> None:
         """Pay one-time costs now (the budget planner's calibration, on its first use in a process).
@@ -238,8 +343,15 @@ class SpecdecMethod:
 
         cost_model(self._generator.verifier)
 
+    def after_warmup(self) -> None:
+        """A kept drafter starts the timed questions fresh: what it learned in the warm-up is dropped."""
+        if self._kept is not None:
+            self._kept.renew()
+
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Measurement:
         forwards, forward_s = self._meter.snapshot()
+        if self._trees is not None:
+            self._trees.trees.clear()
         result = self._generator.generate(list(prompt), max_new_tokens=max_new_tokens, **self._generation)
         stats = result.stats
         calibration_s = float(getattr(stats, "calibration_s", 0.0))
@@ -258,7 +370,90 @@ class SpecdecMethod:
             draft_s=stats.draft_s,
             verify_s=stats.verify_s,
             other_s=stats.other_s,
+            sources={"steps": stats.steps_by_source, "accepted": stats.accepted_by_source},
+            trees=None if self._trees is None else list(self._trees.trees),
         )
+
+    def redo(self, prompt: Sequence[int], measurement: Measurement, max_new_tokens: int,
+             position: int) -> torch.Tensor | None:
+        """The logits row that decided the token at absolute ``position`` in a sampled run, redone.
+
+        Runs the loop again over the same verifier with the run's own trees (recorded by
+        :meth:`generate`), so the forwards are the run's: same shapes, same kernels, same
+        inputs. float ``[V]`` as the sampler saw it (after any repetition penalty), or None
+        when the redo does not reproduce the run's output up to ``position``.
+        """
+        from specdec.engine import StopRules, decode
+        from specdec.models import eos_token_ids
+        from specdec.sampling import Decision, resolve_decision
+
+        if measurement.trees is None:
+            raise SpecDecError(f"method {self.spec.label!r} recorded no trees (it does not sample)")
+        generator = self._generator
+        decision = resolve_decision(None, **self.spec.sampling)  # as Generator.generate resolves it
+        capture = _Capture(decision.chooser, position)
+        decision = Decision(cast(Any, capture), decision.repetition_penalty, decision.seed)
+        drafter = _Script(measurement.trees, self._feedback_topk, capture)
+        rules = StopRules(max_new_tokens, frozenset(eos_token_ids(generator.model, generator.tokenizer)))
+        verifier = self._trees._inner if self._trees is not None else generator.verifier
+        try:
+            redone = decode(verifier, cast(Drafter, drafter), list(prompt), rules, decision=decision,
+                            prompt_feedback=bool(self._generation.get("prompt_feedback")))
+        except _Diverged:
+            return None
+        index = position - len(prompt)
+        if capture.row is None or redone.tokens[: index + 1] != measurement.tokens[: index + 1]:
+            return None
+        return capture.row
+
+
+class _Diverged(Exception):
+    """A redo's pending token is not the recorded tree's root: the run is not reproduced."""
+
+
+class _Capture:
+    """A token chooser that keeps the logits rows deciding ``position``; :class:`_Script` names the one kept."""
+
+    def __init__(self, chooser: Any, position: int) -> None:
+        self.chooser, self.name, self.position = chooser, chooser.name, position
+        self.candidates: dict[int, torch.Tensor] = {}
+        self.row: torch.Tensor | None = None
+
+    def choose(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hits = (positions == self.position).nonzero().flatten().tolist()
+        self.candidates = {int(i): logits[i].detach().clone() for i in hits}
+        if self.row is None and positions.numel() == 1 and self.candidates:  # the prefill's (or a 1-node step's)
+            self.row = self.candidates[0]
+        return cast(torch.Tensor, self.chooser.choose(logits, positions))
+
+
+class _Script:
+    """A drafter that proposes recorded trees in order, and tells :class:`_Capture` which row was committed."""
+
+    name = "script"
+
+    def __init__(self, trees: Sequence[DraftTree], feedback_topk: int, capture: _Capture) -> None:
+        self._trees, self._next, self.feedback_topk, self._capture = list(trees), 0, feedback_topk, capture
+
+    def reset(self, prompt: Any, feedback: Any = None) -> None:
+        self._next = 0
+
+    def propose(self, pending: int, max_nodes: int) -> DraftTree:
+        if self._next >= len(self._trees) or self._trees[self._next].tokens[0] != pending:
+            raise _Diverged
+        self._next += 1
+        return self._trees[self._next - 1]
+
+    def update(self, accepted: Sequence[int], feedback: Any) -> None:
+        tree, node = self._trees[self._next - 1], 0
+        children = tree.children()
+        path = [0]
+        for token in accepted[1:]:
+            node = children[node][token]
+            path.append(node)
+        capture = self._capture
+        if capture.row is None:
+            capture.row = next((capture.candidates[n] for n in path if n in capture.candidates), None)
 
 
 def drafter_context(model: Any, tokenizer: Any) -> Any:
@@ -304,38 +499,65 @@ def with_datastores(name: str, options: Mapping[str, Any], datastores: Mapping[s
 
 
 class HuggingFaceMethod:
-    """``model.generate`` greedy decoding, optionally with Hugging Face's prompt lookup.
+    """A peer: ``model.generate`` greedy decoding with the peer's arguments (see :data:`PEERS`).
 
     Called as ``model.generate(ids, attention_mask=ones, do_sample=False,
-    max_new_tokens=M)`` (plus ``prompt_lookup_num_tokens`` for ``hf-pld``), with the same
-    end-of-sequence ids specdec uses, so both stop alike.
+    max_new_tokens=M, **arguments)``, with the same end-of-sequence ids specdec uses, so
+    both stop alike.
     """
 
     def __init__(self, spec: MethodSpec, model: Any, eos_token_ids: Sequence[int], meter: ForwardMeter) -> None:
         self.spec = spec
+        self.peer = PEERS[spec.name]
         self._model = model
         self._meter = meter
         self._eos = list(eos_token_ids)
-        kwargs = dict(_PEER_DEFAULTS[spec.name])
-        for key, value in spec.options.items():
-            kwargs[_PEER_OPTIONS[spec.name][key]] = value
+        self._device = next(model.parameters()).device
+        self._kwargs = self.generate_kwargs()
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The ``generate`` arguments besides the prompt and the length.
+
+        ``hf-static`` on a CUDA device is what ``generate(cache_implementation="static")``
+        does by itself: it compiles the one-token forward (inductor, ``reduce-overhead``:
+        CUDA graphs) on first use. Elsewhere transformers 5.x runs a static cache
+        uncompiled unless a ``CompileConfig`` flags all devices, so the same default
+        config is passed with that flag: what a user who asks for static cache plus
+        torch.compile gets. ``compile=false`` runs the static cache uncompiled everywhere.
+        """
+        kwargs: dict[str, Any] = dict(self.peer.arguments)
+        for key, value in self.spec.options.items():
+            kwargs[self.peer.options[key]] = value
+        if self.peer.compiled:
+            if kwargs.pop("compile", True):
+                from transformers import CompileConfig
+
+                config = CompileConfig()
+                config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch: compile off CUDA
+                kwargs["compile_config"] = config
+            else:
+                kwargs["disable_compile"] = True
         if self._eos:
             kwargs["eos_token_id"] = self._eos
-        pad = getattr(model.generation_config, "pad_token_id", None)
+        pad = getattr(self._model.generation_config, "pad_token_id", None)
         kwargs["pad_token_id"] = pad if pad is not None else (self._eos[0] if self._eos else 0)
-        self._kwargs = kwargs
-        self._device = next(model.parameters()).device
+        return kwargs
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Measurement:
         ids = torch.tensor([list(prompt)], dtype=torch.long, device=self._device)
         forwards, forward_s = self._meter.snapshot()
-        started = time.perf_counter()
-        with torch.inference_mode():
+        hooks = self._meter.paused() if self.peer.compiled else contextlib.nullcontext()
+        with hooks, torch.inference_mode():
+            if self._device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
             out = self._model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
                 **self._kwargs,
             )
-        wall_s = time.perf_counter() - started
+            if self._device.type == "cuda":
+                torch.cuda.synchronize()
+            wall_s = time.perf_counter() - started
         tokens = [int(t) for t in out[0, len(prompt):]]
         generated = len(tokens)
         stop_reason = "max_new_tokens"
@@ -344,11 +566,13 @@ class HuggingFaceMethod:
         cut = next((i + 1 for i, t in enumerate(tokens) if t in self._eos), None)
         if cut is not None:
             tokens, stop_reason = tokens[:cut], "eos"
+        # Unhooked: plain decoding runs one forward per generated token (the prefill decides the first).
+        hooked = not self.peer.compiled
         return Measurement(
             tokens=tokens,
             wall_s=wall_s,
-            forwards=self._meter.forwards - forwards,
-            forward_s=self._meter.forward_s - forward_s,
+            forwards=self._meter.forwards - forwards if hooked else generated,
+            forward_s=self._meter.forward_s - forward_s if hooked else None,
             emitted_by_steps=max(0, generated - 1),
             stop_reason=stop_reason,
         )
@@ -383,7 +607,7 @@ def build_methods(
             continue
         try:
             methods.append(SpecdecMethod(spec, model, tokenizer, meter, backend, kinds))
-        except SpecDecError as error:
+        except (SpecDecError, TypeError) as error:
             peers = f" (or a peer: {', '.join(PEERS)})" if "unknown drafter" in str(error) else ""
             raise SpecDecError(f"method {spec.label!r}: {error}{peers}") from None
     return methods

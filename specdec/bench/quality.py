@@ -14,13 +14,11 @@ where that corpus is absent.
 
 Refresh the saved values after a deliberate change (see ``docs/benchmarks.md``)::
 
-    python -m specdec.bench.quality --write tests/data/quality_baseline.json
+    specdec bench quality --write tests/data/quality_baseline.json
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 import os
 import sys
@@ -29,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.corpus import GSM8K
 from specdec.errors import SpecDecError
 
 MAX_NEW_TOKENS = 32
@@ -40,10 +39,9 @@ BUDGET = 16
 # Relative MAT drop that fails the check: well above the drift a near-tie flip on another
 # CPU can cause on these prompts, well below what a worse drafter setting costs.
 TOLERANCE = 0.03
-# The corpus of the datastores drafters such as REST need, relative to the repository root.
-GSM8K = Path("..") / "shared" / "data" / "corpora" / "gsm8k_train.jsonl"
 # Composites worth guarding, when both parts are registered.
 FEATURED_COMPOSITES = ("sam+recycling",)
+REFRESH = "specdec bench quality --write tests/data/quality_baseline.json"
 
 PROMPTS: dict[str, str] = {
     "code_edit": (
@@ -113,20 +111,13 @@ def build_datastores(tokenizer: Any, corpus: str | os.PathLike[str], directory: 
     GSM8K's training problems (``question`` and ``answer`` fields), the team's shared corpus:
     the same file and cut give the same datastore, hence the same figures, on every machine.
     """
-    from specdec.datastores import BUILDERS
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
-    from specdec.datastores.format import TokenizerIdentity
+    from specdec.bench.corpus import build_datastore, gsm8k_documents
 
-    texts = iter_texts([corpus], fields=("question", "answer"))
-    documents = tokenize_documents(tokenizer, texts, max_tokens=max_tokens, progress=False)
+    documents = gsm8k_documents(tokenizer, max_tokens, corpus)
     paths = {}
     for kind in kinds:
-        module_name, _, function_name = BUILDERS[kind].partition(":")
-        path = Path(directory) / f"quality.{kind}"
-        getattr(importlib.import_module(module_name), function_name)(
-            documents, path, TokenizerIdentity.of(tokenizer), progress=False
-        )
-        paths[kind] = str(path)
+        paths[kind] = str(Path(directory) / f"quality.{kind}")
+        build_datastore(kind, documents, paths[kind], tokenizer)
     return paths
 
 
@@ -181,8 +172,7 @@ def check(measured: Mapping[str, Any], saved: Mapping[str, Any], tolerance: floa
     problems = []
     for label, figures in measured.items():
         if label not in saved:
-            problems.append(f"{label}: no saved figures; refresh them with "
-                            "`python -m specdec.bench.quality --write tests/data/quality_baseline.json`")
+            problems.append(f"{label}: no saved figures; refresh them with `{REFRESH}`")
             continue
         before = saved[label]
         if figures["mat"] < before["mat"] * (1 - tolerance) or figures["steps"] > before["steps"] * (1 + tolerance):
@@ -211,29 +201,23 @@ def load_saved(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(args: Any, loaded: tuple[Any, Any]) -> int:
+    """``specdec bench quality``: measure, then ``--check`` against and/or ``--write`` saved figures."""
     import torch
     import transformers
 
     from specdec.bench.methods import drafter_context
-    from specdec.models import load_model
 
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench.quality", description=__doc__.split("\n")[0])
-    parser.add_argument("--write", metavar="PATH", help="save the figures here (the regression baseline)")
-    parser.add_argument("--check", metavar="PATH", help="compare with the figures saved here")
-    parser.add_argument("--drafters", default=None, help="comma-separated method specs (default: the suite)")
-    parser.add_argument("--corpus", default=str(GSM8K), help="GSM8K jsonl for the datastores (default: %(default)s)")
-    args = parser.parse_args(argv)
-    model, tokenizer = load_model()
+    model, tokenizer = loaded
+    corpus = Path(args.corpus or GSM8K)
     with tempfile.TemporaryDirectory() as directory:
-        datastores = build_datastores(tokenizer, args.corpus, directory) if Path(args.corpus).is_file() else {}
+        datastores = build_datastores(tokenizer, corpus, directory) if corpus.is_file() else {}
         if args.drafters:
             specs = args.drafters.split(",")
         else:
             specs, left_out = suite(drafter_context(model, tokenizer), datastores)
             if left_out:
-                print(f"left out (no corpus at {args.corpus} for their datastore): {', '.join(left_out)}",
-                      file=sys.stderr)
+                print(f"left out (no corpus at {corpus} for their datastore): {', '.join(left_out)}", file=sys.stderr)
         figures = measure(model, tokenizer, specs)
     print(json.dumps({label: {"mat": f["mat"], "steps": f["steps"]} for label, f in figures.items()}, indent=1))
     if args.check:
@@ -244,8 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:
         document = {
             "about": "MAT and steps of each drafter on specdec.bench.quality.PROMPTS, checked by "
-                     "tests/test_quality.py. Refresh: python -m specdec.bench.quality --write "
-                     "tests/data/quality_baseline.json",
+                     f"tests/test_quality.py. Refresh: {REFRESH}",
             "max_new_tokens": MAX_NEW_TOKENS,
             "budget": BUDGET,
             "tolerance": TOLERANCE,
@@ -258,5 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the former entry point, kept for muscle memory
+    from specdec.cli import main as cli_main
+
+    sys.exit(cli_main(["bench", "quality", *sys.argv[1:]]))

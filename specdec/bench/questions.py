@@ -82,6 +82,7 @@ def select_questions(
     questions: Sequence[Question],
     per_category: int | None = None,
     categories: Iterable[str] | None = None,
+    ids: Iterable[int] | None = None,
 ) -> list[Question]:
     """A stratified subset: ``per_category`` questions of each category, evenly spaced.
 
@@ -89,7 +90,8 @@ def select_questions(
     subset over the whole category, so MT-Bench's 80 questions give one or more of each of
     its eight fine categories instead of ten writing prompts. The subset is deterministic
     and keeps the file's order within the result (categories in order of first appearance).
-    ``per_category=None`` keeps every question. O(len(questions)).
+    ``per_category=None`` keeps every question. ``ids``, when given, then keeps only the
+    questions with those ids (each must be in the selection). O(len(questions)).
 
     >>> qs = [Question(i, "qa", "qa", ("?",)) for i in range(10)]
     >>> [q.question_id for q in select_questions(qs, 3)]
@@ -112,4 +114,10 @@ def select_questions(
             selected.extend(group)
         else:
             selected.extend(group[(i * len(group)) // per_category] for i in range(per_category))
+    if ids is not None:
+        wanted_ids = set(ids)
+        missing = sorted(wanted_ids - {q.question_id for q in selected})
+        if missing:
+            raise SpecDecError(f"question id {missing[0]} is not in the selection ({len(selected)} questions)")
+        selected = [q for q in selected if q.question_id in wanted_ids]
     return selected

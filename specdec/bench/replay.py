@@ -89,6 +89,7 @@ class ReplayVerifier:
     """
 
     name = "replay"
+    max_tree_nodes: int | None = None  # no cap of its own (a static cache has one)
 
     def __init__(self, stream: Sequence[int], vocab_size: int) -> None:
         if len(stream) < 2:
@@ -138,3 +139,141 @@ def replay(drafter: Drafter, stream: Sequence[int], prompt_len: int, *, vocab_si
     if result.tokens != verifier.stream[prompt_len:]:
         raise SpecDecError("the replayed output differs from the stream: the loop or the replay is wrong")
     return result
+
+
+# -- replaying drafter specs over a benchmark run's recorded outputs ----------------------------
+
+# Frozen verification cost tables (ms by nodes, at any context) that price replayed steps:
+# ``reference`` the default model on this project's 2-core CPU (docs/budget.md; 128 nodes
+# extrapolated from 32 -> 64), ``flat`` a synthetic accelerator where up to 64 nodes cost one
+# plain step. ``calibrated`` (not here) is this machine's cached calibration of the model.
+COST_SIZES = (1, 8, 16, 32, 64, 128)
+COST_TABLES = {
+    "reference": (53.0, 83.0, 102.0, 129.0, 190.0, 312.0),
+    "flat": (10.0, 10.0, 10.0, 10.0, 10.0, 13.0),
+}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A recorded greedy output: the model emitted ``output`` after ``prompt``."""
+
+    question_id: int
+    category: str
+    prompt: list[int]
+    output: list[int]
+
+
+def recorded_streams(results: dict[str, Any], label: str | None = None) -> list[Stream]:
+    """Every turn's prompt and output of method ``label`` (default: the run's reference) in a results file.
+
+    The run must have been made with ``--keep-outputs``; a greedy method's outputs are what
+    the model emits, so replaying drafters over them gives their acceptance without the model.
+    """
+    label = label or results["reference"]
+    if label not in {m["label"] for m in results["methods"]}:
+        labels = ", ".join(m["label"] for m in results["methods"])
+        raise SpecDecError(f"the run has no method {label!r}; it has {labels}")
+    spec = next(m for m in results["methods"] if m["label"] == label)
+    if any(k in spec["options"] for k in ("temperature", "do_sample", "top_k", "top_p")):
+        raise SpecDecError(f"method {label!r} samples: a replay needs greedy outputs")
+    streams = []
+    for question in results["questions"]:
+        record = question["runs"][label]
+        if "outputs" not in record:
+            raise SpecDecError("the run kept no outputs: make it with `specdec bench ... --keep-outputs`")
+        for prompt, output in zip(record["prompts"], record["outputs"], strict=True):
+            if len(output) >= 2:  # the prefill decides the first token: a replay needs a step
+                streams.append(Stream(question["question_id"], question["category"], prompt, output))
+    return streams
+
+
+def cost_table(name: str, model_spec: str = "default") -> Any:
+    """A frozen :class:`~specdec.budget.cost.VerifyCostModel`: a named table, or ``calibrated`` (this machine's)."""
+    from specdec.budget import CostTable, VerifyCostModel
+
+    if name == "calibrated":
+        from specdec.backends import make_verifier
+        from specdec.budget.cost import cost_model
+        from specdec.models import load_model
+
+        model, _ = load_model(None if model_spec == "default" else model_spec)
+        return VerifyCostModel(cost_model(make_verifier(model))[0].table, learn=False)
+    if name not in COST_TABLES:
+        raise SpecDecError(f"unknown cost table {name!r}: {', '.join([*COST_TABLES, 'calibrated'])}")
+    row = tuple(ms / 1e3 for ms in COST_TABLES[name])
+    return VerifyCostModel(CostTable(COST_SIZES, (1, 4096), (row, row), {"device": name}), learn=False)
+
+
+def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any) -> list[dict[str, Any]]:
+    """One drafter spec over every stream, as one :class:`~specdec.Generator` would run them.
+
+    The spec's ``budget`` (default ``auto``, as in a run; ``full`` is the drafter's whole
+    tree) and ``max_nodes`` apply; the planner sees only the frozen ``cost`` and no overhead, so nothing depends on
+    a clock, and every step is priced with ``cost``: ``run_s`` is the run's verification
+    time, ``plain_s`` plain decoding's for the same tokens (their ratio is the modelled
+    speedup). ``store=false`` (or a size) sets the store of earlier sequences ``sam`` drafts
+    from, as for a :class:`~specdec.Generator`; the streams run in order through one drafter
+    factory, each drafter told when its sequence ends. Drafters that learn from the model's
+    predictions cannot be replayed, nor can options that need a model (sampling, a backend).
+    """
+    import dataclasses
+
+    from specdec.api import resolve_store
+    from specdec.bench.methods import generator_options
+    from specdec.budget import AcceptanceModel, BudgetPlanner, Throughput
+    from specdec.drafters import make_factory
+    from specdec.engine import StopRules, decode
+
+    options = dict(spec.options)
+    budget, max_nodes = options.pop("budget", "auto"), options.pop("max_nodes", None)
+    if "store" in options:
+        context = dataclasses.replace(context, store=resolve_store(options.pop("store")))
+    construction, generation = generator_options()
+    needs_model = [name for name in options if name in construction | generation]  # in the spec's order
+    if needs_model:
+        raise SpecDecError(f"{spec.label}: option {needs_model[0]!r} needs the model; a replay has none")
+    factory = make_factory(spec.name, options, context)
+    if factory.create().feedback_topk:
+        raise SpecDecError(f"{spec.label}: drafter {spec.name!r} learns from the model's predictions, which a "
+                           "replay does not have; measure it with the model (`specdec bench`)")
+    acceptance, throughput = AcceptanceModel(), Throughput(fixed_overhead_s=0.0)  # shared across prompts
+    rows = []
+    for stream in streams:
+        verifier = ReplayVerifier([*stream.prompt, *stream.output], context.vocab_size)
+        planner = BudgetPlanner(cast("ModelVerifier", verifier), budget, acceptance, throughput, cost=cost)
+        rules = StopRules(len(stream.output), frozenset(context.eos_token_ids))
+        drafter = factory.create()
+        result = decode(cast("ModelVerifier", verifier), drafter, stream.prompt, rules, max_nodes=max_nodes,
+                        planner=planner)
+        finish = getattr(drafter, "finish", None)  # as Generator.generate: the sequence ended
+        if finish is not None:
+            finish()
+        if result.tokens != stream.output:
+            raise SpecDecError(f"the replay of question {stream.question_id} diverged: the loop or the replay is wrong")
+        run_s, plain_s, committed = 0.0, 0.0, len(stream.prompt)
+        one = np.ones(1, dtype=np.int64)
+        for record in result.stats.records:
+            run_s += float(cost.calibrated(np.array([record.tree_size]), committed)[0])
+            plain_s += float(cost.calibrated(one, committed)[0]) * (record.accepted + 1)
+            committed += record.accepted + 1
+        rows.append({"label": spec.label, "question_id": stream.question_id, "category": stream.category,
+                     "steps": result.stats.steps, "emitted": result.stats.emitted_by_steps,
+                     "nodes": sum(r.tree_size for r in result.stats.records), "run_s": run_s, "plain_s": plain_s})
+    return rows
+
+
+def replay_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per method and category: modelled speedup, MAT and nodes verified per step."""
+    from specdec.bench.report import OVERALL, markdown_table
+
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    categories = [*dict.fromkeys(r["category"] for r in rows), OVERALL]
+
+    def cell(label: str, category: str) -> str:
+        chosen = [r for r in rows if r["label"] == label and category in (OVERALL, r["category"])]
+        steps = max(1, sum(r["steps"] for r in chosen))
+        return (f"{sum(r['plain_s'] for r in chosen) / sum(r['run_s'] for r in chosen):.2f}x, "
+                f"{sum(r['emitted'] for r in chosen) / steps:.2f}, {sum(r['nodes'] for r in chosen) / steps:.1f}")
+
+    return markdown_table(["method", *categories], [[label, *[cell(label, c) for c in categories]] for label in labels])

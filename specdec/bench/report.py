@@ -8,9 +8,12 @@ The figures, per category and overall, follow Spec-Bench's definitions:
 - **tokens/s**: the mean over questions of each question's new tokens / wall time.
 - **speedup**: a method's mean tokens/s divided by the baseline's (the run's first
   method) over the same questions.
-- **identical**: outputs token-identical to the reference greedy baseline; **near-tie**:
-  outputs whose first difference sits where the model's top two logits are within
-  :data:`specdec.testing.NEAR_TIE_MARGIN` (rounding, not a bug); the rest are real differences.
+- **identical**: outputs token-identical to their reference (:mod:`specdec.bench.judge`);
+  **near-tie**: greedy outputs whose first difference sits where the model's top two
+  logits are within :data:`specdec.testing.NEAR_TIE_MARGIN`; **near-boundary**: sampled
+  outputs whose first difference sits where the uniform draw lay within rounding of a
+  bucket boundary under both runs' forwards (rounding, not a bug); the rest are real
+  differences.
 - **host ms/forward**: wall time outside the model's forwards per forward (the loop,
   drafting, masks, acceptance, cache bookkeeping); for specdec methods also the loop's
   own time (``other_s``) and drafting (``draft_s``) per step.
@@ -18,30 +21,12 @@ The figures, per category and overall, follow Spec-Bench's definitions:
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecDecError
 
 OVERALL = "overall"
-
-
-def load_results(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``results.json`` of a run directory (or the file itself)."""
-    from specdec.bench.runner import RESULTS_FILE, RESULTS_FORMAT
-
-    path = Path(directory)
-    if path.is_dir():
-        path = path / RESULTS_FILE
-    if not path.is_file():
-        raise SpecDecError(f"no benchmark results at {str(directory)!r} (expected a directory with {RESULTS_FILE})")
-    results: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    if results.get("format") != RESULTS_FORMAT:
-        raise SpecDecError(f"{path} is not a {RESULTS_FORMAT} results file (format {results.get('format')!r})")
-    return results
 
 
 def _cell(runs: Sequence[dict[str, Any]], baseline_runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -55,6 +40,7 @@ def _cell(runs: Sequence[dict[str, Any]], baseline_runs: Sequence[dict[str, Any]
     baseline_tps = sum(r["tokens_per_s"] for r in baseline_runs) / n
     identical = sum(1 for r in runs if r["identical"])
     near_tie = sum(1 for r in runs if r["near_tie"])
+    near_boundary = sum(1 for r in runs if r.get("near_boundary"))  # absent from specdec-bench/1 files
 
     def per(name: str, denominator: int) -> float | None:
         values = [r.get(name) for r in runs]
@@ -75,9 +61,11 @@ def _cell(runs: Sequence[dict[str, Any]], baseline_runs: Sequence[dict[str, Any]
         "speedup": round(tokens_per_s / baseline_tps, 4) if baseline_tps > 0 else None,
         "identical": identical,
         "near_tie": near_tie,
-        "different": n - identical - near_tie,
+        "near_boundary": near_boundary,
+        "different": n - identical - near_tie - near_boundary,
         "forward_ms": per("forward_s", forwards),
         "host_ms_per_forward": host_ms,
+        "verify_ms_per_step": per("verify_s", steps),
         "draft_ms_per_step": per("draft_s", steps),
         "other_ms_per_step": per("other_s", steps),
     }
@@ -147,26 +135,74 @@ def format_report(results: dict[str, Any]) -> str:
         cell = summary[OVERALL][label]
         rows.append([
             label, _fmt(cell["mat"]), _fmt(cell["tokens_per_s"]), _fmt(cell["speedup"], 2, "x"),
-            f"{cell['identical']}/{cell['questions']}", cell["near_tie"], cell["different"],
-            _fmt(cell["forward_ms"], 1), _fmt(cell["host_ms_per_forward"], 2),
+            f"{cell['identical']}/{cell['questions']}", cell["near_tie"], cell["near_boundary"], cell["different"],
+            _fmt(cell["forward_ms"], 1), _fmt(cell["host_ms_per_forward"], 2), _fmt(cell["verify_ms_per_step"], 1),
             _fmt(cell["draft_ms_per_step"], 3), _fmt(cell["other_ms_per_step"], 3),
         ])
     parts.append(markdown_table(
-        ["method", "MAT", "tokens/s", "speedup", "identical", "near-tie", "different", "forward ms",
-         "host ms/forward", "draft ms/step", "loop ms/step"],
+        ["method", "MAT", "tokens/s", "speedup", "identical", "near-tie", "near-boundary", "different",
+         "forward ms", "host ms/forward", "verify ms/step", "draft ms/step", "loop ms/step"],
         rows,
     ))
+    sources = sources_table(results)
+    if sources:
+        parts += ["", "Drafter sources (steps served, accepted tokens drafted), all questions", sources]
+    differences = differences_table(results)
+    if differences:
+        parts += ["", "Differences from the reference (the judge's verdict at the first differing token)", differences]
+    warmup = meta.get("warmup") or {}
+    if warmup:
+        parts += ["", "Warm-up (untimed): seconds of each call, "
+                  f"{settings.get('warmup_tokens', '?')} new tokens (a compiled method compiles in its first)",
+                  markdown_table(["method", *[f"call {i + 1}" for i in range(max(map(len, warmup.values())))]],
+                                 [[label, *[_fmt(s, 2) for s in seconds]] for label, seconds in warmup.items()])]
     return "\n".join(parts)
 
 
-def format_comparison(first: dict[str, Any], second: dict[str, Any]) -> str:
-    """Two runs side by side: MAT, tokens/s and speedup per method and category, with changes.
+def sources_table(results: dict[str, Any]) -> str:
+    """Per specdec method with more than one drafter source: steps and accepted tokens by source."""
+    rows = []
+    for method in results["methods"]:
+        label = method["label"]
+        totals: dict[str, dict[str, int]] = {"steps": {}, "accepted": {}}
+        for question in results["questions"]:
+            for kind, counts in (question["runs"][label].get("sources") or {}).items():
+                for source, count in counts.items():
+                    totals[kind][source] = totals[kind].get(source, 0) + count
+        if len(totals["steps"]) > 1 or len(totals["accepted"]) > 1:
+            rows.append([label, ", ".join(f"{s} {n}" for s, n in sorted(totals["steps"].items())),
+                         ", ".join(f"{s} {n}" for s, n in sorted(totals["accepted"].items()))])
+    return markdown_table(["method", "steps by source", "accepted tokens by source"], rows) if rows else ""
 
-    Methods are matched by label and questions by id; only questions both runs measured
-    count, so a partial run compares fairly with a full one. Outputs that changed between
-    the runs (by fingerprint) are counted too: a change there in a lossless method means the
-    baseline itself changed (another model, another library version) or a bug.
-    """
+
+def differences_table(results: dict[str, Any]) -> str:
+    """One row per output that is not identical to its reference: where, and what the judge found."""
+    rows = []
+    for question in results["questions"]:
+        for label, record in question["runs"].items():
+            if record["identical"]:
+                continue
+            boundary = record.get("boundary")
+            if boundary:
+                finding = ("no verdict (a redo did not reproduce the run)" if boundary["distance"] is None else
+                           f"draw {boundary['distance']:.2e} from a bucket boundary (limit {boundary['limit']:.1e})")
+                kind = "near-boundary" if record.get("near_boundary") else "different"
+            elif record.get("margin") is not None:
+                finding = f"top-two logit margin {record['margin']:.2e}"
+                kind = "near-tie" if record["near_tie"] else "different"
+            else:
+                finding, kind = "one output is a prefix of the other (a stop rule)", "different"
+            rows.append([question["question_id"], question["category"], label, record.get("difference_turn"),
+                         record.get("first_difference"), finding, kind])
+    if not rows:
+        return ""
+    return markdown_table(["question", "category", "method", "turn", "index", "finding", "verdict"], rows)
+
+
+def _common(first: dict[str, Any], second: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str],
+                                                                     dict[str, int]]:
+    """Both runs cut to the questions they share, the method labels they share, and per label the
+    number of outputs that changed (by fingerprint) from the first run to the second."""
     common_ids = {q["question_id"] for q in first["questions"]} & {q["question_id"] for q in second["questions"]}
     if not common_ids:
         raise SpecDecError("the two runs share no questions")
@@ -178,7 +214,6 @@ def format_comparison(first: dict[str, Any], second: dict[str, Any]) -> str:
         return {**results, "questions": [q for q in results["questions"] if q["question_id"] in common_ids]}
 
     a, b = restricted(first), restricted(second)
-    summary_a, summary_b = summarize(a), summarize(b)
     changed = {label: 0 for label in labels}
     by_id = {q["question_id"]: q for q in b["questions"]}
     for question in a["questions"]:
@@ -186,6 +221,41 @@ def format_comparison(first: dict[str, Any], second: dict[str, Any]) -> str:
         for label in labels:
             if question["runs"][label]["output_sha1"] != other["runs"][label]["output_sha1"]:
                 changed[label] += 1
+    return a, b, labels, changed
+
+
+def regressions(saved: dict[str, Any], new: dict[str, Any], tolerance: float = 0.03) -> list[str]:
+    """What got worse from ``saved`` to ``new`` on their shared questions (empty: nothing).
+
+    Deterministic figures only: a method's overall MAT fell by more than ``tolerance``
+    (relative), or it has outputs that are neither identical to their reference nor
+    explained by the judge (near-tie, near-boundary) where the saved run had fewer.
+    Wall times are not checked: they move with the machine.
+    """
+    a, b, labels, _ = _common(saved, new)
+    before, after = summarize(a)[OVERALL], summarize(b)[OVERALL]
+    problems = []
+    for label in labels:
+        was, now = before[label], after[label]
+        if was["mat"] is not None and now["mat"] is not None and now["mat"] < was["mat"] * (1 - tolerance):
+            problems.append(f"{label}: MAT {now['mat']:.3f}, saved {was['mat']:.3f} (tolerance {tolerance:.0%})")
+        if now["different"] > was["different"]:
+            problems.append(f"{label}: {now['different']} outputs differ from the reference beyond the judge's "
+                            f"near-tie/near-boundary verdicts, saved {was['different']}")
+    return problems
+
+
+def format_comparison(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """Two runs side by side: MAT, tokens/s and speedup per method and category, with changes.
+
+    Methods are matched by label and questions by id; only questions both runs measured
+    count, so a partial run compares fairly with a full one. Outputs that changed between
+    the runs (by fingerprint) are counted too: a change there in a lossless method means the
+    baseline itself changed (another model, another library version) or a bug.
+    """
+    a, b, labels, changed = _common(first, second)
+    summary_a, summary_b = summarize(a), summarize(b)
+    common_ids = {q["question_id"] for q in a["questions"]}
 
     def change(x: float | None, y: float | None) -> str | None:
         return None if x is None or y is None or x == 0 else f"{100 * (y - x) / x:+.1f}%"

@@ -8,11 +8,12 @@ lazy imports, kernel selection) that are not decoding speed.
 
 Per question and method the runner records new tokens, wall time, target forwards
 (steps), MAT, tokens/s, the time inside the model's forwards and outside them, specdec's
-draft/verify/other split, and whether the output is token-identical to the reference
-greedy baseline (the first ``none`` or ``hf-generate`` method), or differs first on a
-near-tie (:func:`specdec.testing.compare_outputs`). ``results.json`` is rewritten after
-every question (atomically), so an interrupted run keeps what it measured and
-``resume=True`` continues it.
+draft/verify/other split, and the judge's verdict (:mod:`specdec.bench.judge`): whether
+the output is token-identical to its reference (the first greedy baseline, ``none`` or
+``hf-generate``; for a sampled method, ``none`` sampling with the same options), or differs
+first on a greedy near-tie or a near-boundary sampling draw. ``results.json``
+(:mod:`specdec.bench.results`) is rewritten after every question (atomically), so an
+interrupted run keeps what it measured and ``resume=True`` continues it.
 
 With ``turns=2``, questions that have a second turn (MT-Bench's) ask it after each method's
 own first answer, as Spec-Bench does; the figures of both turns add up per question.
@@ -20,25 +21,31 @@ own first answer, as Spec-Bench does; the figures of both turns add up per quest
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import json
 import os
-import platform
-import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.judge import Judge
 from specdec.bench.methods import ForwardMeter, Measurement, Method, MethodSpec, build_methods
 from specdec.bench.questions import Question
+from specdec.bench.results import (
+    RESULTS_FILE,
+    RESULTS_FORMAT,
+    file_digest,
+    load_results,
+    machine_info,
+    model_info,
+    now,
+    output_digest,
+    software_versions,
+    write_json_atomic,
+)
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt
-
-RESULTS_FORMAT = "specdec-bench/1"
-RESULTS_FILE = "results.json"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class BenchSettings:
     backend: str = "auto"
     datastores: tuple[str, ...] = ()
     warmup_tokens: int = 16
+    keep_outputs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
@@ -64,96 +72,8 @@ class BenchSettings:
         return {
             "model": self.model, "max_new_tokens": self.max_new_tokens, "turns": self.turns,
             "backend": self.backend, "datastores": list(self.datastores), "warmup_tokens": self.warmup_tokens,
+            "keep_outputs": self.keep_outputs,
         }
-
-
-def machine_info() -> dict[str, Any]:
-    """The hardware and load a run saw: timings mean little without it."""
-    import torch
-
-    cpu = platform.processor() or ""
-    memory_gib = None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
-        with open("/proc/meminfo", encoding="utf-8") as handle:
-            kib = next((int(line.split()[1]) for line in handle if line.startswith("MemTotal")), None)
-            memory_gib = None if kib is None else round(kib / 2**20, 1)
-    except OSError:
-        pass
-    return {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "memory_gib": memory_gib,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-    }
-
-
-def software_versions() -> dict[str, Any]:
-    import numpy
-    import torch
-    import transformers
-
-    import specdec
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "numpy": numpy.__version__,
-        "specdec": specdec.__version__,
-        "git": _git_state(),
-    }
-
-
-def _git_state() -> dict[str, Any] | None:
-    """The checkout's commit and whether it had uncommitted changes (None outside git)."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if commit.returncode != 0:
-        return None
-    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
-
-
-def model_info(model: Any, spec: str) -> dict[str, Any]:
-    """What was benchmarked; ``spec`` is how the user named it (``default`` or a path)."""
-    from specdec.models import DEFAULT_GGUF_NAME
-
-    parameter = next(model.parameters())
-    return {
-        "name": DEFAULT_GGUF_NAME.split(".")[0] if spec == "default" else Path(spec).name,
-        "name_or_path": str(getattr(model.config, "name_or_path", "") or type(model).__name__),
-        "architecture": type(model).__name__,
-        "dtype": str(parameter.dtype).removeprefix("torch."),
-        "device": str(parameter.device),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "attention": getattr(model.config, "_attn_implementation", None),
-    }
-
-
-def file_digest(path: str | os.PathLike[str]) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
-def output_digest(tokens: Sequence[int]) -> str:
-    """A short fingerprint of an output, so two saved runs can tell which answers changed."""
-    return hashlib.sha1(json.dumps(list(tokens)).encode()).hexdigest()[:12]
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write to a temporary file and rename it into place: a crash never leaves half a file."""
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(staging, path)
 
 
 def _turn_prompt(tokenizer: Any, question: Question, answers: Sequence[str]) -> list[int]:
@@ -167,22 +87,31 @@ def _turn_prompt(tokenizer: Any, question: Question, answers: Sequence[str]) -> 
     return encode_prompt(tokenizer, messages)
 
 
-class Judge:
-    """Decides whether an output equals the reference greedy output, or differs on a near-tie."""
+def warm_up(methods: Sequence[Method], tokenizer: Any, question: Question, tokens: int) -> dict[str, list[float]]:
+    """Two short generations per method, untimed: first calls pay one-time costs.
 
-    def __init__(self, model: Any) -> None:
-        self._model = model
-
-    def __call__(self, prompt: Sequence[int], output: Sequence[int], reference: Sequence[int]) -> dict[str, Any]:
-        from specdec.testing import compare_outputs
-
-        comparison = compare_outputs(self._model, prompt, output, reference)
-        return {
-            "identical": comparison.identical,
-            "near_tie": (not comparison.identical) and comparison.near_tie,
-            "first_difference": comparison.first_difference,
-            "margin": None if comparison.margin is None else round(comparison.margin, 6),
-        }
+    The second prompt repeats the first one's ending, so that drafters find something to
+    draft and anything done on a first draft (the budget planner's calibration) happens
+    here; it is also longer, so a compiled peer meets a second shape (and recompiles, if it
+    does) here. Returns each call's seconds per method (a compiled peer's first call is its
+    compile time).
+    """
+    prompt = _turn_prompt(tokenizer, question, [])
+    tail = prompt[-256:]
+    seconds: dict[str, list[float]] = {}
+    for method in methods:
+        prepare = getattr(method, "prepare", None)
+        if prepare is not None:
+            prepare()
+        seconds[method.spec.label] = []
+        for warm in (prompt, [*prompt, *tail, *tail]):
+            started = time.perf_counter()
+            method.generate(warm, tokens)
+            seconds[method.spec.label].append(round(time.perf_counter() - started, 3))
+        after = getattr(method, "after_warmup", None)
+        if after is not None:
+            after()
+    return seconds
 
 
 def _record(measurements: list[Measurement], prompts: list[list[int]]) -> dict[str, Any]:
@@ -212,9 +141,22 @@ def _record(measurements: list[Measurement], prompts: list[list[int]]) -> dict[s
         "verify_s": total("verify_s"),
         "other_s": total("other_s"),
         "mean_tree_size": _ratio(total("tree_nodes"), max(steps, 1)),
+        "sources": _sources(measurements),
         "stop_reason": [m.stop_reason for m in measurements],
         "output_sha1": [output_digest(m.tokens) for m in measurements],
     }
+
+
+def _sources(measurements: list[Measurement]) -> dict[str, dict[str, int]] | None:
+    """Steps and accepted tokens per drafter source, summed over the turns (None for the peers)."""
+    if any(m.sources is None for m in measurements):
+        return None
+    summed: dict[str, dict[str, int]] = {"steps": {}, "accepted": {}}
+    for measurement in measurements:
+        for kind, counts in (measurement.sources or {}).items():
+            for source, count in counts.items():
+                summed[kind][source] = summed[kind].get(source, 0) + count
+    return summed
 
 
 def _ratio(numerator: float | None, denominator: int) -> float | None:
@@ -246,28 +188,20 @@ class BenchRun:
         self.specs = list(specs)
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / RESULTS_FILE
+        self._references = references(self.specs)
         self.meter = ForwardMeter(model)
         self.methods: list[Method] = build_methods(
             self.specs, model, tokenizer, self.meter, backend=settings.backend, datastores=settings.datastores
         )
+        self._by_label = {method.spec.label: method for method in self.methods}
+        self.judge = Judge(model, settings.max_new_tokens)
         reference = next((s for s in self.specs if s.is_greedy_baseline), self.specs[0])
-        # A sampled method is judged against plain decoding that samples alike (same seed).
-        self._references = {spec.label: reference.label for spec in self.specs}
-        for spec in self.specs:
-            if spec.sampling:
-                same = [s for s in self.specs if s.is_sampled_baseline and s.sampling == spec.sampling]
-                if not same:
-                    options = ":".join(f"{k}={v}" for k, v in spec.sampling.items())
-                    raise SpecDecError(f"method {spec.label!r} samples: add 'none:{options}' to the methods, "
-                                       "the reference its output is judged against")
-                self._references[spec.label] = same[0].label
-        self.judge = Judge(model)
         self.results: dict[str, Any] = {
             "format": RESULTS_FORMAT,
             "meta": {
                 "command": command,
                 "argv": sys.argv,
-                "started": _now(),
+                "started": now(),
                 "finished": None,
                 "machine": machine_info(),
                 "versions": software_versions(),
@@ -275,6 +209,7 @@ class BenchRun:
                 "settings": settings.to_json(),
                 "questions_file": None if questions_file is None else str(questions_file),
                 "questions_sha256": None if questions_file is None else file_digest(questions_file),
+                "warmup": {},
             },
             "methods": [s.to_json() for s in self.specs],
             "baseline": self.specs[0].label,
@@ -282,16 +217,15 @@ class BenchRun:
             "references": dict(self._references),
             "questions": [],
         }
-        self._reference = reference.label
         if self.path.exists():
             if not resume:
                 raise SpecDecError(f"{self.path} exists: pass --resume to continue that run, or choose another --out")
             self._load_for_resume()
 
     def _load_for_resume(self) -> None:
-        saved = json.loads(self.path.read_text(encoding="utf-8"))
+        saved = load_results(self.path)
         if saved.get("format") != RESULTS_FORMAT:
-            raise SpecDecError(f"{self.path} is not a {RESULTS_FORMAT} results file (format {saved.get('format')!r})")
+            raise SpecDecError(f"cannot resume {self.path}: it is {saved.get('format')!r}, this run {RESULTS_FORMAT}")
         mismatch = [
             name for name, ours, theirs in (
                 ("settings", self.results["meta"]["settings"], saved["meta"].get("settings")),
@@ -301,7 +235,7 @@ class BenchRun:
         ]
         if mismatch:
             raise SpecDecError(f"cannot resume {self.path}: its {mismatch[0]} differ from this run's")
-        saved["meta"].setdefault("resumed", []).append({"at": _now(), "machine": self.results["meta"]["machine"]})
+        saved["meta"].setdefault("resumed", []).append({"at": now(), "machine": self.results["meta"]["machine"]})
         saved["meta"]["finished"] = None
         self.results = saved
 
@@ -310,19 +244,7 @@ class BenchRun:
         return {q["question_id"] for q in self.results["questions"]}
 
     def warm_up(self, question: Question) -> None:
-        """Two short generations per method, untimed: first calls pay one-time costs.
-
-        The second prompt repeats the first one's ending, so that drafters find something to
-        draft and anything done on a first draft (the budget planner's calibration) happens here.
-        """
-        prompt = _turn_prompt(self.tokenizer, question, [])
-        tail = prompt[-256:]
-        for method in self.methods:
-            prepare = getattr(method, "prepare", None)
-            if prepare is not None:
-                prepare()
-            method.generate(prompt, self.settings.warmup_tokens)
-            method.generate([*prompt, *tail, *tail], self.settings.warmup_tokens)
+        self.results["meta"]["warmup"] = warm_up(self.methods, self.tokenizer, question, self.settings.warmup_tokens)
 
     def measure(self, question: Question, index: int, tick: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Every method on ``question`` (order rotated by ``index``), judged and recorded."""
@@ -346,8 +268,10 @@ class BenchRun:
         runs: dict[str, Any] = {}
         for spec in self.specs:
             record = _record(outputs[spec.label], prompts[spec.label])
-            reference = outputs[self._references[spec.label]]
-            record.update(self._judge(prompts[spec.label], outputs[spec.label], reference))
+            record.update(self._judge(spec.label, prompts[spec.label], outputs))
+            if self.settings.keep_outputs:
+                record["prompts"] = prompts[spec.label]
+                record["outputs"] = [m.tokens for m in outputs[spec.label]]
             runs[spec.label] = record
         return {
             "question_id": question.question_id,
@@ -357,13 +281,15 @@ class BenchRun:
             "runs": runs,
         }
 
-    def _judge(self, prompts: list[list[int]], ours: list[Measurement], reference: list[Measurement]) -> dict[str, Any]:
+    def _judge(self, label: str, prompts: list[list[int]], outputs: dict[str, list[Measurement]]) -> dict[str, Any]:
         """Identity over all turns; a later turn is comparable only while every earlier one was identical."""
-        for turn, (prompt, mine, theirs) in enumerate(zip(prompts, ours, reference, strict=True)):
-            verdict = self.judge(prompt, mine.tokens, theirs.tokens)
+        reference = self._references[label]
+        for turn, (prompt, mine, theirs) in enumerate(zip(prompts, outputs[label], outputs[reference], strict=True)):
+            verdict = self.judge(prompt, mine, theirs, self._by_label[label], self._by_label[reference])
             if not verdict["identical"]:
                 return {**verdict, "difference_turn": turn}
-        return {"identical": True, "near_tie": False, "first_difference": None, "margin": None, "difference_turn": None}
+        return {"identical": True, "near_tie": False, "near_boundary": False, "first_difference": None,
+                "margin": None, "boundary": None, "difference_turn": None}
 
     def run(self, questions: Sequence[Question], progress: bool = True) -> dict[str, Any]:
         """Measure every question not already done, saving after each; returns the results."""
@@ -392,7 +318,7 @@ class BenchRun:
     def finish(self) -> dict[str, Any]:
         from specdec.bench.report import summarize
 
-        self.results["meta"]["finished"] = _now()
+        self.results["meta"]["finished"] = now()
         self.results["meta"]["load_average_end"] = machine_info()["load_average"]
         self.results["summary"] = summarize(self.results)
         write_json_atomic(self.path, self.results)
@@ -400,5 +326,21 @@ class BenchRun:
         return self.results
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def references(specs: Sequence[MethodSpec]) -> dict[str, str]:
+    """``{label: reference label}``: greedy methods are judged against the first greedy baseline
+    (or the first method), a sampled one against plain decoding sampling alike, which must be there."""
+    reference = next((s for s in specs if s.is_greedy_baseline), specs[0])
+    judged = {spec.label: reference.label for spec in specs}
+    for spec in specs:
+        if not spec.sampling:
+            continue
+        options = ":".join(f"{k}={v}" for k, v in spec.sampling.items())
+        if "seed" not in spec.sampling:
+            raise SpecDecError(f"method {spec.label!r} samples without a seed: add seed=N (its output is judged "
+                               "against plain sampling with the same seed)")
+        same = [s for s in specs if s.is_sampled_baseline and s.sampling == spec.sampling]
+        if not same:
+            raise SpecDecError(f"method {spec.label!r} samples: add 'none:{options}' to the methods, "
+                               "the reference its output is judged against")
+        judged[spec.label] = same[0].label
+    return judged

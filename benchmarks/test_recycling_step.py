@@ -1,6 +1,6 @@
 """Drafter cost per step of ``recycling`` and ``pld+recycling``/``sam+recycling``, no model involved.
 
-    python -m pytest benchmarks/bench_recycling.py --benchmark-only
+    python -m pytest benchmarks/test_recycling_step.py --benchmark-only
 
 A step is ``propose`` then ``update`` with feedback for every node of the proposed tree,
 as the engine calls them. The matrix is warmed with rows for the whole 49,152-token

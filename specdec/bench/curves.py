@@ -1,0 +1,157 @@
+"""Verification cost curves: ms per verification by tree size and context, verifier variants side by side.
+
+A **variant** is a verifier spec, ``label=backend[:key=value...]``: ``backend`` is a
+:func:`~specdec.backends.make_verifier` backend (``auto``, ``torch``, ``cuda_ext``); a key
+that ``make_verifier`` takes is passed to it (a ``cache`` option, where it exists), any
+other key sets that attribute of the verifier (``grouped=null`` turns grouped-query
+attention off, ``narrow_rows=4096`` runs narrow products at every size). The default
+variants are the CPU fast paths' comparison (docs/budget.md):
+
+- ``usual``: Hugging Face's ``sdpa`` attention as it comes and ``linear`` everywhere;
+- ``grouped``: attention over grouped heads without the KV copy (:mod:`specdec.backends.gqa`);
+- ``grouped+narrow``: that, plus narrow products for every tree, one node padded to two
+  (:mod:`specdec.backends.narrow`; calibration turns them on only where they win).
+
+All variants share one model and are timed in the same interleaved rounds (a drift of the
+machine's load hits all alike); round 0 warms up and the fastest of ``repeats`` rounds is
+kept (other jobs only ever add time). Chains of random tokens after a random prompt.
+
+:func:`ratio_table` tabulates the ``cuda_ext`` vs ``torch`` tree-op microbenchmarks
+(``benchmarks/test_bench_backend.py``) from a pytest-benchmark JSON.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import SpecDecError
+
+DEFAULT_VARIANTS = "usual=auto:grouped=null,grouped=auto,grouped+narrow=auto:narrow_rows=4096:narrow_single=true"
+
+
+def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
+    """``{label: verifier}`` for comma-separated variant specs (module docstring)."""
+    from specdec.backends import make_verifier
+    from specdec.bench.methods import parse_methods
+
+    takes = set(inspect.signature(make_verifier).parameters)
+    variants = {}
+    for spec in parse_methods([specs or DEFAULT_VARIANTS]):
+        arguments = {k: v for k, v in spec.options.items() if k in takes}
+        verifier = make_verifier(model, spec.name, **arguments)
+        for key, value in spec.options.items():
+            if key in arguments:
+                continue
+            if not hasattr(verifier, key):
+                raise SpecDecError(f"variant {spec.label!r}: the verifier has no setting {key!r}")
+            setattr(verifier, key, value)
+        variants[spec.label] = verifier
+    return variants
+
+
+def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tuple[int, ...],
+            repeats: int) -> dict[str, Any]:
+    """``{"ms": {variant: {context: [fastest ms per size]}}, ...}`` (module docstring)."""
+    import torch
+    from tqdm import tqdm
+
+    from specdec.types import DraftTree
+
+    variants = make_variants(model, specs)
+    rng = random.Random(0)
+    vocab = next(iter(variants.values())).vocab_size
+    prompt = [rng.randrange(vocab) for _ in range(max(contexts))]
+    states = {name: verifier.prefill(prompt, reserve=max(sizes)) for name, verifier in variants.items()}
+    best: dict[str, dict[int, dict[int, float]]] = {name: {c: {} for c in contexts} for name in variants}
+    bar = tqdm(total=len(contexts) * (repeats + 1) * len(sizes), desc="curves", unit="size")
+    for context in sorted(contexts, reverse=True):  # rewind the prefilled caches, context by context
+        for round_ in range(repeats + 1):  # round 0 warms up
+            for size in sizes:
+                tokens = [rng.randrange(vocab) for _ in range(size - 1)]
+                for name, verifier in variants.items():
+                    state, pending, _ = states[name]
+                    verifier.rewind(state, context)
+                    started = time.perf_counter()
+                    verifier.verify(state, DraftTree.chain(pending, tokens))
+                    elapsed = time.perf_counter() - started
+                    if round_:
+                        best[name][context][size] = min(best[name][context].get(size, float("inf")), elapsed)
+                bar.update(1)
+    bar.close()
+    return {
+        "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
+        "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
+        "ms": {name: {str(c): [round(best[name][c][s] * 1e3, 2) for s in sizes] for c in contexts} for name in best},
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """ms per verification, and the ratio to the first variant's 1-node step at that context."""
+    from specdec.bench.report import markdown_table
+
+    sizes, rows = report["sizes"], []
+    for context in report["contexts"]:
+        one = next(iter(report["ms"].values()))[str(context)][0]
+        for name, by_context in report["ms"].items():
+            rows.append([context, name, *[f"{ms:.1f} ({ms / one:.2f}x)" for ms in by_context[str(context)]]])
+    return markdown_table(["context", "variant", *map(str, sizes)], rows)
+
+
+def write(report: dict[str, Any], out: str | None) -> str:
+    """The markdown table; with ``out``, also ``curves.json``, ``curves.md`` and ``curves.png`` there."""
+    table = markdown(report)
+    if out is None:
+        return table
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    from specdec.bench.results import write_json_atomic
+
+    directory = Path(out)
+    write_json_atomic(directory / "curves.json", report)
+    (directory / "curves.md").write_text(table + "\n", encoding="utf-8")
+    contexts = report["contexts"]
+    figure, axes = plt.subplots(1, len(contexts), figsize=(5.0 * len(contexts), 3.8), squeeze=False)
+    for axis, context in zip(axes[0], contexts, strict=True):
+        for name, by_context in report["ms"].items():
+            axis.plot(report["sizes"], by_context[str(context)], marker="o", markersize=3, label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("tree nodes")
+        axis.set_ylabel("ms per verification")
+        axis.set_title(f"context {context}, {report['device']}, {report['threads']} threads", fontsize=8)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(directory / "curves.png", dpi=130)
+    plt.close(figure)
+    return table
+
+
+def ratio_table(results: dict[str, Any]) -> str:
+    """Per op, device, tree size and KV length: each backend's median (us) and torch / cuda_ext."""
+    from specdec.bench.report import markdown_table
+
+    medians: dict[tuple[str, str, int, int | None], dict[str, float]] = defaultdict(dict)
+    for bench in results.get("benchmarks", []):
+        info = bench["extra_info"]
+        if "op" in info:  # a saved run of the whole suite: keep the backend benchmarks
+            medians[(info["op"], info["device"], info["nodes"], info["committed"])][info["backend"]] = \
+                bench["stats"]["median"]
+    if not medians:
+        raise SpecDecError("no tree-op benchmarks in that JSON: run benchmarks/test_bench_backend.py with "
+                           "--benchmark-json=PATH")
+    rows = []
+    for key in sorted(medians, key=lambda k: (k[0], k[1], k[2], k[3] or 0)):
+        op, device, nodes, committed = key
+        torch_s, ext_s = medians[key].get("torch"), medians[key].get("cuda_ext")
+        rows.append([op, device, nodes, "-" if committed is None else f"{committed // 1024}K",
+                     *[f"{s * 1e6:.0f}" if s else "-" for s in (torch_s, ext_s)],
+                     f"{torch_s / ext_s:.1f}x" if torch_s and ext_s else "-"])
+    return markdown_table(["op", "device", "nodes", "KV", "torch (us)", "cuda_ext (us)", "speedup"], rows)
+
