@@ -706,6 +706,9 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     assert set(report["ms"]) == {"plain", "wide"} and all(len(v["8"]) == 2 for v in report["ms"].values())
     table = write(report, str(tmp_path / "curves"))
     assert "| 8       | wide" in table and (tmp_path / "curves" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    megabytes = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    assert report["weight_read_ms"] > 0 and report["weight_mb"] == round(megabytes, 1)
+    assert f"Reading the model's {report['weight_mb']} MB of weights once" in table
     with pytest.raises(SpecDecError, match="variant 'x': the verifier has no setting 'speed'"):
         make_variants(model, "x=torch:speed=2")
     bench = {"benchmarks": [{"extra_info": {"op": "step", "backend": b, "device": "cpu", "nodes": 64,

@@ -11,7 +11,6 @@ synthetic (frozen) cost models, so no test depends on how fast this machine is.
 from __future__ import annotations
 
 import copy
-
 import itertools
 import json
 import random

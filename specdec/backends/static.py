@@ -58,7 +58,21 @@ from specdec.types import DraftTree, TokenChooser
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("eager", "inductor", "cudagraphs", "inductor-cudagraphs")
-CAPACITY_STEP = 256  # the cache's slot count grows in these steps (each growth recompiles/recaptures)
+MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
+
+
+def capacity_for(needed: int) -> int:
+    """Slots for ``needed`` tokens: a power of two, at least :data:`MIN_CAPACITY`.
+
+    Compiled forwards and CUDA graphs are specialised to the capacity, so each growth
+    recompiles or recaptures every bucket; growing geometrically bounds that to a few
+    times per verifier however requests vary (256, 512, ..., 4096 slots: five growths),
+    at the price of attending over at most twice the slots a request needs.
+
+    >>> capacity_for(1), capacity_for(256), capacity_for(257), capacity_for(3000)
+    (256, 256, 512, 4096)
+    """
+    return max(MIN_CAPACITY, 1 << max(needed - 1, 0).bit_length())
 WARMUP_RUNS = 2  # eager runs before a CUDA graph capture (allocator, cuBLAS workspaces, lazy inits)
 
 
@@ -266,7 +280,7 @@ class StaticVerifier(ModelVerifier):
         self.mode = mode
         self.buckets = buckets
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
-        self.cache = StaticKVCache(num_layers, CAPACITY_STEP, self.device)
+        self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
         self.narrow = None  # narrow products patch the eager forward; compiled forwards choose their own GEMMs
         self._runners: dict[int, BucketRunner] = {}
         self._sequence = 0  # the sequence that owns the cache now
@@ -308,7 +322,7 @@ class StaticVerifier(ModelVerifier):
     def _reserve(self, needed: int) -> None:
         """Make room for ``needed`` slots; a larger cache means new buffers, so new forwards."""
         if needed > self.cache.capacity:
-            self.cache.grow(-(-needed // CAPACITY_STEP) * CAPACITY_STEP)
+            self.cache.grow(capacity_for(needed))
         if any(runner.generation != self.cache.generation for runner in self._runners.values()):
             self._runners.clear()
 

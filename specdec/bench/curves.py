@@ -54,6 +54,27 @@ def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
     return variants
 
 
+def weight_read_ms(model: Any, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` passes that read every parameter byte once (a sum per tensor).
+
+    A one-token forward must read all the weights, so this is the floor a memory-bound
+    forward approaches: the curves' reference line.
+    """
+    import torch
+
+    parameters = [p.detach() for p in model.parameters()]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            for parameter in parameters:
+                parameter.sum()
+            if parameters and parameters[0].device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - started)
+    return round(best * 1e3, 2)
+
+
 def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tuple[int, ...],
             repeats: int) -> dict[str, Any]:
     """``{"ms": {variant: {context: [fastest ms per size]}}, ...}`` (module docstring)."""
@@ -87,6 +108,8 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
         "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
         "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
         "ms": {name: {str(c): [round(best[name][c][s] * 1e3, 2) for s in sizes] for c in contexts} for name in best},
+        "weight_read_ms": weight_read_ms(model, repeats),
+        "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
     }
 
 
@@ -99,7 +122,11 @@ def markdown(report: dict[str, Any]) -> str:
         one = next(iter(report["ms"].values()))[str(context)][0]
         for name, by_context in report["ms"].items():
             rows.append([context, name, *[f"{ms:.1f} ({ms / one:.2f}x)" for ms in by_context[str(context)]]])
-    return markdown_table(["context", "variant", *map(str, sizes)], rows)
+    table = markdown_table(["context", "variant", *map(str, sizes)], rows)
+    if "weight_read_ms" in report:
+        table += (f"\n\nReading the model's {report['weight_mb']} MB of weights once: "
+                  f"{report['weight_read_ms']:.1f} ms (the floor of a memory-bound one-token forward).")
+    return table
 
 
 def write(report: dict[str, Any], out: str | None) -> str:
@@ -125,6 +152,8 @@ def write(report: dict[str, Any], out: str | None) -> str:
         axis.set_xscale("log", base=2)
         axis.set_xlabel("tree nodes")
         axis.set_ylabel("ms per verification")
+        if "weight_read_ms" in report:
+            axis.axhline(report["weight_read_ms"], color="grey", linestyle=":", label="weight read")
         axis.set_title(f"context {context}, {report['device']}, {report['threads']} threads", fontsize=8)
         axis.legend(fontsize=7)
     figure.tight_layout()
