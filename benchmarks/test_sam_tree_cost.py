@@ -1,8 +1,9 @@
 """Host cost per step of ``sam`` and ``sam+recycling`` (draft + update) at 11, 40 and 80 nodes.
 
-The default model's recorded greedy outputs (``benchmarks/data/sam_streams.jsonl``, see
-``benchmarks/sam_streams.py``: held-out-style prompts and Spec-Bench, 128 new tokens) are
-replayed through each drafter (:mod:`specdec.bench.replay`, no model), every call is
+The default model's recorded greedy outputs (the run directories under
+``benchmarks/data/sam_streams/``: the held-out-style prompts, then Spec-Bench, 128 new
+tokens; docs/algorithms/sam.md, "Choosing the tree rule", has the commands that record
+them) are replayed through each drafter (:mod:`specdec.bench.replay`, no model), every call is
 recorded, and the calls are then replayed inside the timer on fresh drafters, so the timed
 work is exactly ``propose(pending, N)`` plus ``update(accepted, feedback)`` over every step
 of every prompt (``reset``, indexing the prompt, is a per-sequence cost and not timed).
@@ -16,7 +17,6 @@ replay's MAT, the mean nodes a step and the mean microseconds per step.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +24,20 @@ import pytest
 from conftest import per_item_us
 from test_drafter_step import Recorder
 
-from specdec.bench.replay import replay
+from specdec.bench.replay import Stream, recorded_streams, replay
+from specdec.bench.results import load_results
 from specdec.types import Drafter
 
-STREAMS = Path(__file__).resolve().parent / "data" / "sam_streams.jsonl"
+RUNS = [Path(__file__).resolve().parent / "data" / "sam_streams" / name for name in ("heldout", "spec_bench")]
 VOCAB = 49152  # the default model's
 
 
-def streams() -> list[dict[str, Any]]:
-    if not STREAMS.is_file():
-        pytest.skip(f"{STREAMS} is absent: record it with benchmarks/sam_streams.py")
-    return [json.loads(line) for line in STREAMS.read_text().splitlines()[1:] if line.strip()]
+def streams() -> list[Stream]:
+    """The recorded outputs, held-out prompts first, as ``specdec bench replay`` reads them."""
+    absent = [str(run) for run in RUNS if not (run / "results.json").is_file()]
+    if absent:
+        pytest.skip(f"no recorded outputs at {absent[0]}: record them as docs/algorithms/sam.md says")
+    return [stream for run in RUNS for stream in recorded_streams(load_results(run))]
 
 
 def make(name: str, nodes: int, store: Any) -> Drafter:
@@ -45,7 +48,7 @@ def make(name: str, nodes: int, store: Any) -> Drafter:
     return make_factory(name, options, DrafterContext(vocab_size=VOCAB, store=store)).create()
 
 
-def filled_store(records: list[dict[str, Any]], upto: int, enabled: bool) -> Any:
+def filled_store(records: list[Stream], upto: int, enabled: bool) -> Any:
     """A store holding the outputs of ``records[:upto]`` (what a Generator would have), or False."""
     from specdec.datastores.shared import SharedStore
 
@@ -53,7 +56,7 @@ def filled_store(records: list[dict[str, Any]], upto: int, enabled: bool) -> Any
         return False
     store = SharedStore()
     for record in records[:upto]:
-        store.add(record["output"][:-1])  # the last token is never committed to a drafter
+        store.add(record.output[:-1])  # the last token is never committed to a drafter
     return store
 
 
@@ -67,12 +70,10 @@ def test_draft_and_update_per_step(benchmark: Any, name: str, nodes: int, store:
     records = streams()[::2]  # every other prompt: ~2,000 steps, enough for a mean, light for CI's smoke run
     recorded = []
     steps = emitted = tree_nodes = 0
-    for index, record in enumerate(records):
-        if len(record["output"]) < 2:
-            continue
+    for index, record in enumerate(records):  # recorded_streams keeps outputs of 2 tokens or more
         recorder = Recorder(make(name, nodes, filled_store(records, index, store)))
-        stream = record["prompt"] + record["output"]
-        stats = replay(recorder, stream, len(record["prompt"]), vocab_size=VOCAB, max_nodes=nodes).stats
+        stream = record.prompt + record.output
+        stats = replay(recorder, stream, len(record.prompt), vocab_size=VOCAB, max_nodes=nodes).stats
         recorded.append((index, record, recorder))
         steps, emitted = steps + stats.steps, emitted + stats.emitted_by_steps
         tree_nodes += sum(r.tree_size for r in stats.records)
@@ -81,7 +82,7 @@ def test_draft_and_update_per_step(benchmark: Any, name: str, nodes: int, store:
         drafters = []
         for index, record, recorder in recorded:
             drafter = make(name, nodes, filled_store(records, index, store))
-            drafter.reset(record["prompt"], recorder.prompt_feedback)
+            drafter.reset(record.prompt, recorder.prompt_feedback)
             drafters.append((drafter, recorder))
         return (drafters,), {}
 

@@ -156,6 +156,25 @@ class Generator:
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
             self.planner_stats.load(self.acceptance, self.throughput)
 
+    def warm_up(self, max_tokens: int = 2048) -> float:
+        """Pay the first-use costs now, not in the first :meth:`generate`; returns the seconds spent.
+
+        On a static cache (``cache="static"``, the default on CUDA) every tree-size bucket's
+        forward is compiled (inductor) or captured (CUDA graphs) for sequences of up to
+        ``max_tokens`` tokens (prompt + new tokens); with ``budget="auto"`` the verification
+        cost is calibrated (cached per machine, so usually free). A server calls this once
+        before taking requests. Nothing is generated and no sequence is disturbed.
+        """
+        import time
+
+        from specdec.budget.cost import cost_model
+
+        started = time.perf_counter()
+        self.verifier.warm_up(max_tokens)
+        if self.budget.mode == "auto":
+            cost_model(self.verifier)
+        return time.perf_counter() - started
+
     def new_drafter(self) -> Drafter:
         """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
         if self._factory is not None:

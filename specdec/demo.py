@@ -129,20 +129,6 @@ def format_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _warm_buckets(verifier: Any, prompt: list[int], reserve: int) -> None:
-    """On a static KV cache: one verification per bucket, so compiling/capturing happens now, not in the timed runs."""
-    from specdec.types import DraftTree
-
-    buckets = getattr(verifier, "buckets", None)
-    if not buckets:
-        return
-    with verifier.preserving():
-        state, pending, _ = verifier.prefill(prompt, reserve=reserve)
-        for size in buckets:
-            verifier.verify(state, DraftTree.chain(pending, [pending] * (size - 1)))
-            verifier.rewind(state, len(prompt))
-
-
 def _device_text(verifier: Any) -> str:
     import torch
 
@@ -168,7 +154,7 @@ def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[li
     for name, generator in generators.items():
         if name != "none":  # every verifier runs the kernels its calibration chose
             cost_model(generator.verifier)
-        _warm_buckets(generator.verifier, longest, max(p.max_new_tokens for p in prompts))
+        generator.verifier.warm_up(len(longest) + max(p.max_new_tokens for p in prompts))
         generator.generate(prompts[0].prompt, max_new_tokens=4)
     return cost
 

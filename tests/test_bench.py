@@ -33,6 +33,7 @@ from specdec.bench.methods import (
 from specdec.bench.questions import load_questions, select_questions
 from specdec.bench.replay import (
     ReplayVerifier,
+    Stream,
     cost_table,
     judge,
     off_path_choice,
@@ -696,6 +697,30 @@ def test_replay_of_a_recorded_run_gives_the_runs_own_mat(tmp_path: Path) -> None
     kept_none = {**results, "questions": [{**q, "runs": {"none": {}}} for q in results["questions"]]}
     with pytest.raises(SpecDecError, match="kept no outputs"):
         recorded_streams(kept_none)
+
+
+def test_stream_replay_shares_what_a_generator_shares_and_request_replay_does_not() -> None:
+    from specdec.drafters import DrafterContext
+
+    rng = random.Random(7)
+    prompt, output = [rng.randrange(2, VOCAB) for _ in range(12)], [rng.randrange(2, VOCAB) for _ in range(40)]
+    twice = [Stream(1, "a", prompt, output), Stream(2, "a", list(prompt), list(output))]  # the same answer again
+    context, cost = DrafterContext(vocab_size=VOCAB), cost_table("reference")
+    sam, pld = parse_methods(["sam:budget=full", "pld:budget=full"])
+    request, stream = (replay_spec(sam, twice, context, cost, mode) for mode in ("request", "stream"))
+    # per request, the second sequence is a stranger to the first: the same steps
+    assert request[1]["steps"] == request[0]["steps"] == stream[0]["steps"]
+    # one store across them (a Generator's): the second finds the first's output and drafts it
+    assert stream[1]["steps"] < request[1]["steps"] // 3, (stream[1]["steps"], request[1]["steps"])
+    # nothing shared unless the options share it: store=false in stream mode is request mode
+    alone = replay_spec(parse_methods(["sam:budget=full:store=false"])[0], twice, context, cost, "stream")
+    assert [r["steps"] for r in alone] == [r["steps"] for r in request]
+    assert [r["steps"] for r in replay_spec(pld, twice, context, cost, "stream")] == [
+        r["steps"] for r in replay_spec(pld, twice, context, cost, "request")]  # pld keeps nothing across them
+    table = replay_table([*request, *stream])
+    assert "| sam:budget=full | request |" in table and "| sam:budget=full | stream  |" in table
+    with pytest.raises(SpecDecError, match="unknown replay mode 'batch'"):
+        replay_spec(sam, twice, context, cost, "batch")
 
 
 def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:

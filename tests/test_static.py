@@ -269,3 +269,28 @@ def test_default_model_on_cuda_graphs_matches_generate(
             assert comparison.acceptable, f"{dtype} {drafter} on {category}: {comparison.describe()}"
             IDENTITY_COUNTS[f"smollm2-cuda-{dtype}/{drafter}" + ("" if comparison.identical else " (near-tie)")] += 1
     print(f"\n{dtype} static cache vs generate: " + "; ".join(report))
+
+
+def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
+    model = tiny_model("llama")
+    generator = specdec.Generator(model, drafter="pld", cache="static-eager", budget="full")
+    verifier = generator.verifier
+    assert isinstance(verifier, StaticVerifier)
+    prompt = [5, 6, 7, 8] * 30  # + 60 new tokens: within the tiny model's 256 positions
+    # A live sequence, mid-way, survives a warm-up: its next verification is what it would have been.
+    state, pending, _ = verifier.prefill(prompt[:50], reserve=20)
+    generator.warm_up(max_tokens=200)
+    assert set(verifier._runners) == set(verifier.buckets)
+    assert verifier.cache.capacity >= 200 + verifier.largest_bucket
+    capacity, generation = verifier.cache.capacity, verifier.cache.generation
+    verification = verifier.verify(state, DraftTree.chain(pending, [prompt[50]]))
+    fresh = make_verifier(model, cache="dynamic")
+    fresh_state, fresh_pending, _ = fresh.prefill(prompt[:50])
+    expected = fresh.verify(fresh_state, DraftTree.chain(fresh_pending, [prompt[50]]))
+    assert verification.accepted_tokens == expected.accepted_tokens
+    # A request within the warmed length neither regrows the cache nor recompiles.
+    assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
+    assert (verifier.cache.capacity, verifier.cache.generation) == (capacity, generation)
+    with pytest.raises(SpecDecError, match="positive token count"):
+        verifier.warm_up(0)
+    assert specdec.Generator(model, drafter="pld", cache="dynamic").warm_up(64) >= 0.0  # nothing to do there

@@ -354,6 +354,22 @@ class StaticVerifier(ModelVerifier):
                     self._runners[bucket] = BucketRunner(self, bucket, "eager")
                 return self._runners[runner.size].run()
 
+    def warm_up(self, max_tokens: int) -> None:
+        """Compile or capture every bucket's forward for sequences of up to ``max_tokens`` tokens.
+
+        The cache is grown to the capacity those sequences need (so no later request of that
+        length regrows it and recompiles), and each bucket runs once on a throw-away
+        sequence; a live sequence is kept (:meth:`preserving`). Compiled code is cached on
+        disk by inductor, so a later process pays much less than the first.
+        """
+        if max_tokens < 1:
+            raise SpecDecError(f"warm_up needs a positive token count, got {max_tokens}")
+        with self.preserving(), torch.inference_mode():
+            state, pending, _ = self.prefill([0], reserve=max_tokens)
+            for size in self.buckets:
+                self.verify(state, DraftTree.chain(pending, [pending] * (size - 1)))
+                self.rewind(state, 1)
+
     # -- the hooks of ModelVerifier ------------------------------------------------------
     def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
         """The prompt, eagerly (its length varies), into slots ``0 .. L-1`` of the static cache."""

@@ -283,6 +283,14 @@ class ModelVerifier:
             state.cache.crop(-(state.committed_len - committed_len))
         state.committed_len = committed_len
 
+    def warm_up(self, max_tokens: int) -> None:
+        """Pay the one-time costs of verifying sequences of up to ``max_tokens`` tokens now.
+
+        Nothing to do for the dynamic cache, whose forwards run as they come; a static-cache
+        verifier compiles or captures the forward of every bucket here.
+        """
+        del max_tokens
+
     @contextmanager
     def preserving(self) -> Iterator[None]:
         """A block whose prefills and verifications leave every live sequence as it was.

@@ -4,6 +4,7 @@
     specdec bench --report runs/a [runs/b]          # a saved run's tables, or two runs side by side
     specdec bench --report saved new --check        # exit 1 where new's MAT or identity regressed
     specdec bench replay runs/a --drafters pld,sam  # drafters over a run's recorded outputs, no model
+    specdec bench replay runs/a --drafters sam --mode both   # one shared store vs one per request
     specdec bench judge --ids 241 --drafters "sam+recycling:temperature=0.7:seed=1" --position 78
     specdec bench quality --check tests/data/quality_baseline.json     # MAT/steps on fixed prompts
     specdec bench costs --kind sam                  # a datastore's build, size, load and step costs
@@ -120,7 +121,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import numpy as np
 
     from specdec.bench.methods import parse_methods
-    from specdec.bench.replay import cost_table, recorded_streams, replay_spec, replay_table
+    from specdec.bench.replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
     from specdec.bench.results import load_results, write_json_atomic
     from specdec.drafters import DrafterContext
     from specdec.models import load_tokenizer
@@ -139,7 +140,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             f"{s}: {1e3 * float(cost.calibrated(np.array([s]), 300)[0]):.0f}"
             for s in (1, 8, 16, 32, 64)) + f"); {len(streams)} recorded outputs; each cell: modelled speedup, "
             "MAT, nodes per step")
-        table_rows = [{**row, "costs": table} for spec in specs for row in replay_spec(spec, streams, context, cost)]
+        modes = REPLAY_MODES if args.mode == "both" else (args.mode,)
+        table_rows = [{**row, "costs": table} for mode in modes for spec in specs
+                      for row in replay_spec(spec, streams, context, cost, mode)]
         print(replay_table(table_rows), flush=True)
         rows += table_rows
     if args.json:
@@ -291,6 +294,10 @@ def register(sub: Any) -> None:
     replay.add_argument("--method", default=None, help="whose outputs to replay (default: the run's reference)")
     replay.add_argument("--costs", default="reference", help="cost tables: reference, flat, calibrated (comma-"
                         "separated; default: reference)")
+    replay.add_argument("--mode", choices=("stream", "request", "both"), default="stream",
+                        help="stream (default): the recorded outputs in order through one drafter factory, as "
+                        "one Generator (and a run's method) decodes them: sam's store and arctic:shared=true's "
+                        "cache are shared; request: a fresh factory per output, nothing shared; both: each")
     replay.add_argument("--json", default=None, metavar="PATH", help="also write every per-question row here")
     replay.set_defaults(func=cmd_replay)
 

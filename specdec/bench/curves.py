@@ -89,6 +89,7 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
     prompt = [rng.randrange(vocab) for _ in range(max(contexts))]
     states = {name: verifier.prefill(prompt, reserve=max(sizes)) for name, verifier in variants.items()}
     best: dict[str, dict[int, dict[int, float]]] = {name: {c: {} for c in contexts} for name in variants}
+    first: dict[str, dict[str, float]] = {name: {} for name in variants}
     bar = tqdm(total=len(contexts) * (repeats + 1) * len(sizes), desc="curves", unit="size")
     for context in sorted(contexts, reverse=True):  # rewind the prefilled caches, context by context
         for round_ in range(repeats + 1):  # round 0 warms up
@@ -102,12 +103,15 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
                     elapsed = time.perf_counter() - started
                     if round_:
                         best[name][context][size] = min(best[name][context].get(size, float("inf")), elapsed)
+                    else:  # the first call of a size: compiling or capturing, where the variant does
+                        first[name][f"{context}/{size}"] = round(elapsed, 3)
                 bar.update(1)
     bar.close()
     return {
         "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
         "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
         "ms": {name: {str(c): [round(best[name][c][s] * 1e3, 2) for s in sizes] for c in contexts} for name in best},
+        "first_call_s": first,
         "weight_read_ms": weight_read_ms(model, repeats),
         "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
     }
@@ -123,6 +127,14 @@ def markdown(report: dict[str, Any]) -> str:
         for name, by_context in report["ms"].items():
             rows.append([context, name, *[f"{ms:.1f} ({ms / one:.2f}x)" for ms in by_context[str(context)]]])
     table = markdown_table(["context", "variant", *map(str, sizes)], rows)
+    if report.get("first_call_s"):
+        largest = max(report["contexts"])
+        firsts = [
+            f"{name} {sum(v for k, v in calls.items() if k.startswith(f'{largest}/')):.1f} s"
+            for name, calls in report["first_call_s"].items()
+        ]
+        table += (f"\n\nFirst call of every size at context {largest} (compiling, where a variant does): "
+                  + ", ".join(firsts) + ".")
     if "weight_read_ms" in report:
         table += (f"\n\nReading the model's {report['weight_mb']} MB of weights once: "
                   f"{report['weight_read_ms']:.1f} ms (the floor of a memory-bound one-token forward).")

@@ -334,14 +334,16 @@ class SpecdecMethod:
             self._generator.verifier = cast(Any, self._trees)
             self._feedback_topk = self._generator.new_drafter().feedback_topk
 
-    def prepare(self) -> None:
-        """Pay one-time costs now (the budget planner's calibration, on its first use in a process).
-
-        Every budget needs it: the calibration also picks the verifier's kernels.
+    def prepare(self, max_tokens: int | None = None) -> None:
+        """Pay one-time costs now: the budget planner's calibration, on its first use in a process
+        (every budget needs it: the calibration also picks the verifier's kernels), and with
+        ``max_tokens`` the static cache's compiled forwards for sequences that long.
         """
         from specdec.budget.cost import cost_model
 
         cost_model(self._generator.verifier)
+        if max_tokens is not None:
+            self._generator.warm_up(max_tokens)
 
     def after_warmup(self) -> None:
         """A kept drafter starts the timed questions fresh: what it learned in the warm-up is dropped."""

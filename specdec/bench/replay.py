@@ -205,17 +205,29 @@ def cost_table(name: str, model_spec: str = "default") -> Any:
     return VerifyCostModel(CostTable(COST_SIZES, (1, 4096), (row, row), {"device": name}), learn=False)
 
 
-def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any) -> list[dict[str, Any]]:
-    """One drafter spec over every stream, as one :class:`~specdec.Generator` would run them.
+REPLAY_MODES = ("stream", "request")
+
+
+def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
+                mode: str = "stream") -> list[dict[str, Any]]:
+    """One drafter spec over every stream, in order: ``mode`` says what the streams share.
+
+    - ``stream`` (as one :class:`~specdec.Generator` runs its requests, and as ``specdec
+      bench`` runs a method across its questions): one drafter factory for all streams, so
+      what it shares across sequences is shared: ``sam``'s store of earlier sequences (its
+      ``store`` option: on by default), ``arctic:shared=true``'s cache. Each drafter is told
+      when its sequence ends (``finish``), which is when ``sam`` adds it to the store.
+    - ``request``: a fresh factory per stream (a fresh ``specdec.run`` per prompt): a
+      drafter sees its own prompt and output only, whatever its options.
 
     The spec's ``budget`` (default ``auto``, as in a run; ``full`` is the drafter's whole
-    tree) and ``max_nodes`` apply; the planner sees only the frozen ``cost`` and no overhead, so nothing depends on
-    a clock, and every step is priced with ``cost``: ``run_s`` is the run's verification
-    time, ``plain_s`` plain decoding's for the same tokens (their ratio is the modelled
-    speedup). ``store=false`` (or a size) sets the store of earlier sequences ``sam`` drafts
-    from, as for a :class:`~specdec.Generator`; the streams run in order through one drafter
-    factory, each drafter told when its sequence ends. Drafters that learn from the model's
-    predictions cannot be replayed, nor can options that need a model (sampling, a backend).
+    tree) and ``max_nodes`` apply; the planner sees only the frozen ``cost`` and no
+    overhead, so nothing depends on a clock, and its statistics are kept across the streams
+    in both modes (as a Generator's). Every step is priced with ``cost``: ``run_s`` is the
+    run's verification time, ``plain_s`` plain decoding's for the same tokens (their ratio
+    is the modelled speedup). ``store=false`` (or a size) sets the store ``sam`` drafts
+    from, as for a Generator. Drafters that learn from the model's predictions cannot be
+    replayed, nor can options that need a model (sampling, a backend).
     """
     import dataclasses
 
@@ -225,21 +237,29 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any) -
     from specdec.drafters import make_factory
     from specdec.engine import StopRules, decode
 
+    if mode not in REPLAY_MODES:
+        raise SpecDecError(f"unknown replay mode {mode!r}: {', '.join(REPLAY_MODES)}")
     options = dict(spec.options)
     budget, max_nodes = options.pop("budget", "auto"), options.pop("max_nodes", None)
-    if "store" in options:
-        context = dataclasses.replace(context, store=resolve_store(options.pop("store")))
+    store = options.pop("store", None)
     construction, generation = generator_options()
     needs_model = [name for name in options if name in construction | generation]  # in the spec's order
     if needs_model:
         raise SpecDecError(f"{spec.label}: option {needs_model[0]!r} needs the model; a replay has none")
-    factory = make_factory(spec.name, options, context)
+
+    def new_factory() -> Any:  # what a Generator makes once: the drafter factory and its store
+        stored = context if store is None else dataclasses.replace(context, store=resolve_store(store))
+        return make_factory(spec.name, options, stored)
+
+    factory = new_factory()
     if factory.create().feedback_topk:
         raise SpecDecError(f"{spec.label}: drafter {spec.name!r} learns from the model's predictions, which a "
                            "replay does not have; measure it with the model (`specdec bench`)")
     acceptance, throughput = AcceptanceModel(), Throughput(fixed_overhead_s=0.0)  # shared across prompts
     rows = []
-    for stream in streams:
+    for index, stream in enumerate(streams):
+        if mode == "request" and index:
+            factory = new_factory()
         verifier = ReplayVerifier([*stream.prompt, *stream.output], context.vocab_size)
         planner = BudgetPlanner(cast("ModelVerifier", verifier), budget, acceptance, throughput, cost=cost)
         rules = StopRules(len(stream.output), frozenset(context.eos_token_ids))
@@ -257,23 +277,29 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any) -
             run_s += float(cost.calibrated(np.array([record.tree_size]), committed)[0])
             plain_s += float(cost.calibrated(one, committed)[0]) * (record.accepted + 1)
             committed += record.accepted + 1
-        rows.append({"label": spec.label, "question_id": stream.question_id, "category": stream.category,
-                     "steps": result.stats.steps, "emitted": result.stats.emitted_by_steps,
+        rows.append({"label": spec.label, "mode": mode, "question_id": stream.question_id,
+                     "category": stream.category, "steps": result.stats.steps, "emitted": result.stats.emitted_by_steps,
                      "nodes": sum(r.tree_size for r in result.stats.records), "run_s": run_s, "plain_s": plain_s})
     return rows
 
 
 def replay_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Per method and category: modelled speedup, MAT and nodes verified per step."""
+    """Per method, mode and category, pooled: modelled speedup, MAT and nodes verified per step.
+
+    Pooled: a category's MAT is all its tokens emitted by steps over all its steps (not a
+    mean of per-question MATs), and its nodes per step likewise.
+    """
     from specdec.bench.report import OVERALL, markdown_table
 
-    labels = list(dict.fromkeys(r["label"] for r in rows))
+    methods = list(dict.fromkeys((r["label"], r.get("mode", "stream")) for r in rows))
     categories = [*dict.fromkeys(r["category"] for r in rows), OVERALL]
 
-    def cell(label: str, category: str) -> str:
-        chosen = [r for r in rows if r["label"] == label and category in (OVERALL, r["category"])]
+    def cell(method: tuple[str, str], category: str) -> str:
+        chosen = [r for r in rows if (r["label"], r.get("mode", "stream")) == method
+                  and category in (OVERALL, r["category"])]
         steps = max(1, sum(r["steps"] for r in chosen))
         return (f"{sum(r['plain_s'] for r in chosen) / sum(r['run_s'] for r in chosen):.2f}x, "
                 f"{sum(r['emitted'] for r in chosen) / steps:.2f}, {sum(r['nodes'] for r in chosen) / steps:.1f}")
 
-    return markdown_table(["method", *categories], [[label, *[cell(label, c) for c in categories]] for label in labels])
+    return markdown_table(["method", "mode", *categories],
+                          [[label, mode, *[cell((label, mode), c) for c in categories]] for label, mode in methods])

@@ -152,8 +152,9 @@ def format_report(results: dict[str, Any]) -> str:
         parts += ["", "Differences from the reference (the judge's verdict at the first differing token)", differences]
     warmup = meta.get("warmup") or {}
     if warmup:
-        parts += ["", "Warm-up (untimed): seconds of each call, "
-                  f"{settings.get('warmup_tokens', '?')} new tokens (a compiled method compiles in its first)",
+        parts += ["", "Warm-up (untimed): seconds of each call; specdec's methods first prepare (calibration, and "
+                  "on a static cache compiling every bucket), then generate "
+                  f"{settings.get('warmup_tokens', '?')} new tokens twice (a compiled peer compiles in its first)",
                   markdown_table(["method", *[f"call {i + 1}" for i in range(max(map(len, warmup.values())))]],
                                  [[label, *[_fmt(s, 2) for s in seconds]] for label, seconds in warmup.items()])]
     return "\n".join(parts)

@@ -6,7 +6,8 @@ A run directory holds ``results.json``, rewritten (atomically) after every quest
                 the sampling judge's fields and the warm-up times)
     meta        command, argv, started/finished, machine (CPU, threads, GPU, load), versions
                 (torch, transformers, git commit), model (name, dtype, device), settings,
-                questions file and its digest, warmup {label: [seconds of each warm-up call]}
+                questions file and its digest, warmup {label: [seconds of prepare (specdec's methods),
+                then of each warm-up call]}
     methods     [{label, name, options}], in the order given; the first is the speedup baseline
     baseline    the first method's label
     reference   the greedy method outputs are judged against; references {label: reference label}
