@@ -90,18 +90,18 @@ def test_compaction_moves_exactly_the_accepted_slots() -> None:
     cache = StaticKVCache(num_layers=3, capacity=32, device=torch.device("cpu"))
     cache.allocate_like(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
     assert cache.keys is not None and cache.values is not None
-    cache.keys.normal_()
-    cache.values.normal_()
-    keys, values = cache.keys.clone(), cache.values.clone()
+    for tensor in (*cache.keys, *cache.values):
+        tensor.normal_()
+    before = [t.clone() for t in (*cache.keys, *cache.values)]
     committed, path = 10, (0, 2, 5, 6)
     cache.compact(committed, path)
-    for i, node in enumerate(path):
-        assert torch.equal(cache.keys[:, :, :, committed + i], keys[:, :, :, committed + node])
-        assert torch.equal(cache.values[:, :, :, committed + i], values[:, :, :, committed + node])
-    assert torch.equal(cache.keys[:, :, :, :committed], keys[:, :, :, :committed])  # the committed prefix is kept
-    chain = cache.keys.clone()
+    for tensor, old in zip((*cache.keys, *cache.values), before, strict=True):
+        for i, node in enumerate(path):
+            assert torch.equal(tensor[:, :, committed + i], old[:, :, committed + node])
+        assert torch.equal(tensor[:, :, :committed], old[:, :, :committed])  # the committed prefix is kept
+    chain = [t.clone() for t in (*cache.keys, *cache.values)]
     cache.compact(committed, (0, 1, 2))  # a chain is in place already: nothing moves
-    assert torch.equal(cache.keys, chain)
+    assert all(torch.equal(t, c) for t, c in zip((*cache.keys, *cache.values), chain, strict=True))
 
 
 def test_calibration_inside_a_sequence_leaves_it_intact() -> None:

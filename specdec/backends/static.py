@@ -208,7 +208,7 @@ class BucketRunner:
         # GEMM (MKL/oneDNN layouts, per bucket size). It is read where compilation starts, which
         # `options=` of torch.compile does not reach (seen with torch 2.13), hence the patch
         # around every call: a recompilation must freeze too.
-        with torch._inductor.config.patch(freezing=True):
+        with torch._inductor.config.patch(freezing=verifier.freezing):
             return self._compiled(
                 verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
                 verifier.additive_dtype, 0,
@@ -282,6 +282,8 @@ class StaticVerifier(ModelVerifier):
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
         self.narrow = None  # narrow products patch the eager forward; compiled forwards choose their own GEMMs
+        # inductor folds the weights in as constants (prepacked GEMMs); False: weights stay inputs
+        self.freezing = True
         self._runners: dict[int, BucketRunner] = {}
         self._sequence = 0  # the sequence that owns the cache now
         self._sequences_made = 0
@@ -420,17 +422,17 @@ class StaticVerifier(ModelVerifier):
     def preserving(self) -> Iterator[None]:
         """Keep the live sequence's committed keys and values (and its ownership) across the block."""
         sequence, committed = self._sequence, self.cache.committed_len
-        kept: tuple[torch.Tensor, torch.Tensor] | None = None
+        kept: list[torch.Tensor] | None = None
         if self.cache.allocated and committed > 0:
             assert self.cache.keys is not None and self.cache.values is not None
-            kept = (self.cache.keys[:, :, :, :committed].clone(), self.cache.values[:, :, :, :committed].clone())
+            kept = [t[:, :, :committed].clone() for t in (*self.cache.keys, *self.cache.values)]
         try:
             yield
         finally:
             if kept is not None:
                 assert self.cache.keys is not None and self.cache.values is not None
                 with torch.inference_mode():  # the cache was made by inference-mode forwards
-                    self.cache.keys[:, :, :, :committed] = kept[0]
-                    self.cache.values[:, :, :, :committed] = kept[1]
+                    for tensor, saved in zip((*self.cache.keys, *self.cache.values), kept, strict=True):
+                        tensor[:, :, :committed] = saved
             self.cache.committed_len = committed
             self._sequence = sequence
