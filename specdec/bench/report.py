@@ -152,11 +152,13 @@ def format_report(results: dict[str, Any]) -> str:
         parts += ["", "Differences from the reference (the judge's verdict at the first differing token)", differences]
     warmup = meta.get("warmup") or {}
     if warmup:
+        calls = max(map(len, warmup.values()))  # specdec's methods have a prepare call first, peers do not
         parts += ["", "Warm-up (untimed): seconds of each call; specdec's methods first prepare (calibration, and "
                   "on a static cache compiling every bucket), then generate "
                   f"{settings.get('warmup_tokens', '?')} new tokens twice (a compiled peer compiles in its first)",
-                  markdown_table(["method", *[f"call {i + 1}" for i in range(max(map(len, warmup.values())))]],
-                                 [[label, *[_fmt(s, 2) for s in seconds]] for label, seconds in warmup.items()])]
+                  markdown_table(["method", *[f"call {i + 1}" for i in range(calls)]],
+                                 [[label, *[_fmt(s, 2) for s in seconds], *["-"] * (calls - len(seconds))]
+                                  for label, seconds in warmup.items()])]
     return "\n".join(parts)
 
 
