@@ -13,6 +13,7 @@ from typing import Any
 
 from specdec.backends import make_verifier
 from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.cost import use_cached_kernels
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.store import open_store
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
@@ -131,6 +132,7 @@ class Generator:
     ) -> None:
         self.model, self.tokenizer = _resolve_model(model, tokenizer, device, dtype)
         self.verifier = make_verifier(self.model, backend, cache=cache)
+        use_cached_kernels(self.verifier)  # plain steps too run the kernels this machine's calibration chose
         self.budget = Budget.parse(budget)
         self.acceptance = AcceptanceModel()
         self.throughput = Throughput()

@@ -11,10 +11,12 @@ synthetic (frozen) cost models, so no test depends on how fast this machine is.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -521,3 +523,18 @@ def test_throughput_prices_steps_with_the_cost_model_and_floors_at_plain() -> No
     fixed = Throughput(fixed_overhead_s=0.25)  # a clock-free rate: replays and tests
     fixed.observe(emitted=3, step_s=10.0, verify_s=9.0, predicted_verify_s=0.75)
     assert fixed.overhead_s == 0.25 and fixed.rate(floor=0.1) == pytest.approx(3.0)
+
+
+def test_plain_decoding_runs_the_kernels_a_cached_calibration_chose(private_cache: Path) -> None:
+    """`none` never drafts, so never calibrates: a Generator still takes the cached table's kernel choice."""
+    model = copy.deepcopy(tiny_model("llama")).to(torch.float32)  # narrow products need fp32
+    assert specdec.Generator(model, drafter="none").verifier.narrow_single is False  # nothing cached: defaults
+    verifier = make_verifier(model)
+    table = dataclasses.replace(calibrate(verifier, sizes=(1, 2), contexts=(8,), repeats=1), narrow_single=True,
+                                narrow_rows=2)
+    calibration_path(model_identity(verifier)).parent.mkdir(parents=True, exist_ok=True)
+    calibration_path(model_identity(verifier)).write_text(json.dumps(table.to_json()))
+    forget_cost_models()
+    plain = specdec.Generator(model, drafter="none")
+    assert (plain.verifier.narrow_single, plain.verifier.narrow_rows) == (True, 2)
+    assert plain.generate([5, 6, 7, 5, 6], max_new_tokens=12).tokens == hf_greedy(model, [5, 6, 7, 5, 6], 12)

@@ -511,6 +511,33 @@ def calibration_path(identity: dict[str, str]) -> Path:
     return cache_dir() / "calibration" / f"{identity_key(identity)}.json"
 
 
+def use_cached_kernels(verifier: ModelVerifier) -> bool:
+    """Run the kernels a cached calibration chose for ``verifier``, without measuring anything.
+
+    The calibration also decides which kernels pay on this machine (narrow products,
+    docs/budget.md), and it is made at a speculative run's first draft. Plain decoding
+    (``drafter="none"``) never drafts, so without this it would keep the default kernels
+    even where a cached calibration says the narrow ones are faster. Returns whether a
+    cached (or in-memory) calibration was found.
+    """
+    identity = model_identity(verifier)
+    known = _MODELS.get(identity_key(identity))
+    if known is None:
+        path = calibration_path(identity)
+        if not path.is_file():
+            return False
+        try:
+            table = CostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # a bad file is measured again by cost_model() when a run needs it
+        if table.identity != identity:
+            return False
+        _use_kernels(verifier, table)
+        return True
+    _use_kernels(verifier, known.table)
+    return True
+
+
 def cost_model(
     verifier: ModelVerifier, *, recalibrate: bool = False, cache_busy: bool = False
 ) -> tuple[VerifyCostModel, float]:
