@@ -151,9 +151,8 @@ def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[li
         print("Compiling or capturing the static cache's forward for every tree-size bucket (once per method) ...",
               file=sys.stderr)
     longest = max(ids, key=len)
-    for name, generator in generators.items():
-        if name != "none":  # every verifier runs the kernels its calibration chose
-            cost_model(generator.verifier)
+    for generator in generators.values():
+        cost_model(generator.verifier)  # every verifier runs the kernels the calibration chose, plain decoding too
         generator.verifier.warm_up(len(longest) + max(p.max_new_tokens for p in prompts))
         generator.generate(prompts[0].prompt, max_new_tokens=4)
     return cost

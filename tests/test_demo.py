@@ -130,3 +130,31 @@ def test_the_coldstart_command_runs_in_fresh_processes(
     assert row["cold"]["tokens"] == row["plain"]["tokens"] == row["warm"]["tokens"]
     assert row["cold"]["tokens_per_s"] > 0.0 and "cold_over_warm" in report["summary"]
     assert "cold / warm =" in capsys.readouterr().out
+
+
+def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a fresh machine the calibration happens in the warm-up, after the generators exist: the plain
+    baseline must take its kernel choice too, or every speedup the demo prints is inflated."""
+    import copy
+
+    import torch
+    from tiny_models import tiny_model
+
+    import specdec
+    from specdec.budget.cost import forget_cost_models
+    from specdec.demo import DemoPrompt, _warm_up
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("specdec.budget.cost.busy_reason", lambda table: None)
+    forget_cost_models()
+    model = copy.deepcopy(tiny_model("llama")).to(torch.float32)  # narrow products need fp32
+    monkeypatch.setattr("specdec.budget.cost._narrow_single", lambda sizes, plain, narrow: True)  # say they win
+    generators = {name: specdec.Generator(model, drafter=name) for name in ("none", "pld")}
+    assert generators["none"].verifier.narrow_single is False  # nothing calibrated yet
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    _warm_up(generators, [DemoPrompt("chat", prompt, 8)], [prompt])  # type: ignore[arg-type]  # ids, no tokenizer
+    assert generators["none"].verifier.narrow_single is True
+    assert generators["none"].verifier.narrow_single == generators["pld"].verifier.narrow_single
+    forget_cost_models()
