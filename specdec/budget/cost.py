@@ -522,20 +522,28 @@ def use_cached_kernels(verifier: ModelVerifier) -> bool:
     """
     identity = model_identity(verifier)
     known = _MODELS.get(identity_key(identity))
-    if known is None:
-        path = calibration_path(identity)
-        if not path.is_file():
-            return False
+    table = known.table if known is not None else None
+    if table is None:
         try:
-            table = CostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
-            return False  # a bad file is measured again by cost_model() when a run needs it
-        if table.identity != identity:
-            return False
-        _use_kernels(verifier, table)
-        return True
-    _use_kernels(verifier, known.table)
+            table = _cached_table(identity)
+        except OSError:
+            table = None  # unreadable: cost_model() says so when a run needs the table
+    if table is None:
+        return False  # none, or a bad file: measured again by cost_model() when a run needs it
+    _use_kernels(verifier, table)
     return True
+
+
+def _cached_table(identity: dict[str, str]) -> CostTable | None:
+    """The calibration cached on disk for ``identity``; None when there is none, or it is corrupt or another's."""
+    path = calibration_path(identity)
+    if not path.is_file():
+        return None
+    try:
+        table = CostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError):  # SpecDecError is a ValueError
+        return None
+    return table if table.identity == identity else None
 
 
 def cost_model(
@@ -570,14 +578,7 @@ def cost_model(
         _use_kernels(verifier, known.table)
         return known, 0.0
     path = calibration_path(identity)
-    table = None
-    if not recalibrate and path.is_file():
-        try:
-            table = CostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
-        except (ValueError, KeyError, TypeError):  # SpecDecError is a ValueError
-            table = None
-        if table is not None and table.identity != identity:
-            table = None
+    table = None if recalibrate else _cached_table(identity)
     spent = 0.0
     if table is None:
         started = time.perf_counter()
