@@ -22,8 +22,8 @@ only tensor contents do. This module does that for tree verification:
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
   compiled forward), each compiled/captured lazily at its bucket's first use;
 - acceptance runs through the backend's tree ops, whose one host sync per step reads the
-  chosen tokens (or, with ``cuda_ext``, the path); compaction of the accepted path is two
-  gathers and two scatters in place (:meth:`StaticKVCache.compact`).
+  chosen tokens (or, with ``cuda_ext``, the path); compaction of the accepted path is a
+  gather and a scatter per layer's keys and values, in place (:meth:`StaticKVCache.compact`).
 
 The user's model is never changed: compiled functions and captured graphs live in the
 verifier (the model's ``forward``, modules and parameters are untouched; ``model(...)``
