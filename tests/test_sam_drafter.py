@@ -54,7 +54,8 @@ def expected_tree(tokens: list[int], position: int, config: SamConfig, static: S
     """The reference's tree as the drafter must return it: labels, features, the budget cut."""
     want = sam_tree(tokens[:position], tokens[position], static=static, store=store,
                     num_nodes=min(config.num_nodes, budget), max_children=config.max_children,
-                    chain_length=config.chain_length, l_bias=config.l_bias, store_bias=config.store_bias)
+                    chain_length=config.chain_length, l_bias=config.l_bias, store_bias=config.store_bias,
+                    min_share=config.min_share, match_factor=config.match_factor, match_offset=config.match_offset)
     if len(want.tokens) == 1:
         return DraftTree.single(tokens[position], "sam")
     features = [0] + [node_feature(want.match_length, want.occurrences[i], want.occurrences[want.parents[i]])
@@ -114,8 +115,9 @@ def stream_from(rng: random.Random, documents: list[list[int]], length: int, alp
     "config",
     [SamConfig(store=False),
      SamConfig(num_nodes=6, max_children=1, chain_length=4, l_bias=0, store_bias=0, store=False),
-     SamConfig(num_nodes=25, max_children=2, l_bias=2, store_bias=2, store=False)],
-    ids=["default", "narrow-shallow-no-bias", "biased"],
+     SamConfig(num_nodes=25, max_children=2, l_bias=2, store_bias=2, store=False),
+     SamConfig(num_nodes=8, match_factor=1, match_offset=1, min_share=0.4, l_bias=1, store=False)],
+    ids=["default", "narrow-shallow-no-bias", "biased", "sized-by-evidence"],
 )
 @pytest.mark.parametrize("seed", range(3))
 def test_equals_reference_with_every_source(config: SamConfig, seed: int) -> None:
@@ -244,6 +246,14 @@ def test_bad_options_are_refused() -> None:
         make_factory("sam", {"store": "yes"})
     with pytest.raises(SpecDecError, match="store must be True .*, got 1"):
         make_factory("sam", {"store": 1})
+    with pytest.raises(SpecDecError, match=r"min_share must be a number in \[0, 1\], got 1.5"):
+        make_factory("sam", {"min_share": 1.5})
+    with pytest.raises(SpecDecError, match="match_factor must be a finite number >= 0, got -1"):
+        make_factory("sam", {"match_factor": -1})
+    with pytest.raises(SpecDecError, match="match_offset must be a finite number >= 0, got inf"):
+        make_factory("sam", {"match_offset": float("inf")})
+    with pytest.raises(SpecDecError, match="match_factor must be a finite number >= 0, got 'x'"):
+        make_factory("sam", {"match_factor": "x"})
 
 
 # -- losslessness on tiny fp64 models ----------------------------------------------------------

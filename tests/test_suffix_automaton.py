@@ -307,6 +307,27 @@ def test_occurrence_tree_by_hand() -> None:
     assert merged.tokens == [2, 3, 6] and merged.occurrences == [5, 2, 1]
 
 
+def test_occurrence_tree_sized_by_evidence() -> None:
+    """Rule 4: match_factor caps the draft tokens by the match length; min_share drops rare continuations."""
+    sam = SuffixAutomaton.from_documents([[1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 1, 2]])
+    match = [Match(sam, sam.match([7, 1, 2]))]  # length 2, 4 occurrences: "3" twice, "4" once
+    full = occurrence_tree(match, 2, max_nodes=6, max_depth=3)
+    assert full.tokens == [2, 3, 4, 5, 1, 1]
+    # 1 x 2 + 1 = 3 draft tokens: the best-first prefix of the full tree.
+    capped = occurrence_tree(match, 2, max_nodes=6, max_depth=3, match_factor=1.0, match_offset=1.0)
+    assert capped.tokens == full.tokens[:4] and capped.parents == full.parents[:4]
+    # 0.5 x 2 + 0.4 = 1.4 draft tokens: one; 0.2 x 2: none (the root alone, its match still reported).
+    assert occurrence_tree(match, 2, max_nodes=6, max_depth=3, match_factor=0.5, match_offset=0.4).tokens == [2, 3]
+    alone = occurrence_tree(match, 2, max_nodes=6, max_depth=3, match_factor=0.2)
+    assert alone.tokens == [2] and alone.match_length == 2
+    # min_share 0.5: a node needs 2 of the root's 4 occurrences: only "3" (2) qualifies, its children (1) not.
+    assert occurrence_tree(match, 2, max_nodes=6, max_depth=3, min_share=0.5).tokens == [2, 3]
+    # A dropped child frees its max_children slot for the next one: with max_children=1 and
+    # min_share 0.25 (one occurrence), the tree is the same as without it.
+    assert occurrence_tree(match, 2, max_nodes=6, max_depth=3, max_children=1, min_share=0.25).tokens \
+        == occurrence_tree(match, 2, max_nodes=6, max_depth=3, max_children=1).tokens
+
+
 @settings(max_examples=120, deadline=None)
 @given(
     sources=st.lists(st.tuples(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=18), min_size=1, max_size=3),
@@ -476,9 +497,15 @@ def assert_trees_equal(sam_native: Any, compiled: list[tuple[Any, Cursor | tuple
     """The compiled tree (sources: automaton, cursor after ``pending``, bias, rank) equals the reference's."""
     for _ in range(3):
         max_nodes, max_depth, max_children = rng.randrange(1, 50), rng.randrange(1, 40), rng.randrange(1, 6)
+        # Rule 4 off half the time, else random sizes by evidence (shares and factors in quarters
+        # land exactly on occurrence counts and match lengths: ties of the comparisons are tested).
+        sizing = (0.0, 0.0, 0.0) if rng.random() < 0.5 else \
+            (rng.randrange(5) / 4, rng.randrange(9) / 4, rng.randrange(9) / 4)
         tokens, parents, counts, masks, match, features = sam_native.occurrence_tree(
-            [(a, c[0], c[1], bias, rank) for a, c, bias, rank in compiled], pending, max_nodes, max_depth, max_children)
-        want = occurrence_tree(reference, pending, max_nodes=max_nodes, max_depth=max_depth, max_children=max_children)
+            [(a, c[0], c[1], bias, rank) for a, c, bias, rank in compiled], pending, max_nodes, max_depth, max_children,
+            *sizing)
+        want = occurrence_tree(reference, pending, max_nodes=max_nodes, max_depth=max_depth, max_children=max_children,
+                               min_share=sizing[0], match_factor=sizing[1], match_offset=sizing[2])
         assert (tokens, parents, counts, match) == (want.tokens, want.parents, want.occurrences, want.match_length)
         assert [{r for r in range(4) if m >> r & 1} for m in masks] == [set(r) for r in want.ranks]
         assert features == [0] + [node_feature(match, counts[i], counts[parents[i]]) for i in range(1, len(tokens))]

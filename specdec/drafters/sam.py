@@ -40,6 +40,7 @@ the dynamic automaton.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,13 @@ class SamConfig:
     ``store_bias``: subtracted from the store's match length before sources are compared (1:
     another sequence's text is less specific to this one than its own, as a corpus is; measured
     in docs/algorithms/sam.md).
+    ``match_factor``, ``match_offset``, ``min_share``: size by evidence (rule 4 of the
+    reference's occurrence tree; off by default, as ``budget="auto"`` cuts trees by measured
+    acceptance): at most ``match_factor`` x the match length + ``match_offset`` draft tokens,
+    and no node with less than ``min_share`` of the match's occurrences. For small fixed
+    budgets (``budget="full"`` with few nodes, a serving engine's chains): ``match_factor=1,
+    match_offset=1, min_share=0.4`` is at or above Arctic's suffix decoding at its size
+    (docs/algorithms/sam.md, "Small trees").
     """
 
     num_nodes: int = 40
@@ -121,10 +129,19 @@ class SamConfig:
     datastore: str | os.PathLike[str] | None = None
     store: bool | int | SharedStore = True
     store_bias: int = 1
+    match_factor: float = 0.0
+    match_offset: float = 0.0
+    min_share: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive("sam", num_nodes=self.num_nodes, max_children=self.max_children,
                          chain_length=self.chain_length)
+        for key, upper in (("match_factor", math.inf), ("match_offset", math.inf), ("min_share", 1.0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= upper \
+                    or not math.isfinite(value):
+                bound = "a finite number >= 0" if upper == math.inf else f"a number in [0, {upper:g}]"
+                raise SpecDecError(f"drafter 'sam': {key} must be {bound}, got {value!r}")
         for key in ("l_bias", "l_threshold", "store_bias"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -227,7 +244,8 @@ class SamDrafter:
             return DraftTree.single(pending, source=self.name)
         # Features (node_feature) and source masks come from C++: no per-node Python loop.
         tokens, parents, _, masks, _, features = self._module.occurrence_tree(
-            sources, pending, budget, config.chain_length - 1, config.max_children
+            sources, pending, budget, config.chain_length - 1, config.max_children,
+            float(config.min_share), float(config.match_factor), float(config.match_offset)
         )
         if len(tokens) == 1:
             return DraftTree.single(pending, source=self.name)

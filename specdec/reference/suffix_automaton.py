@@ -119,6 +119,16 @@ and a **rank** (more recent text ranks higher), and the rule reads:
    one token deeper needs twice the evidence to come first: every level is one more token
    that must be accepted (measured: docs/algorithms/sam.md, "Choosing the tree rule").
 
+4. **Size by evidence** (optional, off by default: the budget planner cuts trees in a
+   ``Generator``). With ``match_factor > 0`` the tree has at most ``match_factor *
+   best + match_offset`` nodes besides the root, ``best`` the biased match length of
+   rule 2: a long match has predicted its continuation well so far, a short one has not
+   (Arctic Inference's suffix decoding caps its drafts the same way). With ``min_share >
+   0`` no node with fewer than ``min_share`` of the root's occurrences is offered: a
+   continuation few occurrences took is unlikely to be the model's. Both keep small trees
+   for the steps whose evidence is strong, which is what pays when few nodes a step may
+   be verified (docs/algorithms/sam.md, "Small trees").
+
 A child never has more occurrences than its parent and is one level deeper, so its weight
 is at most half its parent's: parents come first and every prefix of the tree is the tree
 of a smaller budget. With one occurrence the tree is the paper's chain (from the latest
@@ -418,7 +428,8 @@ class OccurrenceTree:
 
 
 def occurrence_tree(
-    matches: Sequence[Match], pending: int, *, max_nodes: int, max_depth: int, max_children: int = 4
+    matches: Sequence[Match], pending: int, *, max_nodes: int, max_depth: int, max_children: int = 4,
+    min_share: float = 0.0, match_factor: float = 0.0, match_offset: float = 0.0,
 ) -> OccurrenceTree:
     """The occurrence tree of the module docstring (rules 1-3), rooted at ``pending``.
 
@@ -445,6 +456,12 @@ def occurrence_tree(
     occurrences = [sum(match.automaton.occurrences(state) for match, state, _ in kept)]
     ranks = [frozenset(match.rank for match, _, _ in kept)]
     match_length = max(length for _, _, length in kept)
+    # Rule 4: size by evidence.
+    if match_factor > 0:
+        max_nodes = min(max_nodes, int(1.0 + match_factor * max(best, 0) + match_offset))
+        if max_nodes < 2:
+            return OccurrenceTree(tokens, parents, occurrences, ranks, match_length)
+    min_occurrences = min_share * occurrences[0]
 
     # Rule 3: best first. A candidate: (sort key, parent node, token, occurrences, ranks, states by source).
     candidates: list[tuple[tuple[float, ...], int, int, int, frozenset[int], dict[int, int]]] = []
@@ -464,6 +481,7 @@ def occurrence_tree(
                 end = sam.last_endpos(target) - (depth + 1)  # where that occurrence of the match ends
                 children[token] = (count + sam.occurrences(target), max(recency, (match.rank, end)),
                                    holders | {match.rank}, {**targets, i: target})
+        children = {token: child for token, child in children.items() if child[0] >= min_occurrences}
         ranked = sorted(children.items(), key=lambda item: (-item[1][0], tuple(-r for r in item[1][1]), item[0]))
         for token, (count, recency, holders, targets) in ranked[:max_children]:
             weight = count / 2 ** (depth + 1)  # exact: a power of two scales a float without rounding
@@ -495,6 +513,9 @@ def sam_tree(
     chain_length: int = 40,
     l_bias: int = 5,
     store_bias: int = 0,
+    min_share: float = 0.0,
+    match_factor: float = 0.0,
+    match_offset: float = 0.0,
 ) -> OccurrenceTree:
     """The ``sam`` drafter's tree after ``pending``, from scratch: the oracle of the drafter.
 
@@ -511,4 +532,5 @@ def sam_tree(
         matches.append(Match(automaton, automaton.match(context), store_bias, rank))
     if static is not None:
         matches.append(Match(static, static.match(context), l_bias, 0))
-    return occurrence_tree(matches, pending, max_nodes=num_nodes, max_depth=chain_length - 1, max_children=max_children)
+    return occurrence_tree(matches, pending, max_nodes=num_nodes, max_depth=chain_length - 1, max_children=max_children,
+                           min_share=min_share, match_factor=match_factor, match_offset=match_offset)

@@ -1013,7 +1013,8 @@ struct OccurrenceTree {
 };
 
 OccurrenceTree build_occurrence_tree(std::vector<TreeSource> sources, int64_t pending, int32_t max_nodes,
-                                     int32_t max_depth, int32_t max_children) {
+                                     int32_t max_depth, int32_t max_children, double min_share,
+                                     double match_factor, double match_offset) {
   OccurrenceTree tree;
   tree.tokens.push_back(pending);
   tree.parents.push_back(-1);
@@ -1050,6 +1051,14 @@ OccurrenceTree build_occurrence_tree(std::vector<TreeSource> sources, int64_t pe
   }
   tree.occurrences[0] = tree.root_occurrences;
   tree.sources[0] = root_sources;
+  // Step 4 (optional): size by evidence. At most match_factor x (biased match length) +
+  // match_offset draft tokens, and no node below min_share of the root's occurrences.
+  if (match_factor > 0.0) {
+    double cap = 1.0 + match_factor * double(std::max(best, 0)) + match_offset;
+    if (cap < double(max_nodes)) max_nodes = int32_t(cap);
+    if (max_nodes < 2) return tree;
+  }
+  const double min_occurrences = min_share * double(tree.root_occurrences);
   const int num_sources = int(kept.size());
 
   using States = std::array<int32_t, kMaxSources>;  // per kept source: the node's state (-1: absent)
@@ -1104,6 +1113,7 @@ OccurrenceTree build_occurrence_tree(std::vector<TreeSource> sources, int64_t pe
           child.sources |= 1 << kept[size_t(i)].rank;
         }
       }
+      if (double(child.occurrences) < min_occurrences) continue;
       // Rank among siblings: occurrences, then recency, then the lower token (merge order).
       auto better = [](const Candidate& a, const Candidate& b) {
         if (a.occurrences != b.occurrences) return a.occurrences > b.occurrences;
@@ -1147,10 +1157,13 @@ OccurrenceTree build_occurrence_tree(std::vector<TreeSource> sources, int64_t pe
 // DynamicSam, SharedSam, StaticView16 or StaticView32. Returns (tokens, parents,
 // occurrences, sources, match_length, features), features by node_feature (root: 0).
 py::tuple occurrence_tree(const py::list& sources, int64_t pending, int32_t max_nodes, int32_t max_depth,
-                          int32_t max_children) {
+                          int32_t max_children, double min_share, double match_factor, double match_offset) {
   if (int(py::len(sources)) > kMaxSources)
     throw py::value_error("an occurrence tree takes at most " + std::to_string(kMaxSources) + " sources");
   if (max_children < 1) throw py::value_error("max_children must be at least 1");
+  if (!(min_share >= 0.0 && min_share <= 1.0)) throw py::value_error("min_share must be in [0, 1]");
+  if (!(match_factor >= 0.0) || !(match_offset >= 0.0) || !std::isfinite(match_factor) || !std::isfinite(match_offset))
+    throw py::value_error("match_factor and match_offset must be finite and >= 0");
   std::vector<TreeSource> parsed;
   for (const auto& item : sources) {
     auto entry = item.cast<py::tuple>();
@@ -1166,7 +1179,8 @@ py::tuple occurrence_tree(const py::list& sources, int64_t pending, int32_t max_
     if (rank < 0 || rank > 30) throw py::value_error("a source's rank must be in 0..30");
     parsed.push_back(TreeSource{index, entry[1].cast<int32_t>(), entry[2].cast<int32_t>(), entry[3].cast<int32_t>(), rank});
   }
-  OccurrenceTree tree = build_occurrence_tree(std::move(parsed), pending, max_nodes, max_depth, max_children);
+  OccurrenceTree tree = build_occurrence_tree(std::move(parsed), pending, max_nodes, max_depth, max_children,
+                                              min_share, match_factor, match_offset);
   std::vector<int32_t> features(tree.tokens.size(), 0);
   for (size_t i = 1; i < tree.tokens.size(); ++i)
     features[i] = node_feature(tree.match_length, tree.occurrences[i], tree.occurrences[size_t(tree.parents[i])]);
@@ -1243,5 +1257,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_view<uint16_t>(m, "StaticView16");
   bind_view<uint32_t>(m, "StaticView32");
   m.def("occurrence_tree", &occurrence_tree, py::arg("sources"), py::arg("pending"), py::arg("max_nodes"),
-        py::arg("max_depth"), py::arg("max_children"));
+        py::arg("max_depth"), py::arg("max_children"), py::arg("min_share") = 0.0, py::arg("match_factor") = 0.0,
+        py::arg("match_offset") = 0.0);
 }
