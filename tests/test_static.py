@@ -67,6 +67,27 @@ def test_static_eager_drafters_match_plain_greedy(arch: str, drafter: str) -> No
         IDENTITY_COUNTS[f"{arch}/{drafter}/static-eager"] += 1
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_static_eager_with_narrow_products_matches_plain_greedy(arch: str) -> None:
+    """Narrow products per bucket (one node padded, trees up to 8 nodes; larger buckets keep ``linear``)."""
+    model = tiny_model(arch)
+    verifier = StaticVerifier(model, mode="eager")
+    assert verifier.narrow is not None
+    verifier.narrow_rows, verifier.narrow_single = 8, True
+    rng = random.Random(f"static-narrow-{arch}")
+    used: set[int] = set()
+    for seed in range(3):
+        prompt = random_prompt(rng)
+        truth = hf_greedy(model, prompt, 40)
+        drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=5)
+        result = decode(verifier, drafter, prompt, StopRules(40))
+        assert result.tokens == truth
+        used |= set(verifier._runners)
+        IDENTITY_COUNTS[f"{arch}/oracle-tree/static-eager+narrow"] += 1
+    assert 8 in used and any(bucket > 8 for bucket in used)  # narrow and plain buckets both ran
+    assert not any("forward" in m.__dict__ for m in model.modules())  # the products were switched off after
+
+
 def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
     model = tiny_model("llama")
     generator = specdec.Generator(model, drafter="pld", cache="static-eager", budget="full")
@@ -124,20 +145,29 @@ def test_calibration_inside_a_sequence_leaves_it_intact() -> None:
     assert out[:40] == truth
 
 
-def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None:
+@pytest.mark.parametrize("narrow", [False, True], ids=["mkl-linear", "narrow-products"])
+def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone(narrow: bool) -> None:
+    """With ``narrow``, both buckets are traced with the narrow products (weight on the left) inside the graph."""
     model = tiny_model("llama")
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     implementation = model.config._attn_implementation
     verifier = StaticVerifier(model, mode="inductor", buckets=(1, 8))
+    assert verifier.narrow is not None  # fp64 on the CPU: offered
+    verifier.narrow_rows, verifier.narrow_single = (8, True) if narrow else (0, False)
     rng = random.Random(3)
     for drafter in ("none", "recycling"):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 30)
         result = decode(verifier, specdec.make_factory(drafter).create(), prompt, StopRules(30))
         assert result.tokens == truth, drafter
-        IDENTITY_COUNTS[f"llama/{drafter}/static-inductor"] += 1
+        IDENTITY_COUNTS[f"llama/{drafter}/static-inductor{'+narrow' if narrow else ''}"] += 1
     assert set(verifier._runners) == {1, 8}
     assert all(runner._compiled is not None for runner in verifier._runners.values())
+    # Compiled once per bucket: later steps (new narrow-product switches each time) reuse it.
+    prompt = random_prompt(rng)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert decode(verifier, specdec.make_factory("recycling").create(), prompt, StopRules(20)).tokens \
+            == hf_greedy(model, prompt, 20)
     # Nothing compiled or patched lives on the model: its forward and generate are as before.
     assert "forward" not in model.__dict__ and not any("forward" in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation == implementation

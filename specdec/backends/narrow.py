@@ -90,14 +90,17 @@ class NarrowLinears:
             for module in model.modules()
             if type(module) is torch.nn.Linear and "forward" not in module.__dict__ and module.weight.dim() == 2
         ]
+        # One bound forward per layer, made once: a compiled forward traced with them guards on
+        # these objects, and a fresh partial per call would fail the guard and recompile.
+        self._forwards = [partial(narrow_linear, layer) for layer in self.layers]
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """Within the block, every collected layer computes :func:`narrow_linear`."""
-        for layer in self.layers:
+        for layer, forward in zip(self.layers, self._forwards, strict=True):
             # The instance dict, not setattr: Module.__setattr__ is ~10x slower, and this
             # runs around every narrow verification.
-            layer.__dict__["forward"] = partial(narrow_linear, layer)
+            layer.__dict__["forward"] = forward
         try:
             yield
         finally:

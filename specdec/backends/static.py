@@ -20,7 +20,12 @@ only tensor contents do. This module does that for tree verification:
 - the forward of a bucket is run as is (``eager``), compiled with inductor and frozen,
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
-  compiled forward), each compiled/captured lazily at its bucket's first use;
+  compiled forward), each compiled/captured lazily at its bucket's first use; where the
+  calibration chose narrow products for a bucket's size (``narrow_rows``,
+  ``narrow_single``: :mod:`specdec.backends.narrow`), the bucket is traced with them, so
+  the compiled graph calls the weight-on-the-left GEMM and inductor fuses the rest
+  around it (on this project's CPU that is the fastest verification at every size:
+  docs/static-cache.md);
 - acceptance runs through the backend's tree ops, whose one host sync per step reads the
   chosen tokens (or, with ``cuda_ext``, the path); compaction of the accepted path is a
   gather and a scatter per layer's keys and values, in place (:meth:`StaticKVCache.compact`).
@@ -44,7 +49,7 @@ from __future__ import annotations
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -281,7 +286,9 @@ class StaticVerifier(ModelVerifier):
         self.buckets = buckets
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
-        self.narrow = None  # narrow products patch the eager forward; compiled forwards choose their own GEMMs
+        # Narrow products (self.narrow, from ModelVerifier) apply per bucket: a compiled forward
+        # is traced with them where the bucket's size qualifies (narrow_rows, narrow_single), so
+        # inductor keeps the weight-on-the-left GEMM and fuses everything around it.
         # inductor folds the weights in as constants (prepacked GEMMs); False: weights stay inputs
         self.freezing = True
         self._runners: dict[int, BucketRunner] = {}
@@ -337,9 +344,14 @@ class StaticVerifier(ModelVerifier):
             runner = self._runners[bucket] = BucketRunner(self, bucket, mode)
         return runner
 
+    def _narrow_for(self, size: int) -> AbstractContextManager[None]:
+        """Narrow products for a bucket of ``size`` nodes where the calibrated settings say so."""
+        use = 2 <= size <= self.narrow_rows or (size == 1 and self.narrow_single)
+        return self.narrow.active() if self.narrow is not None and use else nullcontext()
+
     def _run(self, runner: BucketRunner) -> torch.Tensor:
         """``runner.run()``; where compiling or capturing fails, say so once and run eagerly from then on."""
-        with self._attention():
+        with self._attention(), self._narrow_for(runner.size):
             if runner.mode == "eager" or runner._compiled is not None or runner._graph is not None:
                 return runner.run()
             try:
