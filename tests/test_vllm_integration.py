@@ -535,6 +535,22 @@ def test_check_prompts_tables_and_differences(tmp_path: Path) -> None:
         vllm_check.parse_args(["--max-num-seqs", "2"])
 
 
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_check_keeps_no_store_across_timed_repeats(tmp_path: Path, repeats: int,
+                                                  sam_store: tuple[Path, Path, Path]) -> None:
+    """Repeated generations of the same prompts would let a shared store draft each output from its
+    own earlier copy: with --repeats > 1 specdec's ``sam`` runs without one."""
+    from specdec.integrations import vllm_check
+
+    args = vllm_check.parse_args(["--repeats", str(repeats), "--methods", "specdec-sam,specdec-pld",
+                                  "--out", str(tmp_path)])
+    made = vllm_check.methods(args, str(sam_store[0]), {})  # sam_store[0]: a tokenizer directory
+    assert [m.label for m in made] == ["vllm", "specdec-sam", "specdec-pld"]
+    built = {m.label: m.kwargs["additional_config"]["specdec"] for m in made if m.specdec}
+    assert built["specdec-sam"].get("options", {}).get("store", True) is (repeats == 1)
+    assert "store" not in built["specdec-pld"].get("options", {})
+
+
 def test_check_replays_a_specdec_proposer(tmp_path: Path, sam_store: tuple[Path, Path, Path]) -> None:
     """The check's replay (exact steps, verified and accepted tokens) on a repeating text."""
     from specdec.integrations import vllm_check
