@@ -49,7 +49,7 @@ from __future__ import annotations
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -343,11 +343,6 @@ class StaticVerifier(ModelVerifier):
             mode = self.mode if self._fallback_reason is None else "eager"
             runner = self._runners[bucket] = BucketRunner(self, bucket, mode)
         return runner
-
-    def _narrow_for(self, size: int) -> AbstractContextManager[None]:
-        """Narrow products for a bucket of ``size`` nodes where the calibrated settings say so."""
-        use = 2 <= size <= self.narrow_rows or (size == 1 and self.narrow_single)
-        return self.narrow.active() if self.narrow is not None and use else nullcontext()
 
     def _run(self, runner: BucketRunner) -> torch.Tensor:
         """``runner.run()``; where compiling or capturing fails, say so once and run eagerly from then on."""

@@ -11,7 +11,7 @@ diffed against.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -312,17 +312,18 @@ class ModelVerifier:
     def _on_new_state(self, state: KVState) -> None:
         """Called with every new sequence's state (a static cache records which sequence owns it)."""
 
+    def _narrow_for(self, size: int) -> AbstractContextManager[None]:
+        """Narrow products around a forward of ``size`` nodes where ``narrow_rows``/``narrow_single`` say so."""
+        use = 2 <= size <= self.narrow_rows or (size == 1 and self.narrow_single)
+        return self.narrow.active() if self.narrow is not None and use else nullcontext()
+
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over ``tree``: its logits ``[N, V]`` and positions int64 ``[N]``; writes its KV."""
         committed = state.committed_len
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
         input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        use_narrow = 2 <= tree.size <= self.narrow_rows or (tree.size == 1 and self.narrow_single)
-        narrow = self.narrow if self.narrow is not None and use_narrow else None
         grouped = self.grouped if self.grouped is not None and mask is not None else None
-        with narrow.active() if narrow is not None else nullcontext(), (
-            grouped.active() if grouped is not None else nullcontext()
-        ):
+        with self._narrow_for(tree.size), grouped.active() if grouped is not None else nullcontext():
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=mask,
