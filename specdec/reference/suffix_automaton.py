@@ -431,7 +431,7 @@ def occurrence_tree(
     matches: Sequence[Match], pending: int, *, max_nodes: int, max_depth: int, max_children: int = 4,
     min_share: float = 0.0, match_factor: float = 0.0, match_offset: float = 0.0,
 ) -> OccurrenceTree:
-    """The occurrence tree of the module docstring (rules 1-3), rooted at ``pending``.
+    """The occurrence tree of the module docstring (rules 1-4), rooted at ``pending``.
 
     >>> sam = SuffixAutomaton.from_documents([[1, 2, 3, 1, 2, 4, 1, 2, 3, 5]])
     >>> tree = occurrence_tree([Match(sam, sam.match([1, 2]))], 2, max_nodes=4, max_depth=3)
