@@ -172,9 +172,9 @@ class Generator:
         from specdec.budget.cost import cost_model
 
         started = time.perf_counter()
-        self.verifier.warm_up(max_tokens)
-        if self.budget.mode == "auto":
+        if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
             cost_model(self.verifier)
+        self.verifier.warm_up(max_tokens)
         return time.perf_counter() - started
 
     def new_drafter(self) -> Drafter:

@@ -363,8 +363,8 @@ class GenerationStats:
 
     @property
     def other_s(self) -> float:
-        """Wall time outside drafting, verification and prefill: the loop's own overhead."""
-        return max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
+        """Wall time outside drafting, verification, prefill and calibration: the loop's own overhead."""
+        return max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s - self.calibration_s)
 
     @property
     def tokens_per_s(self) -> float:

@@ -22,7 +22,7 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
 from specdec.backends import make_verifier, resolve_cache
-from specdec.backends.static import BUCKETS, StaticVerifier, bucket_for, capacity_for
+from specdec.backends.static import BUCKETS, WINDOW_STEP, StaticVerifier, bucket_for, capacity_for
 from specdec.backends.static_cache import StaticKVCache
 from specdec.budget.cost import calibrate
 from specdec.engine import StopRules, decode
@@ -175,6 +175,31 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone(narrow: b
     prompt = [4, 8, 15, 16, 23, 42]
     assert hf_greedy(model, prompt, 10) == decode(verifier, specdec.make_factory("none").create(), prompt,
                                                   StopRules(10)).tokens
+
+
+@pytest.mark.parametrize("mode", ["eager", "inductor"])
+def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str) -> None:
+    """A bucket attends over the leading ``WINDOW_STEP``-multiple of slots the sequence has reached, not
+    the whole cache; the window's width is a dynamic size of the compiled forward, so a sequence that
+    crosses into wider windows reuses the bucket's one compiled graph, and stays identical."""
+    model = tiny_model("qwen2")
+    verifier = StaticVerifier(model, mode=mode, buckets=(1, 4))
+    rng = random.Random(11)
+    prompt = random_prompt(rng)[:20]
+    result = decode(verifier, specdec.make_factory("pld").create(), prompt, StopRules(20))
+    assert result.tokens == hf_greedy(model, prompt, 20)
+    widths = sorted(verifier._windows)
+    assert widths and all(w % WINDOW_STEP == 0 and w < verifier.cache.capacity for w in widths), widths
+    prompt = random_prompt(rng)[:20]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        result = decode(verifier, specdec.make_factory("pld").create(), prompt, StopRules(150))
+    assert result.tokens == hf_greedy(model, prompt, 150)
+    IDENTITY_COUNTS[f"qwen2/pld/static-{mode}+windows"] += 2
+    wider = sorted(set(verifier._windows) - set(widths))
+    assert len(wider) >= 2, (widths, wider)  # the second sequence crossed at least two window edges
+    assert verifier._window_for(10**6, mode) is not None and verifier._window_for(10**6, mode).shape[0] == \
+        verifier.cache.capacity  # never wider than the cache
+    assert verifier._window_for(10, "cudagraphs") is None  # a captured graph has one shape: the whole cache
 
 
 def test_inductor_mode_recompiles_after_an_in_place_weight_update() -> None:

@@ -14,9 +14,15 @@ only tensor contents do. This module does that for tree verification:
   padding nodes carry token 0, see only themselves, and nothing sees them;
 - every per-step input lives in the bucket's own device buffers: ``tokens [1, T]``,
   ``positions [1, T]`` (``C + depth``), ``slots [T]`` (``C + i``, where keys and values
-  go) and ``ancestors [T, T]``; the attention mask ``[1, 1, T, S]`` is built *inside* the
+  go) and ``ancestors [T, T]``; the attention mask ``[1, 1, T, W]`` is built *inside* the
   forward from ``slots`` and ``ancestors`` (committed slots ``< C``, plus the ancestors'
   slots), so it is never uploaded;
+- attention reads a **window** of the cache, its leading ``W`` slots (``C + T`` rounded up
+  to :data:`WINDOW_STEP`): ``W`` is a dynamic size of the compiled forward (marked on a
+  zero-byte ``[W, 0]`` tensor the cache holds), so one graph per bucket serves every
+  window and a step's attention costs what the sequence holds, not what the cache could
+  (eager forwards anywhere, compiled ones on the CPU; CUDA graphs replay one shape and keep
+  the whole cache as their window);
 - the forward of a bucket is run as is (``eager``), compiled with inductor and frozen,
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
@@ -63,6 +69,7 @@ from specdec.types import DraftTree, TokenChooser
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("eager", "inductor", "cudagraphs", "inductor-cudagraphs")
+WINDOW_STEP = 64  # attention windows are multiples of this many slots (module docstring)
 MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
 
 
@@ -113,15 +120,17 @@ def tree_forward(
     ``tokens``, ``positions`` int64 ``[1, T]``; ``slots`` int64 ``[T]`` (``slots[0]`` is the
     committed length ``C``: the tree's first slot); ``ancestors`` bool ``[T, T]``
     (ancestor-or-self). Node ``i`` attends to every slot ``< C`` and to the slots of its
-    ancestors: ``mask[i, s] = s < C or ancestors[i, j]`` where ``s = slots[j]``. Only tensor
-    contents vary between calls, so this function compiles and captures once per ``T``.
+    ancestors: ``mask[i, s] = s < C or ancestors[i, j]`` where ``s = slots[j]``, over the
+    ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
+    ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
     """
-    capacity = writer.owner.capacity
-    columns = torch.arange(capacity, device=slots.device)  # [S]
-    committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, S]
-    tree = torch.zeros((slots.shape[0], capacity), dtype=torch.bool, device=slots.device)
-    tree = tree.index_copy(1, slots, ancestors)  # [T, S]: the ancestors' slots
-    allowed = (committed | tree)[None, None]  # [1, 1, T, S]
+    window = writer.owner.window
+    width = writer.owner.capacity if window is None else window.shape[0]
+    columns = torch.arange(width, device=slots.device)  # [W]
+    committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, W]
+    tree = torch.zeros((slots.shape[0], width), dtype=torch.bool, device=slots.device)
+    tree = tree.index_copy(1, slots, ancestors)  # [T, W]: the ancestors' slots
+    allowed = (committed | tree)[None, None]  # [1, 1, T, W]
     mask = allowed
     if additive_dtype is not None:  # eager attention adds its mask to the scores
         mask = torch.zeros(allowed.shape, dtype=additive_dtype, device=slots.device)
@@ -292,13 +301,14 @@ class StaticVerifier(ModelVerifier):
         # inductor folds the weights in as constants (prepacked GEMMs); False: weights stay inputs
         self.freezing = True
         self._runners: dict[int, BucketRunner] = {}
+        self._windows: dict[int, torch.Tensor] = {}
         self._sequence = 0  # the sequence that owns the cache now
         self._sequences_made = 0
         self._weights_version = self._parameter_versions()
         self._graph_pool: Any = None
         self._fallback_reason: str | None = None
         # On a CPU, attention over grouped KV heads without copying the cache matters more here
-        # than on the eager path: every layer attends over all S slots of the static cache.
+        # than on the eager path: every layer attends over a window of the static cache's slots.
         self._attention = self.grouped.active if self.grouped is not None else nullcontext
 
     @property
@@ -334,6 +344,24 @@ class StaticVerifier(ModelVerifier):
             self.cache.grow(capacity_for(needed))
         if any(runner.generation != self.cache.generation for runner in self._runners.values()):
             self._runners.clear()
+
+    def _window_for(self, needed: int, mode: str) -> torch.Tensor | None:
+        """The window tensor for a forward that writes up to slot ``needed - 1``; None: all slots.
+
+        Eager forwards take windows anywhere, compiled ones on the CPU (where they were measured
+        and tested; a compiled CUDA forward with a dynamic width is untested), captured CUDA
+        graphs never (a graph replays one shape).
+        """
+        if "cudagraphs" in mode or (mode != "eager" and self.device.type != "cpu"):
+            return None
+        width = min(self.cache.capacity, -(-needed // WINDOW_STEP) * WINDOW_STEP)
+        window = self._windows.get(width)
+        if window is None:
+            window = self._windows[width] = torch.empty((width, 0), device=self.device)
+            # The one dynamic size of the compiled forwards (compiled with dynamic=False, which
+            # marked dimensions override): widths share one graph per bucket.
+            torch._dynamo.mark_dynamic(window, 0)
+        return window
 
     def runner(self, size: int) -> BucketRunner:
         """The runner of the bucket that holds ``size`` nodes (made on first use)."""
@@ -389,6 +417,7 @@ class StaticVerifier(ModelVerifier):
         slots = torch.arange(length, dtype=torch.int64, device=self.device)
         ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
         positions = slots.unsqueeze(0)
+        self.cache.window = self._window_for(length, "eager")
         with self._attention():
             logits = tree_forward(
                 self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
@@ -413,6 +442,7 @@ class StaticVerifier(ModelVerifier):
             self._reserve(committed + self.largest_bucket)
             runner = self.runner(tree.size)
         runner.load(tree, committed)
+        self.cache.window = self._window_for(committed + runner.size, runner.mode)
         logits = self._run(runner)  # [T, V]
         return logits[: tree.size], runner.positions[0, : tree.size]
 

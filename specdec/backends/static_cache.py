@@ -63,6 +63,9 @@ class StaticKVCache:
         self.keys: list[torch.Tensor] | None = None  # L x [B, H, S, D], allocated by the first write
         self.values: list[torch.Tensor] | None = None  # L x [B, H, S, D]
         self.committed_len = 0
+        # When set, a zero-byte tensor [W, 0] whose length is how many leading slots the next forward
+        # attends over: a tensor, not an int, so a compiled forward takes W as a dynamic size.
+        self.window: torch.Tensor | None = None
         self.generation = 0  # bumped at every (re)allocation: compiled/captured forwards hold old buffers
 
     @property
@@ -169,7 +172,8 @@ def _writer_class() -> type[Any]:
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            """Write ``[B, H, T, D]`` at the slots ``[T]``; return the whole ``[B, H, S, D]`` keys and values."""
+            """Write ``[B, H, T, D]`` at the slots ``[T]``; return keys and values ``[B, H, W, D]``: views of
+            the window's leading ``W`` slots (the owner's ``window``), or of all ``S`` slots without one."""
             if not self.owner.allocated:
                 self.owner.allocate_like(key_states, value_states)
                 self.is_initialized = True
@@ -181,13 +185,18 @@ def _writer_class() -> type[Any]:
                 )
             keys.index_copy_(2, self.slots, key_states)
             values.index_copy_(2, self.slots, value_states)
+            window = self.owner.window
+            if window is not None:  # attend over the leading slots only (views, no copy)
+                width = window.shape[0]
+                return keys[:, :, :width], values[:, :, :width]
             return keys, values
 
         def get_seq_length(self, *args: Any) -> int:
             return 0  # see SlotCache.get_seq_length
 
         def get_mask_sizes(self, *args: Any) -> tuple[int, int]:
-            return self.owner.capacity, 0
+            window = self.owner.window  # the keys and values update() returns span the window
+            return (self.owner.capacity if window is None else window.shape[0]), 0
 
         def get_max_cache_shape(self, *args: Any) -> int:
             return self.owner.capacity

@@ -88,7 +88,7 @@ from specdec.types import DraftTree
 FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
-CALIBRATION_VERSION = 6  # 6: static-cache verifiers offer narrow products (compiled into their buckets)
+CALIBRATION_VERSION = 7  # 6: static buckets compile narrow products; 7: they attend over a window of the cache
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 NARROW_MAX_SIZE = 32  # narrow products are timed up to this size (past ~8 the usual GEMM wins)
 DEFAULT_CONTEXTS = (64, 1024)
