@@ -197,8 +197,8 @@ def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str
     IDENTITY_COUNTS[f"qwen2/pld/static-{mode}+windows"] += 2
     wider = sorted(set(verifier._windows) - set(widths))
     assert len(wider) >= 2, (widths, wider)  # the second sequence crossed at least two window edges
-    assert verifier._window_for(10**6, mode) is not None and verifier._window_for(10**6, mode).shape[0] == \
-        verifier.cache.capacity  # never wider than the cache
+    widest = verifier._window_for(10**6, mode)
+    assert widest is not None and widest.shape[0] == verifier.cache.capacity  # never wider than the cache
     assert verifier._window_for(10, "cudagraphs") is None  # a captured graph has one shape: the whole cache
 
 

@@ -124,8 +124,7 @@ def tree_forward(
     ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
     ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
     """
-    window = writer.owner.window
-    width = writer.owner.capacity if window is None else window.shape[0]
+    width = writer.owner.width
     columns = torch.arange(width, device=slots.device)  # [W]
     committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, W]
     tree = torch.zeros((slots.shape[0], width), dtype=torch.bool, device=slots.device)

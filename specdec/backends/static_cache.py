@@ -73,6 +73,11 @@ class StaticKVCache:
         return self.keys is not None
 
     @property
+    def width(self) -> int:
+        """How many leading slots a forward attends over: the window's length, else the capacity."""
+        return self.capacity if self.window is None else self.window.shape[0]
+
+    @property
     def nbytes(self) -> int:
         if self.keys is None or self.values is None:
             return 0
@@ -185,9 +190,8 @@ def _writer_class() -> type[Any]:
                 )
             keys.index_copy_(2, self.slots, key_states)
             values.index_copy_(2, self.slots, value_states)
-            window = self.owner.window
-            if window is not None:  # attend over the leading slots only (views, no copy)
-                width = window.shape[0]
+            if self.owner.window is not None:  # attend over the leading slots only (views, no copy)
+                width = self.owner.width
                 return keys[:, :, :width], values[:, :, :width]
             return keys, values
 
@@ -195,8 +199,7 @@ def _writer_class() -> type[Any]:
             return 0  # see SlotCache.get_seq_length
 
         def get_mask_sizes(self, *args: Any) -> tuple[int, int]:
-            window = self.owner.window  # the keys and values update() returns span the window
-            return (self.owner.capacity if window is None else window.shape[0]), 0
+            return self.owner.width, 0  # what the keys and values update() returns span
 
         def get_max_cache_shape(self, *args: Any) -> int:
             return self.owner.capacity
