@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import per_item_us
 
-from specdec.datastores.format import TokenizerIdentity
+from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores.sam import StaticSuffixAutomaton, build, native
 
 

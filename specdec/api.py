@@ -8,14 +8,16 @@ token-in/token-out call with no tokenizer involved.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specdec.backends import make_verifier
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.cost import use_cached_kernels
+from specdec.budget.cost import cost_model, use_cached_kernels
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.store import open_store
+from specdec.datastores.shared import SharedStore
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
@@ -54,8 +56,6 @@ def _resolve_model(model: ModelSpec, tokenizer: Any, device: Any = None, dtype: 
 def resolve_store(store: Any) -> Any:
     """The ``DrafterContext.store`` of a ``store`` argument: True -> None (the drafter's factory keeps
     one), False -> False (none), an int -> a store of that many tokens, a ``SharedStore`` as is."""
-    from specdec.datastores.shared import SharedStore
-
     if store is True:
         return None
     if store is False or isinstance(store, SharedStore):
@@ -167,10 +167,6 @@ class Generator:
         cost is calibrated (cached per machine, so usually free). A server calls this once
         before taking requests. Nothing is generated and no sequence is disturbed.
         """
-        import time
-
-        from specdec.budget.cost import cost_model
-
         started = time.perf_counter()
         if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
             cost_model(self.verifier)

@@ -1,34 +1,44 @@
-"""specdec's cache directory: what lives there, safe writes, and ``specdec cache info|clear``.
+"""The ground room: the cache directory, atomic writes, checksums and the tokenizer identity.
 
-Everything specdec keeps between runs lies under :func:`specdec.models.cache_dir`
-(``$SPECDEC_CACHE_DIR``, default ``~/.cache/specdec``), one folder per kind (:data:`KINDS`).
-Every file is rebuilt on demand, so clearing any kind is safe; it only costs the time to
-rebuild it. ``clear`` removes only entries whose names specdec itself gives (hash-named
-files and folders), never anything else that may sit in a relocated cache directory.
+Everything specdec keeps between runs lies under :func:`cache_dir` (``$SPECDEC_CACHE_DIR``,
+default ``~/.cache/specdec``), one folder per kind (:data:`KINDS`). Every file is rebuilt
+on demand, so clearing any kind is safe; it only costs the time to rebuild it. ``clear``
+removes only entries whose names specdec itself gives (hash-named files and folders), never
+anything else that may sit in a relocated cache directory (``specdec cache info|clear``).
 
-    specdec cache info              # each kind: entries, size, what it is; the planner's statistics in detail
-    specdec cache info --json
-    specdec cache clear planner     # forget what budget="auto" learned
-    specdec cache clear             # every kind
+Every module that persists something imports this one: it writes through
+:func:`atomic_file` (the one atomic writer: readers see the old file or the new one, never
+half of one), seals JSON bodies with :func:`checksum`, and names the tokenizer a file was
+made for with :class:`TokenizerIdentity`. This module imports nothing of specdec.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
-import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
+PLANNER_DIR_ENV = "SPECDEC_PLANNER_DIR"  # the planner statistics' folder alone
 
 _HASH16 = r"[0-9a-f]{16}"
 _HASH_JSON = re.compile(rf"(\.)?{_HASH16}(\.json|-.*)$")  # a hash-named file, or its staging leftover
+
+
+def cache_dir() -> Path:
+    """The directory for converted models, compiled kernels, calibration data... (``$SPECDEC_CACHE_DIR``)."""
+    root = os.environ.get(CACHE_DIR_ENV)
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
 
 
 @dataclass(frozen=True)
@@ -40,12 +50,9 @@ class Kind:
     about: str
 
     def folder(self) -> Path:
-        if self.name == "planner":
-            from specdec.budget.store import stats_dir
-
-            return stats_dir()
-        from specdec.models import cache_dir
-
+        """Where this kind's entries live: ``<cache_dir>/<name>`` (planner statistics: ``$SPECDEC_PLANNER_DIR`` too)."""
+        if self.name == "planner" and os.environ.get(PLANNER_DIR_ENV):
+            return Path(os.environ[PLANNER_DIR_ENV]).expanduser()
         return cache_dir() / self.name
 
     def entries(self) -> list[Path]:
@@ -67,22 +74,68 @@ KINDS = (
 )
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed into place: readers see a whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.stem}-", dir=path.parent)
+def kind(name: str) -> Kind:
+    """The kind of cache entry called ``name`` (:data:`KINDS`)."""
+    for candidate in KINDS:
+        if candidate.name == name:
+            return candidate
+    raise ValueError(f"unknown cache kind {name!r}; kinds: {', '.join(k.name for k in KINDS)}")
+
+
+def folder(name: str) -> Path:
+    """The folder of the cache kind ``name``: ``folder("calibration")`` is ``<cache_dir>/calibration``."""
+    return kind(name).folder()
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO[Any]]:
+    """A new file to write, renamed over ``path`` when the block ends; removed if the block raises.
+
+    The file is made beside ``path`` (``.<stem>-<random>``, so an interrupted write leaves a
+    hidden leftover that ``specdec cache clear`` recognises) with the usual permissions, and
+    renamed into place in one step: a reader sees the old whole file or the new whole file.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.stem}-{uuid.uuid4().hex[:12]}")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(staging, path)
+        with open(staging, "xb" if binary else "x", encoding=None if binary else "utf-8") as out:
+            yield out
+        os.replace(staging, target)
     except BaseException:
-        Path(staging).unlink(missing_ok=True)
+        staging.unlink(missing_ok=True)
         raise
+
+
+def write_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through :func:`atomic_file`: readers see a whole file."""
+    with atomic_file(path) as out:
+        out.write(text)
 
 
 def checksum(document: Any) -> str:
     """SHA-256 of ``document``'s canonical JSON (sorted keys, no spaces): what a saved file's body must hash to."""
     return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """Who can use a file made for a tokenizer (a datastore, planner statistics): a hash of its vocabulary and its size.
+
+    ``fingerprint`` hashes the sorted (token string, id) pairs, so two tokenizers agree
+    only when every id means the same string. ``name`` is informative (error messages).
+    """
+
+    fingerprint: str
+    vocab_size: int
+    name: str = ""
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TokenizerIdentity:
+        vocab = tokenizer.get_vocab()
+        digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
+        size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
+        return cls(digest.hexdigest()[:24], int(size), str(getattr(tokenizer, "name_or_path", "")))
 
 
 def _size(path: Path) -> int:
@@ -92,30 +145,22 @@ def _size(path: Path) -> int:
 
 
 def info() -> dict[str, Any]:
-    """The cache's contents: per kind its folder, entry count, bytes and meaning; the planner files described."""
-    from specdec.budget.store import enabled, summarize
-    from specdec.models import cache_dir
-
+    """The cache's contents: per kind its folder, entry count, bytes and meaning."""
     kinds = []
-    for kind in KINDS:
-        entries = kind.entries()
-        kinds.append({"kind": kind.name, "folder": str(kind.folder()), "entries": len(entries),
-                      "bytes": sum(_size(p) for p in entries), "about": kind.about})
-    planner = next(k for k in KINDS if k.name == "planner")
-    return {
-        "cache_dir": str(cache_dir()),
-        "planner_statistics": "on" if enabled() else "off (SPECDEC_PLANNER_CACHE)",
-        "kinds": kinds,
-        "planner": [summarize(p) for p in planner.entries() if p.suffix == ".json" and not p.name.startswith(".")],
-    }
+    for each in KINDS:
+        entries = each.entries()
+        kinds.append({"kind": each.name, "folder": str(each.folder()), "entries": len(entries),
+                      "bytes": sum(_size(p) for p in entries), "about": each.about})
+    return {"cache_dir": str(cache_dir()), "kinds": kinds}
 
 
 def clear(names: Sequence[str]) -> list[dict[str, Any]]:
     """Remove specdec's entries of the kinds ``names`` (all kinds when empty); what was removed, per kind."""
-    chosen = [k for k in KINDS if not names or k.name in names]
     removed = []
-    for kind in chosen:
-        entries = kind.entries()
+    for each in KINDS:
+        if names and each.name not in names:
+            continue
+        entries = each.entries()
         freed = 0
         for entry in entries:
             freed += _size(entry)
@@ -123,51 +168,5 @@ def clear(names: Sequence[str]) -> list[dict[str, Any]]:
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
-        removed.append({"kind": kind.name, "entries": len(entries), "bytes": freed})
+        removed.append({"kind": each.name, "entries": len(entries), "bytes": freed})
     return removed
-
-
-def _megabytes(count: int) -> str:
-    return f"{count / 1e6:.1f} MB"
-
-
-def cmd_cache(args: argparse.Namespace) -> int:
-    if args.action == "clear":
-        unknown = sorted(set(args.kinds) - {k.name for k in KINDS})
-        if unknown:
-            from specdec.errors import SpecDecError
-
-            raise SpecDecError(f"unknown cache kind {unknown[0]!r}; kinds: {', '.join(k.name for k in KINDS)}")
-        for row in clear(args.kinds):
-            print(f"{row['kind']:<12} removed {row['entries']} entries, {_megabytes(row['bytes'])}")
-        return 0
-    report = info()
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    print(f"cache directory: {report['cache_dir']} (SPECDEC_CACHE_DIR moves it)")
-    print(f"planner statistics: {report['planner_statistics']}")
-    for row in report["kinds"]:
-        print(f"  {row['kind']:<12} {row['entries']:>4} entries {_megabytes(row['bytes']):>10}   {row['about']}")
-    if report["planner"]:
-        print("saved planner statistics:")
-    for item in report["planner"]:
-        if not item["ok"]:
-            print(f"  {item['file']}: unreadable or stale ({item.get('problem', 'checksum or version')}); "
-                  "the next run of its identity starts afresh and replaces it")
-            continue
-        saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(item["saved_at"])) if item.get("saved_at") else "?"
-        print(f"  {item['drafter']:<28} {item['runs']:>5} runs, {item['trials']:>9} trials; {item['device']}; "
-              f"saved {saved}")
-    return 0
-
-
-def register(sub: Any) -> None:
-    parser = sub.add_parser("cache", help="show or remove what specdec caches (models, kernels, calibration, "
-                            "planner statistics, datastore stamps)",
-                            description=__doc__.split("\n\n")[1] if __doc__ else None)
-    parser.add_argument("action", choices=("info", "clear"))
-    parser.add_argument("kinds", nargs="*", metavar="KIND",
-                        help=f"with clear: the kinds to remove (default: all): {', '.join(k.name for k in KINDS)}")
-    parser.add_argument("--json", action="store_true", help="with info: print the report as JSON")
-    parser.set_defaults(func=cmd_cache)

@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdec.cachefiles import folder
 from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
@@ -36,14 +41,6 @@ _CACHE_LAYOUT_VERSION = 1
 # flex attention (which wants a BlockMask) silently ignore or reject it, which would
 # let every tree node see its siblings: wrong logits, not an error. We refuse them.
 SUPPORTED_ATTENTION = ("sdpa", "eager")
-
-
-def cache_dir() -> Path:
-    """The directory for converted models and calibration data (``$SPECDEC_CACHE_DIR``)."""
-    root = os.environ.get("SPECDEC_CACHE_DIR")
-    if root:
-        return Path(root).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
 
 
 def default_gguf_path() -> Path:
@@ -74,11 +71,9 @@ def _file_fingerprint(path: Path) -> str:
 
 
 def _converted_dir(gguf: Path) -> Path:
-    import transformers
-
     stamp = os.stat(gguf)
     key = f"{gguf.name}-{stamp.st_size}-{int(stamp.st_mtime)}-{transformers.__version__}-{_CACHE_LAYOUT_VERSION}"
-    return cache_dir() / "models" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    return folder("models") / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -90,9 +85,6 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     into a temporary directory and rename it into place, so a crash or a concurrent
     loader never sees half a cache.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
@@ -131,8 +123,6 @@ def parse_dtype(dtype: Any) -> Any:
     >>> parse_dtype("bf16"), parse_dtype(None)
     (torch.bfloat16, None)
     """
-    import torch
-
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
@@ -145,8 +135,6 @@ def parse_dtype(dtype: Any) -> Any:
 
 def parse_device(device: Any) -> Any:
     """A ``torch.device`` from a device or its name; one that this torch cannot use is a clear error."""
-    import torch
-
     if device is None:
         return None
     try:
@@ -168,7 +156,7 @@ def load_model(
     """Load a causal LM and its tokenizer; with no ``path``, the default SmolLM2 model.
 
     The default model is converted from its GGUF file on first use (~20 s) and cached
-    under :func:`cache_dir`; later calls load the cached fp32 checkpoint (~2 s).
+    under :func:`specdec.cachefiles.cache_dir`; later calls load the cached fp32 checkpoint (~2 s).
     A ``path`` is a local Hugging Face checkpoint directory; nothing is downloaded.
     ``dtype`` (a torch dtype or its name, e.g. ``"bfloat16"``) and ``device`` (e.g.
     ``"cuda"``) say where the model lives; by default fp32 on the CPU for the default model,
@@ -176,9 +164,6 @@ def load_model(
 
     >>> model, tokenizer = load_model(device="cuda", dtype="bfloat16")  # doctest: +SKIP
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     dtype, device = parse_dtype(dtype), parse_device(device)
 
     if attn_implementation not in SUPPORTED_ATTENTION:
@@ -212,8 +197,6 @@ def _default_checkpoint() -> Path:
 
 def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
     """The tokenizer of a local checkpoint, or of the default model (``None`` or ``"default"``)."""
-    from transformers import AutoTokenizer
-
     local = _default_checkpoint() if path is None or str(path) == "default" else Path(path)
     if not local.exists():
         raise SpecDecError(f"no tokenizer at {str(path)!r}: pass a local checkpoint directory or 'default'")

@@ -37,8 +37,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+import torch
+from torch.utils import cpp_extension
+
+from specdec.cachefiles import folder
 from specdec.errors import SpecDecError
-from specdec.models import cache_dir
 
 _LOADED: dict[str, ModuleType] = {}
 _LOCK = threading.Lock()
@@ -75,8 +78,6 @@ class NativeBuildError(SpecDecError):
 
 def extension_key(sources: Sequence[Path], flags: Sequence[str], with_cuda: bool) -> str:
     """Hash of everything that changes the binary (``sources`` includes the headers they include)."""
-    import torch
-
     digest = hashlib.sha256()
     for source in sorted(sources):
         digest.update(source.name.encode())
@@ -173,9 +174,7 @@ def load_extension(
                 f"extension {name!r}: this process already loaded another build ({stale[0]}), its sources "
                 "have changed since; restart Python to use the new build"
             )
-        from torch.utils import cpp_extension
-
-        build_dir = cache_dir() / "extensions" / f"{name}-{key}"
+        build_dir = folder("extensions") / f"{name}-{key}"
         build_dir.mkdir(parents=True, exist_ok=True)
         output = io.StringIO()
         try:

@@ -32,6 +32,7 @@ node from the ancestor matrix (:func:`penalty_mask`). It applies to greedy and s
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -199,8 +200,6 @@ def resolve_decision(
     of tokens (beam search, ``no_repeat_ngram_size``, ...) is refused. Sampling without a
     seed draws one at random; the result reports it so the run can be repeated.
     """
-    import secrets
-
     config: dict[str, object] = {}
     if use_generation_config and generation_config is not None:
         for name, neutral in UNSUPPORTED_GENERATION_OPTIONS.items():

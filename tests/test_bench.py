@@ -19,7 +19,6 @@ import pytest
 import torch
 from tiny_models import VOCAB, tiny_model
 
-from specdec.bench.cli import REPORT_FILE
 from specdec.bench.judge import judge_sampled, locate_draw
 from specdec.bench.methods import (
     PEERS,
@@ -45,7 +44,8 @@ from specdec.bench.replay import (
 from specdec.bench.report import OVERALL, format_comparison, format_report, regressions, summarize
 from specdec.bench.results import load_results
 from specdec.bench.runner import BenchRun, BenchSettings
-from specdec.cli import main
+from specdec.commands import main
+from specdec.commands.bench import REPORT_FILE
 from specdec.drafters import make_factory
 from specdec.errors import SpecDecError
 from specdec.sampling import SamplingParams, position_uniform
@@ -196,7 +196,8 @@ def fake_datastore(path: Path, kind: str) -> Path:
     """A datastore file of ``kind`` (only its header matters to the runner)."""
     import numpy as np
 
-    from specdec.datastores.format import TokenizerIdentity, write_datastore
+    from specdec.cachefiles import TokenizerIdentity
+    from specdec.datastores.format import write_datastore
 
     return write_datastore(path, kind=kind, kind_version=1, tokenizer=TokenizerIdentity("t", VOCAB),
                            arrays={"tokens": np.zeros(4, dtype=np.int64)})
@@ -779,7 +780,7 @@ def test_datastore_costs_on_a_small_corpus(tmp_path: Path) -> None:
 
     from specdec.bench.corpus import build_datastore
     from specdec.bench.costs import distribution, in_child, rest_build_alone, sam_load
-    from specdec.datastores.format import TokenizerIdentity
+    from specdec.cachefiles import TokenizerIdentity
 
     assert distribution([0.001, 0.003], "ms") == {"mean_ms": 2.0, "p50_ms": 2.0, "p90_ms": 2.8, "p99_ms": 2.98,
                                                    "max_ms": 3.0, "steps": 2}

@@ -41,7 +41,7 @@ from specdec.budget import (
 from specdec.budget.acceptance import MAX_DEPTH_KEY, MAX_RANK_KEY, node_keys
 from specdec.budget.cost import calibrate, calibration_path, cost_model, forget_cost_models, model_identity
 from specdec.budget.planner import PROBE_EVERY
-from specdec.cli import main
+from specdec.commands import main
 from specdec.engine import StopRules, decode
 from specdec.errors import InvalidDraftTreeError, SpecDecError
 from specdec.types import DraftTree, Feedback
@@ -502,7 +502,7 @@ def test_draft_tree_features_and_select() -> None:
 
 def test_calibrate_examples_follow_the_cost_table() -> None:
     """`specdec calibrate`'s budget table: the whole chain when verification is free, nothing when it never pays."""
-    from specdec.budget.cli import EXAMPLE_ACCEPTANCE, EXAMPLE_CHAIN, budget_examples
+    from specdec.commands.calibrate import EXAMPLE_ACCEPTANCE, EXAMPLE_CHAIN, budget_examples
 
     flat = [row["nodes"] for row in budget_examples(FLAT)]
     # Every node while its p adds anything at float64 resolution (0.3**30 ~ 2e-16 does not).

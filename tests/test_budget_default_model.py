@@ -18,7 +18,7 @@ from conftest import IDENTITY_COUNTS
 
 import specdec
 from specdec.budget.planner import REASONS
-from specdec.cli import main
+from specdec.commands import main
 from specdec.testing import compare_outputs
 
 pytestmark = pytest.mark.slow

@@ -9,14 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores.corpus import iter_texts, tokenize_documents
-from specdec.datastores.format import (
-    CONTAINER_VERSION,
-    TokenizerIdentity,
-    read_datastore,
-    read_header,
-    write_datastore,
-)
+from specdec.datastores.format import CONTAINER_VERSION, read_datastore, read_header, write_datastore
 from specdec.errors import DatastoreError, SpecDecError
 
 IDENTITY = TokenizerIdentity("abc123", 1000, "tok-a")

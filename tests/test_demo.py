@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from specdec.budget.coldstart import coldstart_prompts, summarize
-from specdec.cli import main
-from specdec.demo import EXPLAIN_SIZES, demo_prompts, drafted_share, explain
+from specdec.commands import main
+from specdec.commands.coldstart import coldstart_prompts, summarize
+from specdec.commands.demo import EXPLAIN_SIZES, demo_prompts, drafted_share, explain
 from specdec.types import GenerationResult, GenerationStats, StepRecord
 
 KINDS = ["code edit", "summary", "question + context", "chat"]
@@ -144,7 +144,7 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
 
     import specdec
     from specdec.budget.cost import forget_cost_models
-    from specdec.demo import DemoPrompt, _warm_up
+    from specdec.commands.demo import DemoPrompt, _warm_up
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("specdec.budget.cost.busy_reason", lambda table: None)

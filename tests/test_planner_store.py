@@ -27,7 +27,7 @@ from specdec.budget.acceptance import node_keys
 from specdec.budget.cost import forget_cost_models, model_identity
 from specdec.budget.store import VERSION, PlannerStatsStore, drafter_label, enabled, stats_dir
 from specdec.cachefiles import checksum
-from specdec.cli import main
+from specdec.commands import main
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree
 

@@ -23,14 +23,14 @@ from test_lossless import hf_greedy, random_prompt
 from tiny_models import ARCHITECTURES, tiny_model
 
 import specdec
-from specdec.drafters import make_factory
-from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter
-from specdec.drafters.template_calibration import (
+from specdec.commands.recycling_template import (
     build_template,
     calibration_template,
     counts_from_meta,
     measure_acceptance,
 )
+from specdec.drafters import make_factory
+from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter
 from specdec.drafters.templates import AcceptanceCounts, TreeTemplate, grow_template, resolve_template, saved_template
 from specdec.errors import SpecDecError
 from specdec.reference.recycling import ReferenceRecycling

@@ -25,7 +25,8 @@ from conftest import IDENTITY_COUNTS, native_or_skip, shared_file
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
-from specdec.datastores.format import TokenizerIdentity, read_header, write_datastore
+from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores.format import read_header, write_datastore
 from specdec.datastores.rest import KIND, KIND_VERSION, RestDatastore, build, load, token_dtype
 from specdec.drafters import DrafterContext, make_factory
 from specdec.drafters.rest import RestConfig, RestDrafter
@@ -450,7 +451,7 @@ def _default_tokenizer_installed() -> bool:
 
 @pytest.mark.skipif(not _default_tokenizer_installed(), reason="the default model's tokenizer is not installed")
 def test_cli_build_and_info(rest_native: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from specdec.cli import main
+    from specdec.commands import main
 
     (tmp_path / "notes.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20)
     (tmp_path / "q.jsonl").write_text(json.dumps({"question": "What is 2+2?", "answer": "2+2 = 4"}) + "\n")

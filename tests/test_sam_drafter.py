@@ -309,8 +309,8 @@ def test_default_model_with_a_gsm8k_automaton(
     tmp_path: Path, default_model: tuple[Any, Any], spec_bench_prompts: dict[str, list[list[int]]]
 ) -> None:
     """Real tokens end to end: a GSM8K static automaton, output equal to plain decoding."""
+    from specdec.cachefiles import TokenizerIdentity
     from specdec.datastores.corpus import iter_texts, tokenize_documents
-    from specdec.datastores.format import TokenizerIdentity
     from specdec.testing import compare_outputs
 
     model, tokenizer = default_model

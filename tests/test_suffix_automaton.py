@@ -25,7 +25,8 @@ from conftest import shared_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.datastores.format import TokenizerIdentity, write_datastore
+from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores.format import write_datastore
 from specdec.datastores.sam import KIND, KIND_VERSION, StaticSuffixAutomaton, build, build_arrays
 from specdec.drafters.sam import node_feature
 from specdec.errors import DatastoreError, SpecDecError
@@ -772,7 +773,7 @@ def test_compiled_checker_finds_a_broken_dynamic_cursor(sam_native: Any) -> None
 
 @pytest.mark.skipif(not _default_tokenizer_installed(), reason="the default model's tokenizer is not installed")
 def test_cli_build_and_info(sam_native: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from specdec.cli import main
+    from specdec.commands import main
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.py").write_text("def double(x):\n    return 2 * x\n")

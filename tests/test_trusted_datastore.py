@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores import format as format_module
 from specdec.datastores import trust
-from specdec.datastores.format import TokenizerIdentity, read_datastore, read_header, write_datastore
+from specdec.datastores.format import read_datastore, read_header, write_datastore
 from specdec.errors import DatastoreError
 
 IDENTITY = TokenizerIdentity("abc123", 5000, "tok")

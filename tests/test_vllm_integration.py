@@ -26,7 +26,8 @@ from test_suffix_automaton import sam_native  # noqa: F401
 from tiny_models import VOCAB, tiny_model
 
 from specdec.budget.acceptance import AcceptanceModel, node_keys
-from specdec.datastores.format import TokenizerIdentity
+from specdec.cachefiles import TokenizerIdentity
+from specdec.commands.vllm_flags import main
 from specdec.errors import DatastoreError, SpecDecError
 from specdec.integrations.replay import BatchReplay
 from specdec.integrations.vllm import (
@@ -37,7 +38,6 @@ from specdec.integrations.vllm import (
     best_chain,
     best_path,
     engine_args,
-    main,
     serve_flags,
 )
 from specdec.types import DraftTree
@@ -516,7 +516,7 @@ def test_command_line_prints_serve_flags(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_check_prompts_tables_and_differences(tmp_path: Path) -> None:
-    from specdec.integrations import vllm_check
+    from specdec.commands import vllm_check
 
     prompts, source = vllm_check.load_prompts(tmp_path / "absent.jsonl")
     assert source.startswith("built-in") and len(prompts) == 8
@@ -540,7 +540,7 @@ def test_check_keeps_no_store_across_timed_repeats(tmp_path: Path, repeats: int,
                                                   sam_store: tuple[Path, Path, Path]) -> None:
     """Repeated generations of the same prompts would let a shared store draft each output from its
     own earlier copy: with --repeats > 1 specdec's ``sam`` runs without one."""
-    from specdec.integrations import vllm_check
+    from specdec.commands import vllm_check
 
     args = vllm_check.parse_args(["--repeats", str(repeats), "--methods", "specdec-sam,specdec-pld",
                                   "--out", str(tmp_path)])
@@ -553,7 +553,7 @@ def test_check_keeps_no_store_across_timed_repeats(tmp_path: Path, repeats: int,
 
 def test_check_replays_a_specdec_proposer(tmp_path: Path, sam_store: tuple[Path, Path, Path]) -> None:
     """The check's replay (exact steps, verified and accepted tokens) on a repeating text."""
-    from specdec.integrations import vllm_check
+    from specdec.commands import vllm_check
 
     tokenizer = str(sam_store[0])
     text = [5, 6, 7, 8, 9, 10, 11, 12] * 30

@@ -22,10 +22,12 @@ from typing import Any
 
 import torch
 
+from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
 from specdec.backends.static import MODES as STATIC_MODES
 from specdec.backends.static import StaticVerifier
 from specdec.backends.verifier import KVState, ModelVerifier, TorchTreeOps, TreeOps, check_model
 from specdec.errors import SpecDecError
+from specdec.native import NativeBuildError
 from specdec.types import TokenChooser
 
 BACKENDS = ("auto", "torch", "cuda_ext")
@@ -41,9 +43,6 @@ def make_tree_ops(backend: str, device: torch.device) -> TreeOps:
         raise SpecDecError(f"unknown backend {backend!r}; valid names: {', '.join(BACKENDS)}")
     if backend == "torch":
         return TorchTreeOps()
-    from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
-    from specdec.native import NativeBuildError
-
     if backend == "cuda_ext":
         return ExtTreeOps(device)
     try:

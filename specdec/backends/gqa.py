@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "specdec_sdpa_gqa"
 
@@ -39,8 +41,6 @@ def gqa_sdpa_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Hugging Face's ``sdpa`` attention, with grouped heads passed to SDPA instead of repeated."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None and kwargs.get("cache") is None
     if attention_mask is None or not grouped or not plain or query.device.type != "cpu":
@@ -55,8 +55,6 @@ def gqa_sdpa_attention(
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, gqa_sdpa_attention)
 

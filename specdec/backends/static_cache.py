@@ -29,19 +29,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.errors import SpecDecError, UnsupportedModelError
 
 
 def _cache_base() -> type[Any]:
-    from transformers.cache_utils import Cache
-
     return Cache
 
 
 def _layer_base() -> type[Any]:
-    from transformers.cache_utils import CacheLayerMixin
-
     return CacheLayerMixin
 
 

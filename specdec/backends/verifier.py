@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from specdec.backends.gqa import GroupedAttention, supports_grouped_attention
 from specdec.backends.narrow import NarrowLinears, supports_narrow
@@ -191,9 +193,6 @@ class ModelVerifier:
         return self.ops.name
 
     def _new_cache(self) -> Any:
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
         cache = DynamicCache(config=self.model.config)
         for layer in getattr(cache, "layers", []):
             if type(layer) is not DynamicLayer:

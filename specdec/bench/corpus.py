@@ -24,6 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores import BUILDERS
+from specdec.datastores.corpus import iter_texts, tokenize_documents
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
 GSM8K = SHARED_DATA / "corpora" / "gsm8k_train.jsonl"
@@ -33,11 +37,8 @@ def build_datastore(kind: str, documents: Sequence[Any], path: str | os.PathLike
                     tokenizer: Any) -> dict[str, Any]:
     """Build a ``kind`` datastore over ``documents`` (token id arrays) at ``path``; the builder's report.
 
-    ``tokenizer`` is the tokenizer or its :class:`~specdec.datastores.format.TokenizerIdentity`.
+    ``tokenizer`` is the tokenizer or its :class:`~specdec.cachefiles.TokenizerIdentity`.
     """
-    from specdec.datastores import BUILDERS
-    from specdec.datastores.format import TokenizerIdentity
-
     module_name, _, function_name = BUILDERS[kind].partition(":")
     identity = tokenizer if isinstance(tokenizer, TokenizerIdentity) else TokenizerIdentity.of(tokenizer)
     report: dict[str, Any] = getattr(importlib.import_module(module_name), function_name)(
@@ -48,8 +49,6 @@ def build_datastore(kind: str, documents: Sequence[Any], path: str | os.PathLike
 
 def gsm8k_documents(tokenizer: Any, max_tokens: int | None = None, corpus: str | os.PathLike[str] = GSM8K) -> list[Any]:
     """GSM8K's training problems (question and answer) as token id arrays, the first ``max_tokens``."""
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
-
     texts = iter_texts([corpus], fields=("question", "answer"))
     return list(tokenize_documents(tokenizer, texts, max_tokens=max_tokens, progress=False))
 

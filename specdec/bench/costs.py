@@ -33,6 +33,12 @@ from typing import Any
 import numpy as np
 
 from specdec.bench.corpus import SHARED_DATA, cli_build, rss_mb
+from specdec.cachefiles import folder
+from specdec.datastores import rest
+from specdec.datastores.sam import StaticSuffixAutomaton, native
+from specdec.drafters.rest import RestConfig, RestDrafter
+from specdec.drafters.sam import SamConfig, SamDrafter
+from specdec.models import load_tokenizer
 
 CONTEXT = 2048  # tokens of context before the walked text (sam steps)
 STEPS_TEXT = 3000  # tokens of text walked after it
@@ -63,8 +69,6 @@ def question_turns() -> list[str]:
 
 @functools.cache
 def _tokenizer() -> Any:
-    from specdec.models import load_tokenizer
-
     return load_tokenizer()
 
 
@@ -77,8 +81,6 @@ def tokenize(text: str) -> list[int]:
 
 def sam_load(path: str, verify: bool) -> dict[str, Any]:
     """Load (first in this process, then cached), resident memory before and after touching it."""
-    from specdec.datastores.sam import StaticSuffixAutomaton, native
-
     native()  # build or load the extension before the clock starts
     before = rss_mb()
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -134,9 +136,6 @@ def _walk(drafter: Any, text: list[int]) -> dict[str, Any]:
 
 
 def sam_steps(path: str, static: bool) -> dict[str, Any]:
-    from specdec.datastores.sam import StaticSuffixAutomaton
-    from specdec.drafters.sam import SamConfig, SamDrafter
-
     sam = StaticSuffixAutomaton.load(path, verify=False)
     drafter = SamDrafter(SamConfig(), sam if static else None)
     starts = sam.arrays["doc_starts"]
@@ -155,8 +154,6 @@ def sam_steps(path: str, static: bool) -> dict[str, Any]:
 
 def rest_build_alone(path: str) -> dict[str, Any]:
     """Rebuild the store from its own documents: the build's time and its peak above the documents."""
-    from specdec.datastores import rest
-
     store = rest.load(path, verify=False)
     documents = [np.asarray(store.document(i), dtype=np.int64) for i in range(store.num_documents)]  # as the CLI has
     baseline = rss_mb()
@@ -172,9 +169,6 @@ def rest_build_alone(path: str) -> dict[str, Any]:
 
 def rest_load_and_retrieve(path: str, verify: bool) -> dict[str, Any]:
     """Load the store, then time one retrieval (and the drafter's propose) per question position."""
-    from specdec.datastores import rest
-    from specdec.drafters.rest import RestConfig, RestDrafter
-
     rest.native()  # build or load the extension before the clock starts
     before = rss_mb()
     started = time.perf_counter()
@@ -213,9 +207,7 @@ def rest_load_and_retrieve(path: str, verify: bool) -> dict[str, Any]:
 
 def measure(kind: str, out: Path | None, *, skip_build: bool = False, max_tokens: int | None = None) -> dict[str, Any]:
     """Every figure of ``kind``'s datastore at ``out`` (built first unless ``skip_build``), as one document."""
-    from specdec.models import cache_dir
-
-    path = out or cache_dir() / "datastores" / f"{kind}-bench.{kind}"
+    path = out or folder("datastores") / f"{kind}-bench.{kind}"
     report: dict[str, Any] = {}
     if not skip_build:
         report["cli_build"] = cli_build(kind, path, max_tokens)

@@ -29,16 +29,21 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm import tqdm
+
+from specdec.backends import make_verifier
+from specdec.bench.methods import parse_methods
+from specdec.bench.report import markdown_table
+from specdec.bench.results import write_json_atomic
 from specdec.errors import SpecDecError
+from specdec.types import DraftTree
 
 DEFAULT_VARIANTS = "usual=auto:grouped=null,grouped=auto,grouped+narrow=auto:narrow_rows=4096:narrow_single=true"
 
 
 def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
     """``{label: verifier}`` for comma-separated variant specs (module docstring)."""
-    from specdec.backends import make_verifier
-    from specdec.bench.methods import parse_methods
-
     takes = set(inspect.signature(make_verifier).parameters)
     variants = {}
     for spec in parse_methods([specs or DEFAULT_VARIANTS]):
@@ -60,8 +65,6 @@ def weight_read_ms(model: Any, repeats: int = 5) -> float:
     A one-token forward must read all the weights, so this is the floor a memory-bound
     forward approaches: the curves' reference line.
     """
-    import torch
-
     parameters = [p.detach() for p in model.parameters()]
     best = float("inf")
     with torch.inference_mode():
@@ -78,11 +81,6 @@ def weight_read_ms(model: Any, repeats: int = 5) -> float:
 def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tuple[int, ...],
             repeats: int) -> dict[str, Any]:
     """``{"ms": {variant: {context: [fastest ms per size]}}, ...}`` (module docstring)."""
-    import torch
-    from tqdm import tqdm
-
-    from specdec.types import DraftTree
-
     variants = make_variants(model, specs)
     rng = random.Random(0)
     vocab = next(iter(variants.values())).vocab_size
@@ -119,8 +117,6 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
 
 def markdown(report: dict[str, Any]) -> str:
     """ms per verification, and the ratio to the first variant's 1-node step at that context."""
-    from specdec.bench.report import markdown_table
-
     sizes, rows = report["sizes"], []
     for context in report["contexts"]:
         one = next(iter(report["ms"].values()))[str(context)][0]
@@ -151,8 +147,6 @@ def write(report: dict[str, Any], out: str | None) -> str:
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
 
-    from specdec.bench.results import write_json_atomic
-
     directory = Path(out)
     write_json_atomic(directory / "curves.json", report)
     (directory / "curves.md").write_text(table + "\n", encoding="utf-8")
@@ -176,8 +170,6 @@ def write(report: dict[str, Any], out: str | None) -> str:
 
 def ratio_table(results: dict[str, Any]) -> str:
     """Per op, device, tree size and KV length: each backend's median (us) and torch / cuda_ext."""
-    from specdec.bench.report import markdown_table
-
     medians: dict[tuple[str, str, int, int | None], dict[str, float]] = defaultdict(dict)
     for bench in results.get("benchmarks", []):
         info = bench["extra_info"]

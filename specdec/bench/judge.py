@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from specdec.sampling import SamplingParams, position_uniform, process_logits
-from specdec.testing import NEAR_TIE_MARGIN
+from specdec.sampling import PositionKeyedSampler, SamplingParams, position_uniform, process_logits, resolve_decision
+from specdec.testing import NEAR_TIE_MARGIN, compare_outputs
 
 
 def near_boundary_limit(temperature: float) -> float:
@@ -112,8 +112,6 @@ class Boundary:
 
 def sampling_params(options: dict[str, Any]) -> SamplingParams:
     """The :class:`SamplingParams` a method spec's sampling options resolve to (as ``generate`` resolves them)."""
-    from specdec.sampling import PositionKeyedSampler, resolve_decision
-
     chooser = resolve_decision(None, **options).chooser
     assert isinstance(chooser, PositionKeyedSampler), f"{options} do not sample"
     return chooser.params
@@ -143,8 +141,6 @@ class Judge:
     def __call__(self, prompt: Sequence[int], ours: Any, reference: Any, our_method: Any,
                  reference_method: Any) -> dict[str, Any]:
         """A record's verdict fields for one turn (``ours``/``reference``: measurements)."""
-        from specdec.testing import compare_outputs
-
         verdict: dict[str, Any] = {"identical": ours.tokens == reference.tokens, "near_tie": False,
                                    "near_boundary": False, "first_difference": None, "margin": None,
                                    "boundary": None}

@@ -41,8 +41,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import torch
+from transformers import CompileConfig
 
+from specdec.api import Generator
+from specdec.budget.cost import cost_model
+from specdec.datastores.format import read_header
+from specdec.drafters import DrafterContext, make_factory
+from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
+from specdec.models import eos_token_ids
+from specdec.sampling import Decision, resolve_decision
 from specdec.types import Drafter, DraftTree
 
 
@@ -87,8 +95,6 @@ def generator_options() -> tuple[frozenset[str], frozenset[str]]:
     Read from the signatures, so an option the library adds (a ``cache`` for the
     constructor, say) is a bench option the day it lands.
     """
-    from specdec.api import Generator
-
     construction = set(inspect.signature(Generator.__init__).parameters) - _NOT_OPTIONS
     generation = set(inspect.signature(Generator.generate).parameters) - _NOT_OPTIONS
     return frozenset(construction - generation), frozenset(generation)
@@ -311,9 +317,6 @@ class SpecdecMethod:
 
     def __init__(self, spec: MethodSpec, model: Any, tokenizer: Any, meter: ForwardMeter, backend: str,
                  datastores: Mapping[str, str] | None = None) -> None:
-        from specdec.api import Generator
-        from specdec.drafters import make_factory
-
         self.spec = spec
         self._meter = meter
         construction, generation = generator_options()
@@ -339,8 +342,6 @@ class SpecdecMethod:
         (every budget needs it: the calibration also picks the verifier's kernels), and with
         ``max_tokens`` the static cache's compiled forwards for sequences that long.
         """
-        from specdec.budget.cost import cost_model
-
         cost_model(self._generator.verifier)
         if max_tokens is not None:
             self._generator.warm_up(max_tokens)
@@ -385,10 +386,6 @@ class SpecdecMethod:
         inputs. float ``[V]`` as the sampler saw it (after any repetition penalty), or None
         when the redo does not reproduce the run's output up to ``position``.
         """
-        from specdec.engine import StopRules, decode
-        from specdec.models import eos_token_ids
-        from specdec.sampling import Decision, resolve_decision
-
         if measurement.trees is None:
             raise SpecDecError(f"method {self.spec.label!r} recorded no trees (it does not sample)")
         generator = self._generator
@@ -460,9 +457,6 @@ class _Script:
 
 def drafter_context(model: Any, tokenizer: Any) -> Any:
     """What drafter factories may know of the target, as :class:`~specdec.api.Generator` builds it."""
-    from specdec.drafters import DrafterContext
-    from specdec.models import eos_token_ids
-
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return DrafterContext(vocab_size=vocab, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
 
@@ -473,8 +467,6 @@ def datastore_kinds(paths: Sequence[str | os.PathLike[str]]) -> dict[str, str]:
     A datastore's kind is the name of the drafter that reads it, so ``--datastore`` needs
     no ``drafter=`` prefix. Two files of one kind are an error: which would go where?
     """
-    from specdec.datastores.format import read_header
-
     kinds: dict[str, str] = {}
     for path in paths:
         kind = str(read_header(path).get("kind", ""))
@@ -532,8 +524,6 @@ class HuggingFaceMethod:
             kwargs[self.peer.options[key]] = value
         if self.peer.compiled:
             if kwargs.pop("compile", True):
-                from transformers import CompileConfig
-
                 config = CompileConfig()
                 config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch: compile off CUDA
                 kwargs["compile_config"] = config
@@ -594,8 +584,6 @@ def build_methods(
     ``datastores`` are files whose kind (read from each header) names the drafter that gets
     it: a ``rest`` file goes to ``rest`` and to the ``rest`` part of composites.
     """
-    from specdec.models import eos_token_ids
-
     kinds = datastore_kinds(datastores)
     takers = {part for spec in specs if not spec.is_peer for part in spec.name.split("+")}
     unused = sorted(set(kinds) - takers)

@@ -21,14 +21,20 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.corpus import GSM8K
+import torch
+import transformers
+
+from specdec.bench.corpus import build_datastore, gsm8k_documents
+from specdec.bench.methods import ForwardMeter, build_methods, drafter_context, parse_methods
+from specdec.drafters import available_drafters, make_factory
 from specdec.errors import SpecDecError
+from specdec.models import encode_prompt
+from specdec.testing import compare_outputs
 
 MAX_NEW_TOKENS = 32
 # Nodes each step verifies: a fixed budget does not depend on timings (the planner's ``auto``
@@ -83,8 +89,6 @@ def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[li
     of the kind named like it), or is left out (its name returned in ``left_out``) when there
     is none; any other error building one is raised.
     """
-    from specdec.drafters import available_drafters, make_factory
-
     datastores = datastores or {}
     names = [n for n in available_drafters() if n != "none"]
     names += [c for c in FEATURED_COMPOSITES if all(p in names for p in c.split("+"))]
@@ -111,8 +115,6 @@ def build_datastores(tokenizer: Any, corpus: str | os.PathLike[str], directory: 
     GSM8K's training problems (``question`` and ``answer`` fields), the team's shared corpus:
     the same file and cut give the same datastore, hence the same figures, on every machine.
     """
-    from specdec.bench.corpus import build_datastore, gsm8k_documents
-
     documents = gsm8k_documents(tokenizer, max_tokens, corpus)
     paths = {}
     for kind in kinds:
@@ -131,10 +133,6 @@ def measure(model: Any, tokenizer: Any, specs: Sequence[str], *, prompts: Mappin
     equal to plain decoding's, which each drafter's own lossless tests demand, without
     paying for plain decoding here.
     """
-    from specdec.bench.methods import ForwardMeter, build_methods, parse_methods
-    from specdec.models import encode_prompt
-    from specdec.testing import compare_outputs
-
     meter = ForwardMeter(model)
     try:
         methods = build_methods(parse_methods(specs), model, tokenizer, meter)
@@ -201,47 +199,31 @@ def load_saved(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def main(args: Any, loaded: tuple[Any, Any]) -> int:
-    """``specdec bench quality``: measure, then ``--check`` against and/or ``--write`` saved figures."""
-    import torch
-    import transformers
+def measure_suite(model: Any, tokenizer: Any, corpus: Path, drafters: Sequence[str] | None = None) -> tuple[
+        dict[str, Any], list[str]]:
+    """``(figures, left out)``: :func:`measure` over ``drafters`` (default: :func:`suite`), datastores over ``corpus``.
 
-    from specdec.bench.methods import drafter_context
-
-    model, tokenizer = loaded
-    corpus = Path(args.corpus or GSM8K)
+    The datastores are built in a temporary directory (when ``corpus`` exists) and removed
+    after; the suite's drafters that need one are left out, and named, where it does not.
+    """
     with tempfile.TemporaryDirectory() as directory:
         datastores = build_datastores(tokenizer, corpus, directory) if corpus.is_file() else {}
-        if args.drafters:
-            specs = args.drafters.split(",")
+        left_out: list[str] = []
+        if drafters:
+            specs = list(drafters)
         else:
             specs, left_out = suite(drafter_context(model, tokenizer), datastores)
-            if left_out:
-                print(f"left out (no corpus at {corpus} for their datastore): {', '.join(left_out)}", file=sys.stderr)
-        figures = measure(model, tokenizer, specs)
-    print(json.dumps({label: {"mat": f["mat"], "steps": f["steps"]} for label, f in figures.items()}, indent=1))
-    if args.check:
-        problems = check(figures, load_saved(args.check)["drafters"])
-        print("\n".join(problems) or "no regression", file=sys.stderr)
-        if problems:
-            return 1
-    if args.write:
-        document = {
-            "about": "MAT and steps of each drafter on specdec.bench.quality.PROMPTS, checked by "
-                     f"tests/test_quality.py. Refresh: {REFRESH}",
-            "max_new_tokens": MAX_NEW_TOKENS,
-            "budget": BUDGET,
-            "tolerance": TOLERANCE,
-            "measured_with": {"torch": torch.__version__, "transformers": transformers.__version__},
-            "drafters": figures,
-        }
-        Path(args.write).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.write).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.write}", file=sys.stderr)
-    return 0
+        return measure(model, tokenizer, specs), left_out
 
 
-if __name__ == "__main__":  # the former entry point, kept for muscle memory
-    from specdec.cli import main as cli_main
-
-    sys.exit(cli_main(["bench", "quality", *sys.argv[1:]]))
+def baseline_document(figures: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``--write`` saves: the figures and the settings and versions they were measured with."""
+    return {
+        "about": "MAT and steps of each drafter on specdec.bench.quality.PROMPTS, checked by "
+                 f"tests/test_quality.py. Refresh: {REFRESH}",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "budget": BUDGET,
+        "tolerance": TOLERANCE,
+        "measured_with": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "drafters": dict(figures),
+    }

@@ -18,13 +18,23 @@ fixed text.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from specdec.api import resolve_store
+from specdec.backends import make_verifier
+from specdec.bench.methods import generator_options
+from specdec.bench.report import OVERALL, markdown_table
+from specdec.budget import AcceptanceModel, BudgetPlanner, CostTable, Throughput, VerifyCostModel
+from specdec.budget.cost import cost_model
+from specdec.drafters import make_factory
+from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
+from specdec.models import load_model
 from specdec.types import Drafter, DraftTree, Feedback, GenerationResult, Verification
 
 if TYPE_CHECKING:
@@ -125,8 +135,6 @@ def replay(drafter: Drafter, stream: Sequence[int], prompt_len: int, *, vocab_si
     propose + update), ``other_s`` (the loop's own time); ``verify_s`` is the replayed
     verification, microseconds. The output is ``stream[prompt_len:]``, checked.
     """
-    from specdec.engine import StopRules, decode
-
     if not 1 <= prompt_len < len(stream):
         raise SpecDecError(f"prompt_len must be in [1, {len(stream) - 1}] for a stream of {len(stream)}, "
                            f"got {prompt_len}")
@@ -190,13 +198,7 @@ def recorded_streams(results: dict[str, Any], label: str | None = None) -> list[
 
 def cost_table(name: str, model_spec: str = "default") -> Any:
     """A frozen :class:`~specdec.budget.cost.VerifyCostModel`: a named table, or ``calibrated`` (this machine's)."""
-    from specdec.budget import CostTable, VerifyCostModel
-
     if name == "calibrated":
-        from specdec.backends import make_verifier
-        from specdec.budget.cost import cost_model
-        from specdec.models import load_model
-
         model, _ = load_model(None if model_spec == "default" else model_spec)
         return VerifyCostModel(cost_model(make_verifier(model))[0].table, learn=False)
     if name not in COST_TABLES:
@@ -229,14 +231,6 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
     from, as for a Generator. Drafters that learn from the model's predictions cannot be
     replayed, nor can options that need a model (sampling, a backend).
     """
-    import dataclasses
-
-    from specdec.api import resolve_store
-    from specdec.bench.methods import generator_options
-    from specdec.budget import AcceptanceModel, BudgetPlanner, Throughput
-    from specdec.drafters import make_factory
-    from specdec.engine import StopRules, decode
-
     if mode not in REPLAY_MODES:
         raise SpecDecError(f"unknown replay mode {mode!r}: {', '.join(REPLAY_MODES)}")
     options = dict(spec.options)
@@ -289,8 +283,6 @@ def replay_table(rows: Sequence[dict[str, Any]]) -> str:
     Pooled: a category's MAT is all its tokens emitted by steps over all its steps (not a
     mean of per-question MATs), and its nodes per step likewise.
     """
-    from specdec.bench.report import OVERALL, markdown_table
-
     methods = list(dict.fromkeys((r["label"], r.get("mode", "stream")) for r in rows))
     categories = [*dict.fromkeys(r["category"] for r in rows), OVERALL]
 

@@ -39,7 +39,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy
+import torch
+import transformers
+
+import specdec
+from specdec.cachefiles import write_atomically
 from specdec.errors import SpecDecError
+from specdec.models import DEFAULT_GGUF_NAME
 
 RESULTS_FORMAT = "specdec-bench/2"
 READABLE_FORMATS = ("specdec-bench/1", RESULTS_FORMAT)
@@ -61,12 +68,8 @@ def load_results(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write to a temporary file and rename it into place: a crash never leaves half a file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.tmp")
-    staging.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(staging, target)
+    """``data`` as indented JSON, written atomically (:func:`~specdec.cachefiles.write_atomically`)."""
+    write_atomically(path, json.dumps(data, indent=1) + "\n")
 
 
 def now() -> str:
@@ -75,8 +78,6 @@ def now() -> str:
 
 def machine_info() -> dict[str, Any]:
     """The hardware and load a run saw: timings mean little without it."""
-    import torch
-
     cpu = platform.processor() or ""
     memory_gib = None
     try:
@@ -100,12 +101,6 @@ def machine_info() -> dict[str, Any]:
 
 
 def software_versions() -> dict[str, Any]:
-    import numpy
-    import torch
-    import transformers
-
-    import specdec
-
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -132,8 +127,6 @@ def _git_state() -> dict[str, Any] | None:
 
 def model_info(model: Any, spec: str) -> dict[str, Any]:
     """What was benchmarked; ``spec`` is how the user named it (``default`` or a path)."""
-    from specdec.models import DEFAULT_GGUF_NAME
-
     parameter = next(model.parameters())
     return {
         "name": DEFAULT_GGUF_NAME.split(".")[0] if spec == "default" else Path(spec).name,

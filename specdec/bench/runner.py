@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from specdec.bench.judge import Judge
 from specdec.bench.methods import ForwardMeter, Measurement, Method, MethodSpec, build_methods
 from specdec.bench.questions import Question
+from specdec.bench.report import summarize
 from specdec.bench.results import (
     RESULTS_FILE,
     RESULTS_FORMAT,
@@ -307,8 +310,6 @@ class BenchRun:
 
     def run(self, questions: Sequence[Question], progress: bool = True) -> dict[str, Any]:
         """Measure every question not already done, saving after each; returns the results."""
-        from tqdm import tqdm
-
         self.out_dir.mkdir(parents=True, exist_ok=True)
         todo = [q for q in questions if q.question_id not in self.done]
         if not todo:
@@ -330,8 +331,6 @@ class BenchRun:
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        from specdec.bench.report import summarize
-
         self.results["meta"]["finished"] = now()
         self.results["meta"]["load_average_end"] = machine_info()["load_average"]
         self.results["summary"] = summarize(self.results)

@@ -78,11 +78,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from specdec.backends.verifier import ModelVerifier
-from specdec.cachefiles import write_atomically
+from specdec.cachefiles import folder, write_atomically
 from specdec.errors import SpecDecError
-from specdec.models import cache_dir
 from specdec.types import DraftTree
 
 FloatArray = npt.NDArray[np.float64]
@@ -264,8 +264,6 @@ class VerifyCostModel:
 
 
 def _device_name(verifier: ModelVerifier) -> str:
-    import torch
-
     device = verifier.device
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"
@@ -280,8 +278,6 @@ def _device_name(verifier: ModelVerifier) -> str:
 
 def model_identity(verifier: ModelVerifier) -> dict[str, str]:
     """What the verification cost depends on (module docstring), as strings."""
-    import torch
-
     config = verifier.model.config.to_dict()
     architecture = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("name_or_path",)}
     digest = hashlib.sha256(json.dumps(architecture, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -465,8 +461,6 @@ class MachineWatch:
 
     @classmethod
     def start(cls, on_cpu: bool = True) -> MachineWatch:
-        import torch
-
         threads = torch.get_num_threads() if on_cpu else 1
         return cls(time.perf_counter(), time.process_time(), _machine_cpu_seconds(), threads)
 
@@ -508,7 +502,7 @@ _REMEASURED: dict[str, int] = {}  # identity key -> re-measurements after drift 
 
 
 def calibration_path(identity: dict[str, str]) -> Path:
-    return cache_dir() / "calibration" / f"{identity_key(identity)}.json"
+    return folder("calibration") / f"{identity_key(identity)}.json"
 
 
 def use_cached_kernels(verifier: ModelVerifier) -> bool:

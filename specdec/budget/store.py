@@ -47,18 +47,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specdec.backends.verifier import ModelVerifier
 from specdec.budget.acceptance import AcceptanceModel
 from specdec.budget.cost import model_identity
 from specdec.budget.planner import Throughput
-from specdec.cachefiles import checksum, write_atomically
+from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, write_atomically
 from specdec.errors import SpecDecError
-from specdec.models import cache_dir
 
 FORMAT = "specdec.planner-stats"
 VERSION = 1  # bump when the body's meaning changes: older files then start afresh, with a warning
 SWITCH_ENV = "SPECDEC_PLANNER_CACHE"
-DIR_ENV = "SPECDEC_PLANNER_DIR"
+DIR_ENV = PLANNER_DIR_ENV
 _OFF = frozenset({"0", "false", "off", "no"})
 _SAMPLES_PER_TENSOR = 64  # weight values hashed per parameter tensor: enough to tell checkpoints apart
 
@@ -77,8 +78,7 @@ def enabled(option: bool | None = None) -> bool:
 
 def stats_dir() -> Path:
     """Where planner statistics live: ``$SPECDEC_PLANNER_DIR``, else ``<cache_dir>/planner``."""
-    root = os.environ.get(DIR_ENV)
-    return Path(root).expanduser() if root else cache_dir() / "planner"
+    return folder("planner")
 
 
 def _memo(table: weakref.WeakKeyDictionary[Any, str], owner: Any, compute: Any) -> str:
@@ -103,8 +103,6 @@ def weights_fingerprint(model: Any) -> str:
     """
 
     def compute() -> str:
-        import torch
-
         digest = hashlib.sha256()
         with torch.no_grad():
             for name, tensor in sorted(model.state_dict().items()):
@@ -120,11 +118,9 @@ def weights_fingerprint(model: Any) -> str:
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """The tokenizer's vocabulary hash (:class:`~specdec.datastores.format.TokenizerIdentity`), or ``"none"``."""
+    """The tokenizer's vocabulary hash (:class:`~specdec.cachefiles.TokenizerIdentity`), or ``"none"``."""
     if tokenizer is None:
         return "none"
-    from specdec.datastores.format import TokenizerIdentity
-
     return _memo(_TOKENIZERS, tokenizer, lambda: TokenizerIdentity.of(tokenizer).fingerprint)
 
 

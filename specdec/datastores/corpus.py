@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tqdm import tqdm
 
 from specdec.errors import SpecDecError
 
@@ -78,8 +79,6 @@ def tokenize_documents(
     batch_size: int = 64,
 ) -> list[npt.NDArray[np.int64]]:
     """Tokenize each text (no special tokens) into an int64 array; stop after ``max_tokens`` in all."""
-    from tqdm import tqdm
-
     documents: list[npt.NDArray[np.int64]] = []
     total = 0
     bar = tqdm(desc="tokenizing", unit=" tok", unit_scale=True, disable=not progress)

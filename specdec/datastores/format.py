@@ -23,11 +23,9 @@ page faults on first touch, not a copy; many sequences (and processes) share the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from specdec.cachefiles import TokenizerIdentity, atomic_file
 from specdec.datastores.trust import is_trusted, remember_verified
 from specdec.errors import DatastoreError
 
@@ -45,26 +44,6 @@ CONTAINER_VERSION = 1
 _PREFIX = struct.Struct("<8sIIII")  # magic, container, meta_len, meta_crc, reserved
 _ALIGN = 64
 _CRC_BLOCK = 1 << 24  # bytes per crc32 call: bounded memory for huge sections
-
-
-@dataclass(frozen=True)
-class TokenizerIdentity:
-    """Who can use a datastore: a hash of the tokenizer's vocabulary and its size.
-
-    ``fingerprint`` hashes the sorted (token string, id) pairs, so two tokenizers agree
-    only when every id means the same string. ``name`` is informative (error messages).
-    """
-
-    fingerprint: str
-    vocab_size: int
-    name: str = ""
-
-    @classmethod
-    def of(cls, tokenizer: Any) -> TokenizerIdentity:
-        vocab = tokenizer.get_vocab()
-        digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
-        size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
-        return cls(digest.hexdigest()[:24], int(size), str(getattr(tokenizer, "name_or_path", "")))
 
 
 @dataclass(frozen=True)
@@ -116,9 +95,8 @@ def write_datastore(
     arrays: Mapping[str, npt.NDArray[Any]],
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``arrays`` and metadata to ``path`` atomically (a temp file renamed into place)."""
+    """Write ``arrays`` and metadata to ``path`` atomically (:func:`~specdec.cachefiles.atomic_file`)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     prepared = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
     for name, array in prepared.items():
         if array.dtype.byteorder == ">":
@@ -157,18 +135,12 @@ def write_datastore(
     else:  # pragma: no cover - the layout converges in two rounds
         raise DatastoreError("could not lay out the datastore header")
 
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(_PREFIX.pack(MAGIC, CONTAINER_VERSION, len(blob), zlib.crc32(blob), 0))
-            out.write(blob)
-            for section, array in zip(sections, prepared.values(), strict=True):
-                out.write(b"\x00" * (section.offset - out.tell()))
-                out.write(array.data.cast("B"))
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_file(target, binary=True) as out:
+        out.write(_PREFIX.pack(MAGIC, CONTAINER_VERSION, len(blob), zlib.crc32(blob), 0))
+        out.write(blob)
+        for section, array in zip(sections, prepared.values(), strict=True):
+            out.write(b"\x00" * (section.offset - out.tell()))
+            out.write(array.data.cast("B"))
     return target
 
 

@@ -43,9 +43,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pydivsufsort import divsufsort
+from tqdm import tqdm
 
-from specdec.datastores.format import Datastore, TokenizerIdentity, read_datastore, write_datastore
+from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores.format import Datastore, read_datastore, write_datastore
 from specdec.errors import DatastoreError
+from specdec.native import load_extension
 
 KIND = "rest"
 KIND_VERSION = 1
@@ -56,8 +60,6 @@ IntArray = npt.NDArray[np.int64]
 
 def native() -> ModuleType:
     """The compiled retrieval core (built on first use, ~25 s; cached across processes)."""
-    from specdec.native import load_extension
-
     return load_extension("rest_index", _SOURCES)
 
 
@@ -110,8 +112,6 @@ def suffix_array(tokens: npt.NDArray[Any]) -> npt.NDArray[Any]:
     id boundary, which orders them as id sequences. Peak memory: ~4 bytes per byte of
     ``tokens`` for the byte-level array plus the kept half (~20 bytes per uint16 token).
     """
-    from pydivsufsort import divsufsort
-
     if len(tokens) == 0:
         return np.zeros(0, dtype=np.int32)
     order = np.asarray(divsufsort(tokens))
@@ -131,8 +131,6 @@ def build(
     The separator is ``tokenizer.vocab_size``. Time: O(N log N) worst case for the suffix
     array (pydivsufsort, ~1 s per million tokens here), O(N) for the rest.
     """
-    from tqdm import tqdm
-
     if not documents:
         raise DatastoreError("no documents to index")
     separator = int(tokenizer.vocab_size)

@@ -48,8 +48,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tqdm import tqdm
 
-from specdec.datastores.format import TokenizerIdentity, read_datastore, write_datastore
+from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores.format import read_datastore, write_datastore
 from specdec.errors import DatastoreError, SpecDecError
 from specdec.native import load_extension
 
@@ -96,8 +98,6 @@ def build_arrays(
     uint32. Time O(N) amortized; peak memory about 100 bytes per token (the growable
     builder, then the exported arrays), reported as ``builder_peak_bytes``.
     """
-    from tqdm import tqdm
-
     tokens, doc_starts = _concatenate(documents, vocab_size)
     width = vocab_size if vocab_size is not None else (int(tokens.max()) + 1 if len(tokens) else 0)
     narrow = width <= 2**16

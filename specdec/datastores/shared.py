@@ -42,6 +42,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from specdec.datastores.sam import native
 from specdec.errors import SpecDecError
 
 DEFAULT_MAX_TOKENS = 1_000_000
@@ -66,8 +67,6 @@ class SharedStore:
     def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, *, include_prompts: bool = False) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2:
             raise SpecDecError(f"a shared store's max_tokens must be an int >= 2, got {max_tokens!r}")
-        from specdec.datastores.sam import native
-
         self.max_tokens = max_tokens
         self.include_prompts = bool(include_prompts)
         self._native = native()

@@ -44,8 +44,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec.cachefiles import checksum, write_atomically
-from specdec.models import cache_dir
+from specdec.cachefiles import checksum, folder, write_atomically
 
 TRUST_MIN_BYTES = 32 << 20  # smaller files verify in a few tens of ms: not worth a stamp
 RACY_S = 2.0  # a file changed more recently than this is not stamped (coarse file timestamps; module docstring)
@@ -59,7 +58,7 @@ _OFF = frozenset({"0", "false", "off", "no"})
 
 def stamp_path(source: Path) -> Path:
     """Where the stamp of the datastore at ``source`` (a resolved path) lives."""
-    return cache_dir() / "trusted" / f"{hashlib.sha256(str(source).encode()).hexdigest()[:16]}.json"
+    return folder("trusted") / f"{hashlib.sha256(str(source).encode()).hexdigest()[:16]}.json"
 
 
 def _file_state(source: Path, status: os.stat_result, header: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from specdec.datastores.format import TokenizerIdentity
+from specdec.cachefiles import TokenizerIdentity
 from specdec.errors import SpecDecError
 from specdec.types import Drafter
 

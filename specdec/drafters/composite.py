@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.budget.acceptance import node_keys
 from specdec.drafters.base import DrafterContext, Factory
 from specdec.errors import SpecDecError
 from specdec.types import Drafter, DrafterFactory, DraftTree, Feedback, RetrievalDrafter
@@ -130,8 +131,6 @@ def order_by_acceptance(tree: DraftTree, acceptance: Any) -> DraftTree:
     grows from a parent to its child, so sorting by ``p`` (ties: the old order) keeps
     parents first, and every prefix is the best tree of its size under the model. O(N log N).
     """
-    from specdec.budget.acceptance import node_keys
-
     _, p = acceptance.estimate(tree, node_keys(tree))
     order = sorted(range(tree.size), key=lambda i: (-float(p[i]), i))
     position = {old: new for new, old in enumerate(order)}

@@ -84,8 +84,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy.typing as npt
+from transformers import AutoTokenizer
 
 from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
+from specdec.cachefiles import write_atomically
 from specdec.drafters import DrafterContext, make_factory
 from specdec.errors import SpecDecError
 from specdec.types import Drafter, DrafterFactory, DraftTree
@@ -220,8 +222,6 @@ def build_factory(spec: DrafterSpec, context: DrafterContext) -> DrafterFactory:
 
 
 def _load_tokenizer(name: Any, **kwargs: Any) -> Any:
-    from transformers import AutoTokenizer
-
     if not name:
         raise SpecDecError("a datastore must be checked against the engine's tokenizer, and the engine names none")
     try:
@@ -586,41 +586,4 @@ class Proposer:
         """Rewrite ``stats_path`` with :meth:`summary` (atomically: a reader never sees half a file)."""
         if self.spec.stats_path is None:
             return
-        path = Path(self.spec.stats_path)
-        staging = path.with_name(f".{path.name}.{os.getpid()}")
-        staging.write_text(json.dumps(self.summary(), indent=1))
-        staging.replace(path)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m specdec.integrations.vllm DRAFTER [K] [OPTION=JSON ...]``: print ``vllm serve`` flags."""
-    import argparse
-    import shlex
-
-    parser = argparse.ArgumentParser(prog="python -m specdec.integrations.vllm",
-                                     description="Print the `vllm serve` flags that run a specdec drafter.")
-    parser.add_argument("drafter", nargs="?", default=DEFAULT_DRAFTER)
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS)
-    parser.add_argument("--tokenizer", help="the engine's tokenizer (a checkpoint directory), to check datastores")
-    parser.add_argument("options", nargs="*", metavar="OPTION=VALUE",
-                        help="drafter options; values are JSON when they parse as JSON (datastore=corpus.sam)")
-    args = parser.parse_intermixed_args(argv)
-    options: dict[str, Any] = {}
-    for item in args.options:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            parser.error(f"options are KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(text)
-        except json.JSONDecodeError:
-            options[key] = text
-    try:
-        flags = serve_flags(args.drafter, args.num_speculative_tokens, tokenizer=args.tokenizer, **options)
-    except SpecDecError as error:
-        parser.exit(2, f"error: {error}\n")
-    print(" ".join(shlex.quote(flag) for flag in flags))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        write_atomically(self.spec.stats_path, json.dumps(self.summary(), indent=1))

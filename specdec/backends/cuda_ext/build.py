@@ -18,6 +18,10 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+import torch
+from torch.utils.cpp_extension import CUDA_HOME
+
+from specdec.backends.cuda_ext import ops
 from specdec.errors import SpecDecError
 from specdec.native import NativeBuildError, load_extension
 
@@ -36,17 +40,12 @@ class BackendUnavailableError(SpecDecError):
 
 def cuda_build_possible() -> bool:
     """Whether the CUDA kernels can be compiled and run here: a CUDA torch, a device, a toolkit."""
-    import torch
-    from torch.utils.cpp_extension import CUDA_HOME
-
     return torch.version.cuda is not None and torch.cuda.is_available() and CUDA_HOME is not None
 
 
 def load() -> ModuleType:
     """The built extension (its ops registered as ``torch.ops.specdec.*``); :class:`NativeBuildError` if it fails."""
     global _FAILURE
-    from specdec.backends.cuda_ext import ops
-
     with _LOCK:
         if _FAILURE is not None:
             raise _FAILURE

@@ -28,8 +28,10 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch.utils import cpp_extension
+
 from specdec.backends.cuda_ext.build import CUDA_SOURCES, HEADERS
-from specdec.models import cache_dir
+from specdec.cachefiles import folder
 
 # Kernels the object must define (their host-side launch stubs carry these names).
 KERNELS = ("first_fault_kernel", "tree_mask_kernel", "row_top_kernel", "walk_kernel", "compact_kv_kernel")
@@ -70,8 +72,6 @@ def find_nvcc() -> str | None:
 
 def nvcc_command(nvcc: str, source: Path, output: Path, arch: str) -> list[str]:
     """The compile command, with the flags ``torch.utils.cpp_extension`` passes to nvcc."""
-    from torch.utils import cpp_extension
-
     includes = [*cpp_extension.include_paths("cpu"), sysconfig.get_paths()["include"]]
     defines = ["-DSPECDEC_WITH_CUDA"]
     torch_include = Path(cpp_extension.include_paths("cpu")[0])
@@ -95,7 +95,7 @@ def compile_cuda_source(arch: str = "sm_90", nvcc: str | None = None, use_cache:
     digest = hashlib.sha256(version.encode() + arch.encode())
     for path in (*CUDA_SOURCES, *HEADERS):
         digest.update(path.read_bytes())
-    directory = cache_dir() / "extensions" / f"nvcc-check-{digest.hexdigest()[:12]}"
+    directory = folder("extensions") / f"nvcc-check-{digest.hexdigest()[:12]}"
     directory.mkdir(parents=True, exist_ok=True)
     output = directory / "tree_ops_cuda.o"
     command = nvcc_command(nvcc, source, output, arch)

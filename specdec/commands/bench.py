@@ -21,8 +21,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.questions import DEFAULT_QUESTIONS
+import numpy as np
+import torch
+
+from specdec.bench import quality
+from specdec.bench.corpus import GSM8K
+from specdec.bench.costs import measure as measure_costs
+from specdec.bench.curves import measure as measure_curves
+from specdec.bench.curves import ratio_table
+from specdec.bench.curves import write as write_curves
+from specdec.bench.judge import judge_sampled
+from specdec.bench.methods import ForwardMeter, SpecdecMethod, build_methods, parse_method, parse_methods
+from specdec.bench.plot import plot_speedup
+from specdec.bench.questions import DEFAULT_QUESTIONS, load_questions, select_questions
+from specdec.bench.replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
+from specdec.bench.report import format_comparison, format_report, regressions
+from specdec.bench.results import load_results, write_json_atomic
+from specdec.bench.runner import BenchRun, BenchSettings, references, warm_up
+from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
+from specdec.models import encode_prompt, load_model, load_tokenizer
 
 DEFAULT_METHODS = "none,hf-generate,hf-pld,pld"
 REPORT_FILE = "report.md"
@@ -41,39 +59,21 @@ def _command_line() -> str:
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model and tokenizer of ``--model``, in ``--dtype`` on ``--device``."""
-    import inspect
-
-    import torch
-
-    from specdec.models import load_model
-
-    options: dict[str, Any] = {}
-    if args.dtype is not None:
-        options["dtype"] = getattr(torch, args.dtype)
-    takes_device = "device" in inspect.signature(load_model).parameters
-    if takes_device and args.device is not None:
-        options["device"] = args.device
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
     if not getattr(args, "quiet", False):
         print(f"Loading the model ({args.model}) ...", file=sys.stderr)
     model: Any
-    model, tokenizer = load_model(None if args.model == "default" else args.model, **options)
-    if not takes_device and args.device is not None:  # until load_model takes a device
-        model.to(args.device)
+    model, tokenizer = load_model(None if args.model == "default" else args.model, dtype=dtype, device=args.device)
     return model, tokenizer
 
 
 def selected_questions(args: argparse.Namespace) -> list[Any]:
-    from specdec.bench.questions import load_questions, select_questions
-
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     ids = [int(i) for i in args.ids.split(",") if i.strip()] if args.ids else None
     return select_questions(load_questions(args.questions), args.per_category, categories, ids)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from specdec.bench.report import format_comparison, format_report
-    from specdec.bench.results import load_results
-
     if args.report:
         if len(args.report) > 2:
             raise SpecDecError(f"--report takes one or two run directories, got {len(args.report)}")
@@ -83,8 +83,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         saved, new = load_results(args.report[0]), load_results(args.report[1])
         print(format_comparison(saved, new))
         if args.check:
-            from specdec.bench.report import regressions
-
             problems = regressions(saved, new)
             print("\n".join(["", "Regressions from A to B:", *problems]) if problems else "\nno regression from A to B")
             return 1 if problems else 0
@@ -93,10 +91,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecDecError("--out DIR is required to run a benchmark (or use --report DIR [DIR2])")
     if args.check:
         raise SpecDecError("--check goes with --report SAVED NEW")
-    from specdec.bench.methods import parse_methods
-    from specdec.bench.plot import plot_speedup
-    from specdec.bench.runner import BenchRun, BenchSettings
-
     specs = parse_methods(args.drafters or [DEFAULT_METHODS])
     selected = selected_questions(args)
     settings = BenchSettings(
@@ -118,14 +112,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from specdec.bench.methods import parse_methods
-    from specdec.bench.replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
-    from specdec.bench.results import load_results, write_json_atomic
-    from specdec.drafters import DrafterContext
-    from specdec.models import load_tokenizer
-
     runs = [load_results(path) for path in args.runs]
     streams = [stream for results in runs for stream in recorded_streams(results, args.method)]
     model = runs[0]["meta"]["settings"]["model"]
@@ -151,11 +137,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
-    from specdec.bench.judge import judge_sampled
-    from specdec.bench.methods import ForwardMeter, SpecdecMethod, build_methods, parse_method
-    from specdec.bench.runner import references, warm_up
-    from specdec.models import encode_prompt
-
     spec = parse_method(args.drafters)
     if not spec.sampling:
         raise SpecDecError(f"{args.drafters!r} does not sample: greedy outputs are judged by their margin in a run")
@@ -199,34 +180,44 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
-    from specdec.bench import quality
-
-    return quality.main(args, load(args))
+    """Measure the quality suite, then ``--check`` against and/or ``--write`` saved figures."""
+    model, tokenizer = load(args)
+    corpus = Path(args.corpus or GSM8K)
+    figures, left_out = quality.measure_suite(model, tokenizer, corpus, args.drafters.split(",") if args.drafters
+                                              else None)
+    if left_out:
+        print(f"left out (no corpus at {corpus} for their datastore): {', '.join(left_out)}", file=sys.stderr)
+    print(json.dumps({label: {"mat": f["mat"], "steps": f["steps"]} for label, f in figures.items()}, indent=1))
+    if args.check:
+        problems = quality.check(figures, quality.load_saved(args.check)["drafters"])
+        print("\n".join(problems) or "no regression", file=sys.stderr)
+        if problems:
+            return 1
+    if args.write:
+        Path(args.write).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write).write_text(json.dumps(quality.baseline_document(figures), indent=1) + "\n",
+                                    encoding="utf-8")
+        print(f"wrote {args.write}", file=sys.stderr)
+    return 0
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    from specdec.bench.costs import measure
-
-    report = measure(args.kind, args.out, skip_build=args.skip_build, max_tokens=args.max_tokens)
+    report = measure_costs(args.kind, args.out, skip_build=args.skip_build, max_tokens=args.max_tokens)
     print(json.dumps(report, indent=1))
     return 0
 
 
 def cmd_curves(args: argparse.Namespace) -> int:
-    from specdec.bench.curves import measure, write
-
     sizes = tuple(int(s) for s in args.sizes.split(","))
     contexts = tuple(int(c) for c in args.contexts.split(","))
     model, _ = load(args)
-    report = measure(model, args.variants, sizes, contexts, args.repeats)
+    report = measure_curves(model, args.variants, sizes, contexts, args.repeats)
     report["command"] = _command_line()
-    print(write(report, args.out))
+    print(write_curves(report, args.out))
     return 0
 
 
 def cmd_ratios(args: argparse.Namespace) -> int:
-    from specdec.bench.curves import ratio_table
-
     print(ratio_table(json.loads(Path(args.json).read_text(encoding="utf-8"))))
     return 0
 

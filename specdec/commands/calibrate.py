@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from specdec.errors import SpecDecError
+from specdec.backends import make_verifier
+from specdec.budget.cost import busy_reason, calibration_path, cost_model, model_identity
+from specdec.budget.planner import choose_budget
+from specdec.commands.arguments import add_placement_arguments
+from specdec.models import load_model
 
 # Per-token conditional acceptance of the example chains, and their length (a SAM-sized chain).
 EXAMPLE_ACCEPTANCE = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -32,8 +36,6 @@ def budget_examples(model: Any, context: int = EXAMPLE_CONTEXT, chain: int = EXA
     ``model`` is a :class:`~specdec.budget.cost.VerifyCostModel`; the rate is plain decoding's
     (``1 / cost(1)``), what a run starts from. O(len(EXAMPLE_ACCEPTANCE) * chain).
     """
-    from specdec.budget.planner import choose_budget
-
     costs = model.predict(np.arange(1, chain + 1), context)  # [chain]
     rows = []
     for q in EXAMPLE_ACCEPTANCE:
@@ -45,22 +47,7 @@ def budget_examples(model: Any, context: int = EXAMPLE_CONTEXT, chain: int = EXA
     return rows
 
 
-def budget_arg(text: str) -> str:
-    """The argparse type of ``--budget``: a bad value fails before any model loads."""
-    from specdec.budget.planner import Budget
-
-    try:
-        Budget.parse(text)
-    except SpecDecError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from specdec.backends import make_verifier
-    from specdec.budget.cost import busy_reason, calibration_path, cost_model, model_identity
-    from specdec.models import load_model
-
     model, _ = load_model(None if args.model == "default" else args.model, dtype=args.dtype, device=args.device)
     verifier = make_verifier(model, args.backend, cache=args.cache)
     cost, spent = cost_model(verifier, recalibrate=args.recalibrate, cache_busy=args.force)
@@ -107,8 +94,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from specdec.cli import add_placement_arguments
-
     parser = sub.add_parser(
         "calibrate", help="measure the verification cost per tree size (cached) and show the budgets it implies",
         description="Calibrates the cost model behind budget='auto' for a model, device and dtype (or shows the "

@@ -1,4 +1,4 @@
-"""``specdec datastore build`` and ``specdec datastore info``."""
+"""``specdec datastore build`` and ``specdec datastore info``: index a corpus for a retrieval drafter, read a header."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores import BUILDERS
 from specdec.datastores.corpus import iter_texts, tokenize_documents
-from specdec.datastores.format import TokenizerIdentity, read_header
+from specdec.datastores.format import read_header
 from specdec.errors import SpecDecError
+from specdec.models import load_tokenizer
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from specdec.models import load_tokenizer
-
     target = BUILDERS.get(args.kind)
     if target is None:
         raise SpecDecError(f"unknown datastore kind {args.kind!r}; valid kinds: {', '.join(sorted(BUILDERS))}")

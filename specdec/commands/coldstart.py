@@ -43,6 +43,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from specdec.api import Generator, run
+from specdec.budget.cost import calibration_path, cost_model, model_identity
+from specdec.budget.store import DIR_ENV, SWITCH_ENV
+from specdec.commands.arguments import add_placement_arguments
 from specdec.errors import SpecDecError
 
 ARMS = ("plain", "warm", "cold", "cold-fresh")
@@ -59,9 +65,7 @@ def coldstart_prompts() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
 
 def _child(spec: dict[str, Any]) -> None:
     """One ``specdec.run`` in this fresh process; prints its figures as one JSON line."""
-    import specdec
-
-    result = specdec.run(spec["model"], spec["prompt"], drafter=spec["drafter"], max_new_tokens=spec["max_new_tokens"],
+    result = run(spec["model"], spec["prompt"], drafter=spec["drafter"], max_new_tokens=spec["max_new_tokens"],
                          device=spec["device"], dtype=spec["dtype"], cache=spec["cache"])
     print(json.dumps(_figures(result)))
 
@@ -69,7 +73,7 @@ def _child(spec: dict[str, Any]) -> None:
 def run_child(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """Run :func:`_child` in a new interpreter with ``env`` added to this one's environment."""
     done = subprocess.run(
-        [sys.executable, "-m", "specdec.budget.coldstart", json.dumps(spec)],
+        [sys.executable, "-m", "specdec.commands", "cold-start", "--child", json.dumps(spec)],
         env={**os.environ, **env}, capture_output=True, text=True, check=False,
     )
     if done.returncode != 0:
@@ -108,12 +112,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cmd_coldstart(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from specdec.api import Generator
-    from specdec.budget.cost import calibration_path, cost_model, model_identity
-    from specdec.budget.store import DIR_ENV, SWITCH_ENV
-
+    if args.child is not None:  # a child process of this command
+        _child(json.loads(args.child))
+        return 0
     warm_prompts, test_prompts = coldstart_prompts()
     if not 1 <= args.prompts <= len(test_prompts) or not 0 <= args.warm_prompts <= len(warm_prompts):
         raise SpecDecError(f"--prompts must be 1..{len(test_prompts)} and --warm-prompts 0..{len(warm_prompts)}")
@@ -185,8 +186,6 @@ def _print_report(report: dict[str, Any], arms: list[str]) -> None:
 
 
 def register(sub: Any) -> None:
-    from specdec.cli import add_placement_arguments
-
     parser = sub.add_parser(
         "cold-start", help="first specdec.run in fresh processes (saved planner statistics) vs a warmed Generator",
         description="Measures the speed of one specdec.run per fresh process with saved planner statistics, "
@@ -200,8 +199,5 @@ def register(sub: Any) -> None:
     parser.add_argument("--skip", action="append", choices=ARMS[1:], help="an arm to leave out (repeatable)")
     parser.add_argument("--out", default=None, help="write every figure as JSON here")
     add_placement_arguments(parser)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one run_child process's spec (JSON)
     parser.set_defaults(func=cmd_coldstart)
-
-
-if __name__ == "__main__":  # a child process of cmd_coldstart
-    _child(json.loads(sys.argv[1]))

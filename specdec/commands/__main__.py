@@ -1,0 +1,7 @@
+"""``python -m specdec.commands ...``: the ``specdec`` command."""
+
+import sys
+
+from specdec.commands import main
+
+sys.exit(main())
