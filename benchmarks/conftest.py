@@ -78,8 +78,8 @@ def code_stream(tokenizer: Any) -> list[int]:
 @pytest.fixture(scope="session")
 def datastore_for(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
     """``datastore_for(kind)``: the path of a ``kind`` datastore over :data:`CORPUS_PACKAGES`, built once."""
-    from specdec.bench.corpus import build_datastore
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
+    from specdec.bench.corpora import build_datastore
+    from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
 
     directory = tmp_path_factory.mktemp("datastores")
     built: dict[str, str] = {}

@@ -1,6 +1,6 @@
 """Drafter costs per step: propose + update, and reset (indexing the prompt), for every drafter.
 
-The calls are recorded once from a replay (:mod:`specdec.bench.replay`: the real loop over
+The calls are recorded once from a replay (:mod:`specdec.bench.stream_replay`: the real loop over
 a known token stream, no model), then replayed on a fresh drafter inside the timer, so
 the timed work is exactly the drafter's: ``propose(pending, max_nodes)`` and
 ``update(accepted, feedback)`` for every step of a 512-token continuation of
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import drafter_specs, per_item_us
 
-from specdec.bench.replay import ReplayVerifier, replay
+from specdec.bench.stream_replay import ReplayVerifier, replay
 from specdec.types import Drafter, Feedback
 
 PROMPT_TOKENS = 1024

@@ -1,6 +1,6 @@
 """The loop's own cost per step: :func:`specdec.engine.decode` around a verifier that costs nothing.
 
-The verifier is :class:`specdec.bench.replay.ReplayVerifier` (a known token stream; a
+The verifier is :class:`specdec.bench.stream_replay.ReplayVerifier` (a known token stream; a
 step costs microseconds), so what is timed is the engine: stop rules, tree pruning, stats
 records, and the drafter's calls. With ``none`` (one-node trees, a drafter that does
 nothing) that is the loop's overhead per step, the figure issue #2 holds under 2 ms; with
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import per_item_us
 
-from specdec.bench.replay import replay
+from specdec.bench.stream_replay import replay
 from specdec.drafters import make_factory
 
 PROMPT_TOKENS = 256

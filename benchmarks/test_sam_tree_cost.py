@@ -3,7 +3,7 @@
 The default model's recorded greedy outputs (the run directories under
 ``benchmarks/data/sam_streams/``: the held-out-style prompts, then Spec-Bench, 128 new
 tokens; docs/algorithms/sam.md, "Choosing the tree rule", has the commands that record
-them) are replayed through each drafter (:mod:`specdec.bench.replay`, no model), every call is
+them) are replayed through each drafter (:mod:`specdec.bench.stream_replay`, no model), every call is
 recorded, and the calls are then replayed inside the timer on fresh drafters, so the timed
 work is exactly ``propose(pending, N)`` plus ``update(accepted, feedback)`` over every step
 of every prompt (``reset``, indexing the prompt, is a per-sequence cost and not timed).
@@ -24,8 +24,8 @@ import pytest
 from conftest import per_item_us
 from test_drafter_step import Recorder
 
-from specdec.bench.replay import Stream, recorded_streams, replay
 from specdec.bench.results import load_results
+from specdec.bench.stream_replay import Stream, recorded_streams, replay
 from specdec.types import Drafter
 
 RUNS = [Path(__file__).resolve().parent / "data" / "sam_streams" / name for name in ("heldout", "spec_bench")]
@@ -50,7 +50,7 @@ def make(name: str, nodes: int, store: Any) -> Drafter:
 
 def filled_store(records: list[Stream], upto: int, enabled: bool) -> Any:
     """A store holding the outputs of ``records[:upto]`` (what a Generator would have), or False."""
-    from specdec.datastores.shared import SharedStore
+    from specdec.datastores.shared_store import SharedStore
 
     if not enabled:
         return False

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from specdec.api import Generator, generate, run
-from specdec.datastores.shared import SharedStore
+from specdec.datastores.shared_store import SharedStore
 from specdec.drafters import available_drafters, make_factory
 from specdec.engine import StopRules
 from specdec.errors import DatastoreError, InvalidDraftTreeError, SpecDecError, UnsupportedModelError

@@ -14,10 +14,10 @@ from typing import Any
 
 from specdec.backends import make_verifier
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.cost import cost_model, use_cached_kernels
+from specdec.budget.calibration_cache import cost_model, use_cached_kernels
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
-from specdec.budget.store import open_store
-from specdec.datastores.shared import SharedStore
+from specdec.budget.planner_stats import open_planner_stats
+from specdec.datastores.shared_store import SharedStore
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
@@ -106,10 +106,10 @@ class Generator:
     throughput) lives here and carries over from one prompt to the next; it is also saved
     per model, tokenizer, drafter and device after every generation and loaded by the next
     ``Generator`` or :func:`run` of that identity, in any process (``planner_cache=False`` or
-    ``SPECDEC_PLANNER_CACHE=0`` turns that off; :mod:`specdec.budget.store`).
+    ``SPECDEC_PLANNER_CACHE=0`` turns that off; :mod:`specdec.budget.planner_stats`).
 
     ``store``: what earlier generations produced, for ``sam`` to draft from
-    (:class:`~specdec.datastores.shared.SharedStore`): True (default) keeps one for this
+    (:class:`~specdec.datastores.shared_store.SharedStore`): True (default) keeps one for this
     generator's sequences, False none, an int sizes it (tokens), a ``SharedStore`` object is
     used as given (share one across generators and :func:`run` calls).
     """
@@ -154,7 +154,7 @@ class Generator:
             self._factory = make_factory(drafter, options, self.context)
         elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
-        self.planner_stats = open_store(planner_cache, self.verifier, self.tokenizer, drafter, options)
+        self.planner_stats = open_planner_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
             self.planner_stats.load(self.acceptance, self.throughput)
 
@@ -316,7 +316,7 @@ def run(
         use_generation_config: take ``do_sample``/``temperature``/``top_k``/``top_p``/
             ``repetition_penalty`` defaults from the model's generation config (explicit
             arguments win); other token-choosing options there are refused.
-        store: a :class:`~specdec.datastores.shared.SharedStore` that ``sam`` drafts from and
+        store: a :class:`~specdec.datastores.shared_store.SharedStore` that ``sam`` drafts from and
             adds this generation to: pass one object to many calls to share what they
             generate (default: a fresh store per call, i.e. nothing shared; False: none).
         planner_cache: load what the budget planner learned in earlier runs of this model,

@@ -23,7 +23,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Tests neither read nor write the user's saved planner statistics (specdec.budget.store):
+# Tests neither read nor write the user's saved planner statistics (specdec.budget.planner_stats):
 # a test's budgets must not depend on what earlier runs learned. Tests of the store turn it on.
 os.environ["SPECDEC_PLANNER_CACHE"] = "0"
 SHARED_DATA = REPO.parent / "shared" / "data"

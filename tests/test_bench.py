@@ -30,7 +30,10 @@ from specdec.bench.methods import (
     with_datastores,
 )
 from specdec.bench.questions import load_questions, select_questions
-from specdec.bench.replay import (
+from specdec.bench.report import OVERALL, format_comparison, format_report, regressions, summarize
+from specdec.bench.results import load_results
+from specdec.bench.runner import BenchRun, BenchSettings
+from specdec.bench.stream_replay import (
     ReplayVerifier,
     Stream,
     cost_table,
@@ -41,9 +44,6 @@ from specdec.bench.replay import (
     replay_spec,
     replay_table,
 )
-from specdec.bench.report import OVERALL, format_comparison, format_report, regressions, summarize
-from specdec.bench.results import load_results
-from specdec.bench.runner import BenchRun, BenchSettings
 from specdec.commands import main
 from specdec.commands.bench import REPORT_FILE
 from specdec.drafters import make_factory
@@ -778,8 +778,8 @@ def test_datastore_costs_on_a_small_corpus(tmp_path: Path) -> None:
     """The costs command's measurements (no model: documents of random ids), one in a fresh process."""
     import numpy as np
 
-    from specdec.bench.corpus import build_datastore
-    from specdec.bench.costs import distribution, in_child, rest_build_alone, sam_load
+    from specdec.bench.corpora import build_datastore
+    from specdec.bench.datastore_costs import distribution, in_child, rest_build_alone, sam_load
     from specdec.cachefiles import TokenizerIdentity
 
     assert distribution([0.001, 0.003], "ms") == {"mean_ms": 2.0, "p50_ms": 2.0, "p90_ms": 2.8, "p99_ms": 2.98,

@@ -39,7 +39,8 @@ from specdec.budget import (
     choose_budget,
 )
 from specdec.budget.acceptance import MAX_DEPTH_KEY, MAX_RANK_KEY, node_keys
-from specdec.budget.cost import calibrate, calibration_path, cost_model, forget_cost_models, model_identity
+from specdec.budget.calibration import calibrate, model_identity
+from specdec.budget.calibration_cache import calibration_path, cost_model, forget_cost_models
 from specdec.budget.planner import PROBE_EVERY
 from specdec.commands import main
 from specdec.engine import StopRules, decode
@@ -299,7 +300,7 @@ def private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> object:
     """A fresh cache directory, no cost model in memory, and a machine taken as quiet (tests of the busy
     checks are in test_calibration_conditions.py): a calibration here is cached whatever the load."""
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("specdec.budget.cost.busy_reason", lambda table: None)
+    monkeypatch.setattr("specdec.budget.calibration_cache.busy_reason", lambda table: None)
     forget_cost_models()
     yield tmp_path
     forget_cost_models()

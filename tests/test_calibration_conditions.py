@@ -18,19 +18,11 @@ from tiny_models import tiny_model
 
 from specdec.backends import make_verifier
 from specdec.budget import CostTable, VerifyCostModel
-from specdec.budget import cost as cost_module
-from specdec.budget.cost import (
-    BUSY_SHARE,
-    BUSY_SPREAD,
-    DRIFT_MIN_STEPS,
-    MachineWatch,
-    busy_reason,
-    calibrate,
-    calibration_path,
-    cost_model,
-    forget_cost_models,
-    model_identity,
-)
+from specdec.budget import machine_load as machine_load
+from specdec.budget.calibration import calibrate, model_identity
+from specdec.budget.calibration_cache import calibration_path, cost_model, forget_cost_models
+from specdec.budget.cost_model import DRIFT_MIN_STEPS
+from specdec.budget.machine_load import BUSY_SHARE, BUSY_SPREAD, MachineWatch, busy_reason
 from specdec.errors import SpecDecError
 
 SIZES = (1, 2, 4, 8)
@@ -64,20 +56,20 @@ def test_conditions_round_trip_and_are_checked() -> None:
 def test_machine_watch_counts_other_processes_time(monkeypatch: pytest.MonkeyPatch) -> None:
     # One second ago the machine (2 CPUs) had 100 busy seconds; now 101.5, of which this process used none.
     watch = MachineWatch(wall=time.perf_counter() - 1.0, own=time.process_time(), machine=(100.0, 2), own_threads=2)
-    monkeypatch.setattr(cost_module, "_machine_cpu_seconds", lambda: (101.5, 2))
+    monkeypatch.setattr(machine_load, "_machine_cpu_seconds", lambda: (101.5, 2))
     share = watch.others_share()
     assert share is not None and 0.6 < share <= 0.75
-    monkeypatch.setattr(cost_module, "_machine_cpu_seconds", lambda: (99.0, 2))  # a clock that went back: 0
+    monkeypatch.setattr(machine_load, "_machine_cpu_seconds", lambda: (99.0, 2))  # a clock that went back: 0
     assert watch.others_share() == 0.0
 
 
 def test_machine_watch_falls_back_to_the_load_average(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cost_module, "_machine_cpu_seconds", lambda: None)
-    monkeypatch.setattr(cost_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    monkeypatch.setattr(cost_module.os, "getloadavg", lambda: (3.0, 1.0, 1.0))
+    monkeypatch.setattr(machine_load, "_machine_cpu_seconds", lambda: None)
+    monkeypatch.setattr(machine_load.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (3.0, 1.0, 1.0))
     watch = MachineWatch.start(on_cpu=False)
     assert watch.others_share() == pytest.approx((3.0 - 1) / 4)  # this process's one thread left out
-    monkeypatch.setattr(cost_module.os, "getloadavg", lambda: (40.0, 1.0, 1.0))
+    monkeypatch.setattr(machine_load.os, "getloadavg", lambda: (40.0, 1.0, 1.0))
     assert watch.others_share() == 1.0
 
 
@@ -108,7 +100,7 @@ def measuring(monkeypatch: pytest.MonkeyPatch, **conditions: float) -> list[int]
         calls.append(1)
         return table(identity=model_identity(verifier), **conditions)
 
-    monkeypatch.setattr("specdec.budget.cost.calibrate", fake)
+    monkeypatch.setattr("specdec.budget.calibration_cache.calibrate", fake)
     return calls
 
 
@@ -166,7 +158,7 @@ def test_drift_needs_a_far_ratio_held_for_enough_steps() -> None:
 def drifted(monkeypatch: pytest.MonkeyPatch, others_share_now: float) -> tuple[list[int], Any, VerifyCostModel]:
     """A cost model (synthetic calibration) driven to 3x its table, with the machine's present load given."""
     calls = measuring(monkeypatch)
-    monkeypatch.setattr("specdec.budget.cost.others_share_now", lambda seconds=0.25: others_share_now)
+    monkeypatch.setattr("specdec.budget.calibration_cache.others_share_now", lambda seconds=0.25: others_share_now)
     verifier = make_verifier(tiny_model("llama"), "torch")
     model, _ = cost_model(verifier)
     drive(model, 3.0, DRIFT_MIN_STEPS)

@@ -185,7 +185,7 @@ def test_merged_tree_cut_by_a_budget_is_ordered_by_expected_acceptance() -> None
 def test_merged_tree_accepts_at_least_either_part(seed: int, a: int, b: int) -> None:
     """Never below either part: on the same step, the merged tree accepts at least as many
     tokens as each part's tree would (the walk can follow any path either part drafted)."""
-    from specdec.bench.replay import judge
+    from specdec.bench.stream_replay import judge
 
     rng = random.Random(seed)
     retrieved, auxiliary = random_tree(rng, 3, 5, a), random_tree(rng, 3, 5, b)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec.cachefiles import TokenizerIdentity
-from specdec.datastores.corpus import iter_texts, tokenize_documents
+from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
 from specdec.datastores.format import CONTAINER_VERSION, read_datastore, read_header, write_datastore
 from specdec.errors import DatastoreError, SpecDecError
 

@@ -143,14 +143,14 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
     from tiny_models import tiny_model
 
     import specdec
-    from specdec.budget.cost import forget_cost_models
+    from specdec.budget.calibration_cache import forget_cost_models
     from specdec.commands.demo import DemoPrompt, _warm_up
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("specdec.budget.cost.busy_reason", lambda table: None)
+    monkeypatch.setattr("specdec.budget.calibration_cache.busy_reason", lambda table: None)
     forget_cost_models()
     model = copy.deepcopy(tiny_model("llama")).to(torch.float32)  # narrow products need fp32
-    monkeypatch.setattr("specdec.budget.cost._narrow_single", lambda sizes, plain, narrow: True)  # say they win
+    monkeypatch.setattr("specdec.budget.calibration._narrow_single", lambda sizes, plain, narrow: True)  # say they win
     generators = {name: specdec.Generator(model, drafter=name) for name in ("none", "pld")}
     assert generators["none"].verifier.narrow_single is False  # nothing calibrated yet
     prompt = [5, 6, 7, 5, 6, 7, 5]

@@ -26,14 +26,9 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 import specdec
 from specdec.backends import make_verifier
 from specdec.backends.narrow import NarrowLinears, narrow_linear, supports_narrow
-from specdec.budget.cost import (
-    CostTable,
-    _narrow_single,
-    _narrow_threshold,
-    calibrate,
-    cost_model,
-    forget_cost_models,
-)
+from specdec.budget.calibration import _narrow_single, _narrow_threshold, calibrate
+from specdec.budget.calibration_cache import cost_model, forget_cost_models
+from specdec.budget.cost_model import CostTable
 
 
 @settings(max_examples=60, deadline=None)
@@ -182,7 +177,7 @@ def test_calibration_times_narrow_products_and_the_cost_model_applies_its_choice
     assert table.narrow_rows in (0, 2, 4)
     # The cost model hands the table's choice to the verifier it serves.
     forced = CostTable(table.sizes, table.contexts, table.seconds, table.identity, narrow_rows=4, narrow_single=True)
-    monkeypatch.setattr("specdec.budget.cost.calibrate", lambda v: forced)
+    monkeypatch.setattr("specdec.budget.calibration_cache.calibrate", lambda v: forced)
     model, _ = cost_model(verifier)
     assert model.table.narrow_rows == 4 and verifier.narrow_rows == 4 and verifier.narrow_single
     other = make_verifier(verifier.model)

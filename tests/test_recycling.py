@@ -31,7 +31,13 @@ from specdec.commands.recycling_template import (
 )
 from specdec.drafters import make_factory
 from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter
-from specdec.drafters.templates import AcceptanceCounts, TreeTemplate, grow_template, resolve_template, saved_template
+from specdec.drafters.recycling_templates import (
+    AcceptanceCounts,
+    TreeTemplate,
+    grow_template,
+    resolve_template,
+    saved_template,
+)
 from specdec.errors import SpecDecError
 from specdec.reference.recycling import ReferenceRecycling
 from specdec.types import Feedback

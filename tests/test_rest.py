@@ -475,7 +475,7 @@ def test_default_model_with_a_gsm8k_datastore(
     rest_native: Any, tmp_path: Path, default_model: tuple[Any, Any], spec_bench_prompts: dict[str, list[list[int]]]
 ) -> None:
     """Real tokens end to end: a GSM8K datastore, a math question, output equal to plain decoding."""
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
+    from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
     from specdec.testing import compare_outputs
 
     model, tokenizer = default_model

@@ -25,7 +25,7 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
 from specdec.datastores.sam import StaticSuffixAutomaton, build
-from specdec.datastores.shared import SharedStore
+from specdec.datastores.shared_store import SharedStore
 from specdec.drafters import DrafterContext, make_factory
 from specdec.drafters.sam import SOURCE_DYNAMIC, SOURCE_STATIC, SOURCE_STORE, SamConfig, SamDrafter, node_feature
 from specdec.errors import DatastoreError, SpecDecError
@@ -310,7 +310,7 @@ def test_default_model_with_a_gsm8k_automaton(
 ) -> None:
     """Real tokens end to end: a GSM8K static automaton, output equal to plain decoding."""
     from specdec.cachefiles import TokenizerIdentity
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
+    from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
     from specdec.testing import compare_outputs
 
     model, tokenizer = default_model

@@ -16,7 +16,7 @@ from tiny_models import VOCAB, tiny_model
 
 import specdec
 from specdec.api import resolve_store
-from specdec.datastores.shared import SharedStore
+from specdec.datastores.shared_store import SharedStore
 from specdec.errors import SpecDecError
 
 # Every test here needs the compiled automata (skipped, or failed in CI, without them).

@@ -24,7 +24,7 @@ import specdec
 from specdec.backends import make_verifier, resolve_cache
 from specdec.backends.static import BUCKETS, WINDOW_STEP, StaticVerifier, bucket_for, capacity_for
 from specdec.backends.static_cache import StaticKVCache
-from specdec.budget.cost import calibrate
+from specdec.budget.calibration import calibrate
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree

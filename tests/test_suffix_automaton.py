@@ -420,7 +420,7 @@ def _default_tokenizer_installed() -> bool:
 
 @pytest.mark.skipif(not _default_tokenizer_installed(), reason="the default model's tokenizer is not installed")
 def test_static_equals_reference_on_tokenized_gsm8k(sam_native: Any) -> None:
-    from specdec.datastores.corpus import iter_texts, tokenize_documents
+    from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
     from specdec.models import load_tokenizer
 
     tokenizer = load_tokenizer()

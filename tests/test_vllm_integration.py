@@ -1,6 +1,6 @@
 """specdec.integrations.vllm without vLLM: the proposer against a replayed engine.
 
-:class:`~specdec.integrations.replay.BatchReplay` plays vLLM's side of the ``custom_class``
+:class:`~specdec.integrations.vllm_replay.BatchReplay` plays vLLM's side of the ``custom_class``
 interface as the installed vLLM 0.32 does (``token_ids_cpu`` rows, ``num_tokens_no_spec``,
 the tokens each row sampled, rows that move when the batch is condensed) with a greedy
 target whose outputs are known. The real engine is checked by ``scripts/vllm_check.sh``.
@@ -29,7 +29,6 @@ from specdec.budget.acceptance import AcceptanceModel, node_keys
 from specdec.cachefiles import TokenizerIdentity
 from specdec.commands.vllm_flags import main
 from specdec.errors import DatastoreError, SpecDecError
-from specdec.integrations.replay import BatchReplay
 from specdec.integrations.vllm import (
     CONFIG_KEY,
     PROPOSER,
@@ -40,6 +39,7 @@ from specdec.integrations.vllm import (
     engine_args,
     serve_flags,
 )
+from specdec.integrations.vllm_replay import BatchReplay
 from specdec.types import DraftTree
 
 # The compiled automata (sam is the default drafter): a build failure skips here, fails in CI.

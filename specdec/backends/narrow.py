@@ -13,7 +13,7 @@ the measured curves).
 
 Whether it pays depends on the machine, the dtype and ``M`` (past ~8 rows the repacked GEMM
 wins again), so nothing here decides: the budget calibration
-(:func:`specdec.budget.cost.calibrate`) times both at each tree size and sets
+(:func:`specdec.budget.calibration.calibrate`) times both at each tree size and sets
 ``ModelVerifier.narrow_rows`` to the largest size up to which the narrow product was faster.
 
 One row is a case of its own: ``linear`` runs a matrix-vector product there, which on

@@ -7,11 +7,11 @@
 - :mod:`~specdec.bench.judge`: identical, greedy near-tie, sampling near-boundary, or different;
 - :mod:`~specdec.bench.results`: the one results format (``results.json``) everything reads;
 - :mod:`~specdec.bench.report` and :mod:`~specdec.bench.plot`: tables, comparisons, the plot;
-- :mod:`~specdec.bench.replay`: drafters driven by a known token stream, no model (drafter
+- :mod:`~specdec.bench.stream_replay`: drafters driven by a known token stream, no model (drafter
   microbenchmarks, and replays of a run's recorded outputs under frozen cost tables);
 - :mod:`~specdec.bench.quality`: deterministic MAT/steps figures on fixed prompts, the
   regression guard the test suite checks against saved values;
-- :mod:`~specdec.bench.costs`, :mod:`~specdec.bench.curves`, :mod:`~specdec.bench.corpus`:
+- :mod:`~specdec.bench.datastore_costs`, :mod:`~specdec.bench.curves`, :mod:`~specdec.bench.corpora`:
   datastore costs, verification cost curves, the corpora they build from.
 
 ``specdec bench`` (:mod:`~specdec.bench.cli`) is the command line; docs/benchmarks.md has

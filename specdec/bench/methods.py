@@ -44,7 +44,7 @@ import torch
 from transformers import CompileConfig
 
 from specdec.api import Generator
-from specdec.budget.cost import cost_model
+from specdec.budget.calibration_cache import cost_model
 from specdec.datastores.format import read_header
 from specdec.drafters import DrafterContext, make_factory
 from specdec.engine import StopRules, decode

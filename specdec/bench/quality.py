@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import transformers
 
-from specdec.bench.corpus import build_datastore, gsm8k_documents
+from specdec.bench.corpora import build_datastore, gsm8k_documents
 from specdec.bench.methods import ForwardMeter, build_methods, drafter_context, parse_methods
 from specdec.drafters import available_drafters, make_factory
 from specdec.errors import SpecDecError

@@ -6,8 +6,10 @@ flat for small ``k`` and long drafts are nearly free; on a CPU a 16-node verific
 costs ~1.9x a plain step, and a fixed budget tuned for the GPU loses to plain decoding.
 ``budget="auto"`` measures both sides and picks ``k`` per step:
 
-- :mod:`specdec.budget.cost`: verification seconds vs tree size and context length,
-  calibrated once per model, device and dtype (cached), refined online from real steps;
+- :mod:`specdec.budget.cost_model`: verification seconds vs tree size and context length,
+  refined online from real steps; :mod:`specdec.budget.calibration` measures them (and which
+  kernels run) once per model, device and dtype, :mod:`specdec.budget.calibration_cache`
+  keeps them (unless the machine was busy: :mod:`specdec.budget.machine_load`);
 - :mod:`specdec.budget.acceptance`: per-node acceptance learned per drafter source, the
   drafter's per-node feature (match length), depth and sibling rank;
 - :mod:`specdec.budget.planner`: the decision rule (maximize expected tokens minus the
@@ -19,7 +21,9 @@ docs/budget.md has the derivations and the measured numbers.
 from __future__ import annotations
 
 from specdec.budget.acceptance import AcceptanceModel, length_feature, node_keys
-from specdec.budget.cost import CostTable, VerifyCostModel, calibrate, cost_model
+from specdec.budget.calibration import calibrate
+from specdec.budget.calibration_cache import cost_model
+from specdec.budget.cost_model import CostTable, VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Plan, Throughput, choose_budget
 
 __all__ = [

@@ -3,7 +3,7 @@
 Given a drafter's tree (up to its own cap, e.g. PLD's 10 tokens, SAM's 40, a Token
 Recycling template's 80), the planner estimates every node's acceptance probability
 ``p_i`` (:mod:`specdec.budget.acceptance`) and the verification cost ``cost(k, C)`` of a
-``k``-node tree after ``C`` committed tokens (:mod:`specdec.budget.cost`), and verifies
+``k``-node tree after ``C`` committed tokens (:mod:`specdec.budget.cost_model`), and verifies
 the ``k`` nodes of largest ``p`` (a prefix-closed subtree, since ``p`` never grows from a
 parent to its child), with ``k`` chosen to maximize
 
@@ -55,7 +55,8 @@ import numpy.typing as npt
 
 from specdec.backends.verifier import ModelVerifier
 from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
-from specdec.budget.cost import VerifyCostModel, cost_model
+from specdec.budget.calibration_cache import cost_model
+from specdec.budget.cost_model import VerifyCostModel
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree
 
@@ -218,7 +219,7 @@ class BudgetPlanner:
 
     ``acceptance`` and ``throughput`` carry what was learned; pass the same objects to the
     planners of later generations to keep it (a :class:`~specdec.api.Generator` does).
-    The cost model is shared per model, device and dtype (:func:`~specdec.budget.cost.cost_model`),
+    The cost model is shared per model, device and dtype (:func:`~specdec.budget.calibration_cache.cost_model`),
     loaded or calibrated the first time a tree of more than one node is offered, under any
     budget: the calibration also picks the verifier's kernels.
     """

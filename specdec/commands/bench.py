@@ -25,19 +25,19 @@ import numpy as np
 import torch
 
 from specdec.bench import quality
-from specdec.bench.corpus import GSM8K
-from specdec.bench.costs import measure as measure_costs
+from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
 from specdec.bench.curves import ratio_table
 from specdec.bench.curves import write as write_curves
+from specdec.bench.datastore_costs import measure as measure_costs
 from specdec.bench.judge import judge_sampled
 from specdec.bench.methods import ForwardMeter, SpecdecMethod, build_methods, parse_method, parse_methods
 from specdec.bench.plot import plot_speedup
 from specdec.bench.questions import DEFAULT_QUESTIONS, load_questions, select_questions
-from specdec.bench.replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
 from specdec.bench.report import format_comparison, format_report, regressions
 from specdec.bench.results import load_results, write_json_atomic
 from specdec.bench.runner import BenchRun, BenchSettings, references, warm_up
+from specdec.bench.stream_replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
 from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, load_model, load_tokenizer

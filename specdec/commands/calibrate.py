@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from specdec.backends import make_verifier
-from specdec.budget.cost import busy_reason, calibration_path, cost_model, model_identity
+from specdec.budget.calibration import model_identity
+from specdec.budget.calibration_cache import calibration_path, cost_model
+from specdec.budget.machine_load import busy_reason
 from specdec.budget.planner import choose_budget
 from specdec.commands.arguments import add_placement_arguments
 from specdec.models import load_model
@@ -33,7 +35,7 @@ EXAMPLE_CONTEXT = 512
 def budget_examples(model: Any, context: int = EXAMPLE_CONTEXT, chain: int = EXAMPLE_CHAIN) -> list[dict[str, Any]]:
     """For each example ``q``: nodes ``auto`` verifies of a ``chain``-node chain, and the expected speedup.
 
-    ``model`` is a :class:`~specdec.budget.cost.VerifyCostModel`; the rate is plain decoding's
+    ``model`` is a :class:`~specdec.budget.cost_model.VerifyCostModel`; the rate is plain decoding's
     (``1 / cost(1)``), what a run starts from. O(len(EXAMPLE_ACCEPTANCE) * chain).
     """
     costs = model.predict(np.arange(1, chain + 1), context)  # [chain]

@@ -1,6 +1,6 @@
 """``specdec cold-start``: is the first ``specdec.run`` in a fresh process as fast as a warmed Generator?
 
-What the budget planner learns is saved per identity (:mod:`specdec.budget.store`), so a
+What the budget planner learns is saved per identity (:mod:`specdec.budget.planner_stats`), so a
 one-off :func:`specdec.run` in a new process starts from what earlier runs learned instead
 of the prior. This command measures that, on held-out-style prompts of the kinds users
 bring (code edits, math word problems, summaries; ``specdec/data/prompts.json``, written for
@@ -46,8 +46,9 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.api import Generator, run
-from specdec.budget.cost import calibration_path, cost_model, model_identity
-from specdec.budget.store import DIR_ENV, SWITCH_ENV
+from specdec.budget.calibration import model_identity
+from specdec.budget.calibration_cache import calibration_path, cost_model
+from specdec.budget.planner_stats import DIR_ENV, SWITCH_ENV
 from specdec.commands.arguments import add_placement_arguments
 from specdec.errors import SpecDecError
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores import BUILDERS
-from specdec.datastores.corpus import iter_texts, tokenize_documents
+from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
 from specdec.datastores.format import read_header
 from specdec.errors import SpecDecError
 from specdec.models import load_tokenizer

@@ -32,7 +32,9 @@ import torch
 from tqdm import tqdm
 
 from specdec.api import Generator
-from specdec.budget.cost import BUSY_SHARE, MachineWatch, calibration_path, cost_model, model_identity
+from specdec.budget.calibration import model_identity
+from specdec.budget.calibration_cache import calibration_path, cost_model
+from specdec.budget.machine_load import BUSY_SHARE, MachineWatch
 from specdec.commands.arguments import add_budget_argument, add_placement_arguments
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt

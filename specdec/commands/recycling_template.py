@@ -5,7 +5,7 @@
    spine, deep), verifying every node (``budget="full"``), and count at every step, for
    each child of an accepted node, whether it was accepted (:class:`AcceptanceCounts`):
    the per-(depth, rank) rates ``a[d][j]``.
-2. **The template.** :func:`~specdec.drafters.templates.grow_template` orders nodes by
+2. **The template.** :func:`~specdec.drafters.recycling_templates.grow_template` orders nodes by
    expected acceptance under those rates, best first, so every prefix is the best tree
    of its size under the model; how many of them a step verifies is the node budget's
    business (``max_nodes``, or the cost-aware planner of :mod:`specdec.budget`).
@@ -32,7 +32,7 @@ import numpy as np
 from specdec.api import run
 from specdec.bench.questions import load_questions
 from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter
-from specdec.drafters.templates import AcceptanceCounts, TreeTemplate, grow_template
+from specdec.drafters.recycling_templates import AcceptanceCounts, TreeTemplate, grow_template
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, load_model
 from specdec.types import DraftTree, Feedback

@@ -54,10 +54,10 @@ from tqdm import tqdm
 from specdec.bench.questions import load_questions, select_questions
 from specdec.cachefiles import TokenizerIdentity, folder
 from specdec.datastores import rest, sam
-from specdec.datastores.corpus import iter_texts, tokenize_documents
+from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
 from specdec.errors import SpecDecError
-from specdec.integrations.replay import BatchReplay
 from specdec.integrations.vllm import CONFIG_KEY, PROPOSER, Proposer, engine_args
+from specdec.integrations.vllm_replay import BatchReplay
 from specdec.models import _default_checkpoint, encode_prompt, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -465,7 +465,7 @@ def specdec_proposer(entry: dict[str, Any], k: int, model: str, max_model_len: i
 
 def replay(label: str, proposer: Any, prompts: Sequence[list[int]], outputs: Sequence[list[int]]) -> dict[str, Any]:
     """Drive ``proposer`` over this run's prompts and plain greedy outputs, one row per prompt
-    (:class:`~specdec.integrations.replay.BatchReplay`): engine steps, tokens verified and
+    (:class:`~specdec.integrations.vllm_replay.BatchReplay`): engine steps, tokens verified and
     accepted are exact (what vLLM's greedy verification does with these drafts); host time
     per row and step is measured."""
     batch = BatchReplay(proposer, max_rows=len(prompts), max_len=proposer.max_model_len)

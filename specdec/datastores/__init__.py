@@ -1,7 +1,7 @@
 """Persistent, shareable indexes that drafters read: one file format, one build command.
 
 - :mod:`specdec.datastores.format`: the file container (header, checks, memory-mapped sections).
-- :mod:`specdec.datastores.corpus`: reading corpora (jsonl, text, source trees) into token documents.
+- :mod:`specdec.datastores.corpus_reader`: reading corpora (jsonl, text, source trees) into token documents.
 - :mod:`specdec.datastores.cli`: ``specdec datastore build --kind KIND ...`` and ``specdec datastore info``.
 
 Each kind registers its builder in :data:`BUILDERS` as ``"module:function"``; the function

@@ -15,9 +15,9 @@ from specdec.drafters.composite import composite_factory
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
 from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter, check_template
+from specdec.drafters.recycling_templates import resolve_template
 from specdec.drafters.rest import rest_factory
 from specdec.drafters.sam import sam_factory
-from specdec.drafters.templates import resolve_template
 from specdec.errors import SpecDecError
 from specdec.types import Drafter, DrafterFactory
 

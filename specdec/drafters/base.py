@@ -21,7 +21,7 @@ class DrafterContext:
     ``vocab_size``, ``tokenizer``, ``eos_token_ids``: the target's. Datastore-backed drafters
     check their file against :meth:`tokenizer_identity` (a hash of the vocabulary, computed
     on first use, ~50 ms) or, with no tokenizer, ``vocab_size``. ``store``: the caller's
-    store of earlier sequences (a :class:`~specdec.datastores.shared.SharedStore`), False
+    store of earlier sequences (a :class:`~specdec.datastores.shared_store.SharedStore`), False
     when the caller turned it off, None when it says nothing (the ``sam`` factory then makes
     one its drafters share). ``acceptance``: the caller's budget planner's acceptance model
     (:class:`~specdec.budget.acceptance.AcceptanceModel`), which composites order merged

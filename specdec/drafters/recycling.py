@@ -5,7 +5,7 @@ with Token Recycling* (ACL 2025). Every verification computes the model's distri
 every tree node, rejected nodes included; its top-k tokens are usually thrown away. Token
 Recycling keeps them: the **matrix** ``M`` (``[vocab, k]``, ``k = 8``) holds, for each token
 ``x``, the ``k`` tokens the model most recently ranked most likely after ``x``. A draft is a
-fixed tree **template** (:mod:`specdec.drafters.templates`) filled breadth-first from ``M``:
+fixed tree **template** (:mod:`specdec.drafters.recycling_templates`) filled breadth-first from ``M``:
 the root carries the pending token, and the child of rank ``j`` of a node carrying ``x``
 carries ``M[x][j]``.
 
@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specdec.drafters.base import require_positive
-from specdec.drafters.templates import TreeTemplate, resolve_template
+from specdec.drafters.recycling_templates import TreeTemplate, resolve_template
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, Feedback
 

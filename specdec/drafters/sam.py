@@ -8,7 +8,7 @@ to three automata (*sources*) are matched every step:
 - the **dynamic** automaton, one per sequence, over its prompt and generated text (C++,
   incremental: for each committed token the cursor advances first and the automaton is
   extended second, so a match always points to an earlier occurrence);
-- the **shared store** (:class:`~specdec.datastores.shared.SharedStore`): earlier sequences
+- the **shared store** (:class:`~specdec.datastores.shared_store.SharedStore`): earlier sequences
   of the same generator (or of whoever shares the store), two generations of an online
   automaton bounded in tokens, oldest evicted first;
 - the **static** automaton over a corpus (:class:`~specdec.datastores.sam.StaticSuffixAutomaton`,
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.datastores.sam import Cursor, StaticSuffixAutomaton, native
-from specdec.datastores.shared import REMATCH_TOKENS, SharedStore
+from specdec.datastores.shared_store import REMATCH_TOKENS, SharedStore
 from specdec.drafters.base import DrafterContext, Factory, parse_options, require_positive
 from specdec.errors import SpecDecError
 from specdec.types import DrafterFactory, DraftTree, Feedback
@@ -108,7 +108,7 @@ class SamConfig:
     at any length. ``datastore``: a static automaton file built by ``specdec datastore
     build --kind sam``. ``store``: the store of earlier sequences: True (the default: the
     generator's, or one the factory makes and its sequences share), False (none), a token
-    budget for the factory's own store, or a :class:`~specdec.datastores.shared.SharedStore`.
+    budget for the factory's own store, or a :class:`~specdec.datastores.shared_store.SharedStore`.
     ``store_bias``: subtracted from the store's match length before sources are compared (1:
     another sequence's text is less specific to this one than its own, as a corpus is; measured
     in docs/algorithms/sam.md).

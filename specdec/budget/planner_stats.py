@@ -5,11 +5,11 @@ A :class:`~specdec.api.Generator` keeps its planner's :class:`~specdec.budget.ac
 :class:`~specdec.budget.planner.Throughput` (the run's rate and per-step overhead) from one
 prompt to the next; :func:`specdec.run` makes a new generator per call, so without this
 module every one-off call would start from the prior and draft as if it knew nothing.
-:class:`PlannerStatsStore` saves both after every generation and loads them when the next
+:class:`PlannerStatsFile` saves both after every generation and loads them when the next
 generator of the same **identity** starts, in this process or any later one:
 
 - the model: its architecture and dtype, device, attention, backend, KV cache kind, torch
-  version and threads (the calibration's identity, :func:`~specdec.budget.cost.model_identity`,
+  version and threads (the calibration's identity, :func:`~specdec.budget.calibration.model_identity`,
   since the throughput depends on all of them), plus a fingerprint of its weights (two
   checkpoints of one architecture accept drafts differently);
 - the tokenizer (a hash of its vocabulary: the acceptance of a token id depends on what it means);
@@ -51,7 +51,7 @@ import torch
 
 from specdec.backends.verifier import ModelVerifier
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.cost import model_identity
+from specdec.budget.calibration import model_identity
 from specdec.budget.planner import Throughput
 from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, write_atomically
 from specdec.errors import SpecDecError
@@ -149,7 +149,7 @@ def planner_identity(verifier: ModelVerifier, tokenizer: Any, drafter: str) -> d
 
 
 @dataclass
-class PlannerStatsStore:
+class PlannerStatsFile:
     """The saved statistics of one identity: :meth:`load` at a generator's start, :meth:`save` after each run.
 
     ``runs``: how many generations the saved statistics hold (loaded, then counted up by :meth:`save`).
@@ -160,7 +160,7 @@ class PlannerStatsStore:
     runs: int = 0
 
     @classmethod
-    def for_identity(cls, identity: dict[str, str]) -> PlannerStatsStore:
+    def for_identity(cls, identity: dict[str, str]) -> PlannerStatsFile:
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         return cls(stats_dir() / f"{key}.json", identity)
 
@@ -250,14 +250,14 @@ class PlannerStatsStore:
         return True
 
 
-def open_store(
+def open_planner_stats(
     option: bool | None, verifier: ModelVerifier, tokenizer: Any, drafter: Any, options: Mapping[str, Any] | None
-) -> PlannerStatsStore | None:
+) -> PlannerStatsFile | None:
     """The store of a generator's identity; None when planner statistics are off (:func:`enabled`) or moot
     (``drafter="none"``: plain decoding decides no budget)."""
     if not enabled(option) or drafter == "none":
         return None
-    return PlannerStatsStore.for_identity(planner_identity(verifier, tokenizer, drafter_label(drafter, options)))
+    return PlannerStatsFile.for_identity(planner_identity(verifier, tokenizer, drafter_label(drafter, options)))
 
 
 def summarize(path: Path) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from specdec.backends import make_verifier
 from specdec.bench.methods import generator_options
 from specdec.bench.report import OVERALL, markdown_table
 from specdec.budget import AcceptanceModel, BudgetPlanner, CostTable, Throughput, VerifyCostModel
-from specdec.budget.cost import cost_model
+from specdec.budget.calibration_cache import cost_model
 from specdec.drafters import make_factory
 from specdec.engine import StopRules, decode
 from specdec.errors import SpecDecError
@@ -197,7 +197,8 @@ def recorded_streams(results: dict[str, Any], label: str | None = None) -> list[
 
 
 def cost_table(name: str, model_spec: str = "default") -> Any:
-    """A frozen :class:`~specdec.budget.cost.VerifyCostModel`: a named table, or ``calibrated`` (this machine's)."""
+    """A frozen :class:`~specdec.budget.cost_model.VerifyCostModel`: a named table, or ``calibrated`` (this
+    machine's)."""
     if name == "calibrated":
         model, _ = load_model(None if model_spec == "default" else model_spec)
         return VerifyCostModel(cost_model(make_verifier(model))[0].table, learn=False)

@@ -1,4 +1,4 @@
-"""Planner statistics saved across runs (specdec.budget.store) and the `specdec cache` command.
+"""Planner statistics saved across runs (specdec.budget.planner_stats) and the `specdec cache` command.
 
 Layers: the models' state round trips (hand cases and bad rows), what a generator loads
 and saves on tiny fp64 models (identity, carry-over, the off switches, relocation), every
@@ -24,8 +24,9 @@ from tiny_models import tiny_model
 import specdec
 from specdec.budget import AcceptanceModel, CostTable, Throughput
 from specdec.budget.acceptance import node_keys
-from specdec.budget.cost import forget_cost_models, model_identity
-from specdec.budget.store import VERSION, PlannerStatsStore, drafter_label, enabled, stats_dir
+from specdec.budget.calibration import model_identity
+from specdec.budget.calibration_cache import forget_cost_models
+from specdec.budget.planner_stats import VERSION, PlannerStatsFile, drafter_label, enabled, stats_dir
 from specdec.cachefiles import checksum
 from specdec.commands import main
 from specdec.errors import SpecDecError
@@ -46,7 +47,7 @@ def planner_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     sizes = (1, 2, 4, 8, 16, 32, 64, 128)
     row = tuple(1.0 + 0.01 * s for s in sizes)  # nearly flat: drafts pay, so steps verify and learn
     monkeypatch.setattr(
-        "specdec.budget.cost.calibrate", lambda verifier, **_: CostTable(sizes, (1, 1000), (row, row),
+        "specdec.budget.calibration_cache.calibrate", lambda verifier, **_: CostTable(sizes, (1, 1000), (row, row),
                                                                           model_identity(verifier))
     )
     forget_cost_models()
@@ -288,11 +289,11 @@ def test_an_unwritable_directory_warns_and_the_run_is_correct(
 
 
 def test_store_read_names_what_is_wrong(tmp_path: Path) -> None:
-    store = PlannerStatsStore(tmp_path / "x.json", {"model_type": "llama"})
+    store = PlannerStatsFile(tmp_path / "x.json", {"model_type": "llama"})
     assert store.read() is None  # no file: nothing to load, no warning
     store.save(AcceptanceModel(), Throughput())
     assert store.read() is not None and store.runs == 1
-    other = PlannerStatsStore(store.path, {"model_type": "qwen2"})
+    other = PlannerStatsFile(store.path, {"model_type": "qwen2"})
     with pytest.raises(SpecDecError, match="differs in: model_type"):
         other.read()
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores import BUILDERS
-from specdec.datastores.corpus import iter_texts, tokenize_documents
+from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -1,6 +1,6 @@
 """``specdec bench costs``: a datastore's build, size, load and per-step costs on a >10M-token corpus.
 
-The corpus is :func:`specdec.bench.corpus.machine_corpus` (GSM8K, the Python standard
+The corpus is :func:`specdec.bench.corpora.machine_corpus` (GSM8K, the Python standard
 library, ``/usr/share/doc``; ~26M tokens). The build runs as a user runs it
 (``specdec datastore build`` in a child process, whose peak RSS is the build's, tokenizer
 included). Every load and step measurement runs in a fresh process (``spawn``), so each
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec.bench.corpus import SHARED_DATA, cli_build, rss_mb
+from specdec.bench.corpora import SHARED_DATA, cli_build, rss_mb
 from specdec.cachefiles import folder
 from specdec.datastores import rest
 from specdec.datastores.sam import StaticSuffixAutomaton, native

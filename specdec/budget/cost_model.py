@@ -1,0 +1,206 @@
+"""The cost model: seconds one verification takes, as a function of tree size and context length.
+
+``cost(N, C)`` is the wall time of a verifier's ``verify`` for an ``N``-node tree
+after ``C`` committed tokens (forward, acceptance, KV compaction: what ``StepRecord.verify_s``
+measures). Its shape is what decides whether speculation pays: on this project's CPU a
+16-node verification costs ~1.9x a one-node step, on a datacenter GPU ~1.0x. A
+:class:`CostTable` holds what calibration measured (:mod:`specdec.budget.calibration`);
+a :class:`VerifyCostModel` predicts from it and learns from every real step.
+
+**Prediction**: linear interpolation in ``N`` between calibrated sizes (linear extrapolation
+past the largest) and in ``C`` between the two calibrated contexts (attention grows with
+``C``; extrapolated linearly, floored at half the smallest context's cost), times an
+online **correction**.
+
+**Online refinement**: every real step's measured ``verify_s`` is compared with the
+prediction; the ratio updates a running mean for the nearest calibrated size (an
+exponential moving average once a size has ``1 / MIN_RATE`` observations), and sizes not
+seen lately are shrunk toward the ratio over all sizes. So the model follows the
+machine's present load and corrects calibration noise, while the shape measured at
+calibration stays in force where no step has been seen. Each step's ratio is clipped to
+``[1/5, 5]`` times the present overall ratio: one preempted step must not rewrite the
+model, but a calibration measured under another load (a busy machine: 10x off) is
+corrected within a few steps.
+
+**Drift**: when the online ratio over all sizes stays beyond :data:`DRIFT_RATIO` (either
+way) for :data:`DRIFT_MIN_STEPS` steps, the model reports that it :attr:`~VerifyCostModel.drifted`
+(:func:`specdec.budget.calibration_cache.cost_model` then measures again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec.errors import SpecDecError
+
+FloatArray = npt.NDArray[np.float64]
+
+# Bump when calibration changes what it measures, so stale cache files are re-measured.
+CALIBRATION_VERSION = 7  # 6: static buckets compile narrow products; 7: they attend over a window of the cache
+MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
+RATIO_CLIP = 5.0
+SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
+DRIFT_RATIO = 2.0  # measured / calibrated, over all sizes, past which the table has drifted
+DRIFT_MIN_STEPS = 32  # online observations before drift counts (doubled after each re-measurement)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Calibrated verification seconds: ``seconds[c][j]`` for ``sizes[j]`` nodes after ``contexts[c]`` tokens."""
+
+    sizes: tuple[int, ...]
+    contexts: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    identity: dict[str, str]
+    narrow_rows: int = 0  # verify trees of 2..narrow_rows nodes with narrow products (0: never)
+    narrow_single: bool = False  # verify one-node trees with the padded narrow product
+    bucketed: bool = False  # a size costs the next calibrated size's forward (a static cache's buckets)
+    spread: float = 0.0  # median over timed cells of slowest / fastest repeat - 1 (module docstring)
+    others_share: float = 0.0  # other processes' share of the machine's CPU time while calibrating
+
+    def __post_init__(self) -> None:
+        if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
+            raise SpecDecError(f"calibration sizes must be increasing positive ints, got {list(self.sizes)}")
+        if not self.contexts or list(self.contexts) != sorted(set(self.contexts)) or self.contexts[0] < 0:
+            raise SpecDecError(f"calibration contexts must be increasing non-negative ints, got {list(self.contexts)}")
+        if len(self.seconds) != len(self.contexts) or any(len(row) != len(self.sizes) for row in self.seconds):
+            raise SpecDecError(
+                f"calibration table must be {len(self.contexts)} x {len(self.sizes)}, got "
+                f"{[len(row) for row in self.seconds]}"
+            )
+        if any(not (s > 0.0 and np.isfinite(s)) for row in self.seconds for s in row):
+            raise SpecDecError(f"calibration times must be positive and finite, got {self.seconds}")
+        if isinstance(self.narrow_rows, bool) or not isinstance(self.narrow_rows, int) or self.narrow_rows < 0:
+            raise SpecDecError(f"narrow_rows must be a non-negative int, got {self.narrow_rows!r}")
+        if not isinstance(self.narrow_single, bool):
+            raise SpecDecError(f"narrow_single must be a bool, got {self.narrow_single!r}")
+        for name in ("spread", "others_share"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise SpecDecError(f"calibration {name} must be a finite number >= 0, got {value!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": CALIBRATION_VERSION,
+            "identity": self.identity,
+            "sizes": list(self.sizes),
+            "contexts": list(self.contexts),
+            "seconds": [list(row) for row in self.seconds],
+            "narrow_rows": self.narrow_rows,
+            "narrow_single": self.narrow_single,
+            "bucketed": self.bucketed,
+            "spread": self.spread,
+            "others_share": self.others_share,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostTable:
+        if data.get("version") != CALIBRATION_VERSION:
+            raise SpecDecError(f"calibration format version {data.get('version')!r}, expected {CALIBRATION_VERSION}")
+        return cls(
+            tuple(int(s) for s in data["sizes"]),
+            tuple(int(c) for c in data["contexts"]),
+            tuple(tuple(float(s) for s in row) for row in data["seconds"]),
+            {str(k): str(v) for k, v in data["identity"].items()},
+            data.get("narrow_rows", 0),
+            data.get("narrow_single", False),
+            bool(data.get("bucketed", False)),
+            data.get("spread", 0.0),
+            data.get("others_share", 0.0),
+        )
+
+
+class VerifyCostModel:
+    """Predicted verification seconds from a :class:`CostTable`, refined online (module docstring).
+
+    >>> table = CostTable((1, 2, 4), (0, 100), ((1.0, 1.5, 2.0), (2.0, 3.0, 4.0)), {})
+    >>> model = VerifyCostModel(table)
+    >>> [round(float(s), 3) for s in model.predict(np.array([1, 3, 8]), 50)]
+    [1.5, 2.625, 4.5]
+    """
+
+    def __init__(self, table: CostTable, *, learn: bool = True) -> None:
+        self.table = table
+        self.learn = learn  # False: predictions stay the table's (reproducible budgets, tests)
+        self._sizes = np.asarray(table.sizes, dtype=np.float64)  # [S]
+        self._log_sizes = np.log(self._sizes)  # [S]
+        self._seconds = np.asarray(table.seconds, dtype=np.float64)  # [Cn, S]
+        self._ratio = np.ones(len(table.sizes), dtype=np.float64)  # [S] measured / calibrated, per size
+        self._count = np.zeros(len(table.sizes), dtype=np.float64)  # [S] observations per size
+        self._global_ratio = 1.0
+        self._global_count = 0.0
+        self.drift_steps = DRIFT_MIN_STEPS  # observations before :attr:`drifted` can hold (module docstring)
+
+    @property
+    def observations(self) -> int:
+        """Real steps this model has learned from."""
+        return int(self._global_count)
+
+    @property
+    def drift(self) -> float:
+        """The online ratio measured / calibrated over all sizes, lately (1.0: as calibrated)."""
+        return self._global_ratio
+
+    @property
+    def drifted(self) -> bool:
+        """Whether the machine drifted from the table: beyond :data:`DRIFT_RATIO` after ``drift_steps`` steps."""
+        far = not 1.0 / DRIFT_RATIO <= self._global_ratio <= DRIFT_RATIO
+        return self.learn and self._global_count >= self.drift_steps and far
+
+    def _along_sizes(self, row: FloatArray, sizes: FloatArray) -> FloatArray:
+        """Linear interpolation of ``row[S]`` at ``sizes[K]``, extrapolated linearly past the ends."""
+        out = np.interp(sizes, self._sizes, row)
+        if len(self._sizes) > 1:
+            slope = (row[-1] - row[-2]) / (self._sizes[-1] - self._sizes[-2])
+            beyond = sizes > self._sizes[-1]
+            out[beyond] = row[-1] + slope * (sizes[beyond] - self._sizes[-1])
+        return out
+
+    def _padded(self, sizes: npt.NDArray[np.int64]) -> FloatArray:
+        """``sizes`` as float64; with a bucketed table, each raised to its bucket (the size it is verified at)."""
+        x = np.asarray(sizes, dtype=np.float64)
+        if self.table.bucketed:  # padded up to the next bucket: its cost, not an interpolation
+            index = np.searchsorted(self._sizes, x)  # [K] first bucket >= size
+            inside = index < len(self._sizes)
+            x = np.where(inside, self._sizes[np.minimum(index, len(self._sizes) - 1)], x)
+        return x
+
+    def calibrated(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
+        """The calibration table's prediction for ``sizes`` int ``[K]`` after ``committed_len`` tokens, ``[K]``."""
+        x = self._padded(sizes)
+        rows = [self._along_sizes(row, x) for row in self._seconds]
+        contexts = self.table.contexts
+        if len(rows) == 1:
+            return rows[0]
+        lo, hi = rows[0], rows[-1]
+        t = (committed_len - contexts[0]) / (contexts[-1] - contexts[0])
+        return np.maximum(lo + t * (hi - lo), 0.5 * lo)
+
+    def correction(self, sizes: npt.NDArray[np.int64]) -> FloatArray:
+        """The online ratio measured / calibrated at ``sizes`` ``[K]``: per size, shrunk toward the global one."""
+        shrunk = (self._count * self._ratio + SHRINK_STEPS * self._global_ratio) / (self._count + SHRINK_STEPS)
+        return np.interp(np.log(self._padded(sizes)), self._log_sizes, shrunk)
+
+    def predict(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
+        """Predicted seconds to verify trees of ``sizes`` ``[K]`` nodes after ``committed_len`` tokens. O(K log S)."""
+        return self.calibrated(sizes, committed_len) * self.correction(sizes)
+
+    def observe(self, size: int, committed_len: int, seconds: float) -> None:
+        """Learn from one real verification of ``size`` nodes that took ``seconds``. O(S)."""
+        if not self.learn or seconds <= 0.0 or size < 1:
+            return
+        base = float(self.calibrated(np.array([size]), committed_len)[0])
+        # Clipped around the present level, not around 1: one preempted step moves the model by
+        # at most RATIO_CLIP, but a calibration measured under another load (10x off) is
+        # corrected within a few steps instead of staying off by its excess over the clip.
+        level = self._global_ratio
+        ratio = min(max(seconds / base, level / RATIO_CLIP), level * RATIO_CLIP)
+        j = int(np.argmin(np.abs(self._log_sizes - np.log(self._padded(np.array([size]))[0]))))
+        self._count[j] += 1.0
+        self._ratio[j] += max(1.0 / self._count[j], MIN_RATE) * (ratio - self._ratio[j])
+        self._global_count += 1.0
+        self._global_ratio += max(1.0 / self._global_count, MIN_RATE) * (ratio - self._global_ratio)
