@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import resource
@@ -39,12 +38,8 @@ def build_datastore(kind: str, documents: Sequence[Any], path: str | os.PathLike
 
     ``tokenizer`` is the tokenizer or its :class:`~specdec.cachefiles.TokenizerIdentity`.
     """
-    module_name, _, function_name = BUILDERS[kind].partition(":")
     identity = tokenizer if isinstance(tokenizer, TokenizerIdentity) else TokenizerIdentity.of(tokenizer)
-    report: dict[str, Any] = getattr(importlib.import_module(module_name), function_name)(
-        documents, Path(path), identity, progress=False
-    )
-    return report
+    return BUILDERS[kind](documents, Path(path), identity, progress=False)
 
 
 def gsm8k_documents(tokenizer: Any, max_tokens: int | None = None, corpus: str | os.PathLike[str] = GSM8K) -> list[Any]:

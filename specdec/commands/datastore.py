@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import time
 from pathlib import Path
@@ -18,11 +17,9 @@ from specdec.models import load_tokenizer
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    target = BUILDERS.get(args.kind)
-    if target is None:
+    build = BUILDERS.get(args.kind)
+    if build is None:
         raise SpecDecError(f"unknown datastore kind {args.kind!r}; valid kinds: {', '.join(sorted(BUILDERS))}")
-    module_name, _, function_name = target.partition(":")
-    build = getattr(importlib.import_module(module_name), function_name)
     tokenizer = load_tokenizer(args.tokenizer)
     fields = [f for spec in args.field for f in spec.split(",") if f]
     started = time.perf_counter()
