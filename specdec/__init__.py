@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from specdec.api import Generator, generate, run
 from specdec.datastores.shared_store import SharedStore
+from specdec.decoding import DecodingConfig, DecodingOptions, StopRules
 from specdec.drafters import available_drafters, make_factory
-from specdec.engine import StopRules
 from specdec.errors import DatastoreError, InvalidDraftTreeError, SpecDecError, UnsupportedModelError
 from specdec.models import load_model
 from specdec.types import (
@@ -27,6 +27,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DatastoreError",
+    "DecodingConfig",
+    "DecodingOptions",
     "DraftTree",
     "Drafter",
     "Feedback",

@@ -10,23 +10,49 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
+
+from typing_extensions import Unpack
 
 from specdec.backends import make_verifier
+from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.calibration_cache import cost_model, use_cached_kernels
+from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.planner_stats import open_planner_stats
 from specdec.datastores.shared_store import SharedStore
+from specdec.decoding import DECODING_OPTIONS, DecodingConfig, DecodingOptions
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
-from specdec.engine import StopRules, decode
+from specdec.engine import decode
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids, load_model
-from specdec.sampling import resolve_decision
-from specdec.types import Drafter, DrafterFactory, GenerationResult
+from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Any
 ModelSpec = str | os.PathLike[str] | Any
+
+
+class GeneratorOptions(TypedDict, total=False):
+    """The :class:`Generator` options that :func:`run` and :func:`generate` take too (:func:`run` documents each)."""
+
+    drafter_options: Mapping[str, Any] | None
+    backend: str
+    datastore: str | os.PathLike[str] | None
+    store: Any
+    cache: str
+    device: Any
+    dtype: Any
+    planner_cache: bool | None
+
+
+class RunOptions(GeneratorOptions, DecodingOptions, total=False):
+    """Every keyword option of :func:`run` and :func:`generate`: the Generator's, the decoding options, and these."""
+
+    tokenizer: Any
+    on_tokens: Callable[[list[int]], None] | None
+
+
+GENERATOR_OPTIONS = frozenset(GeneratorOptions.__optional_keys__)
 
 _LOADED: dict[str, tuple[Any, Any]] = {}
 
@@ -131,8 +157,10 @@ class Generator:
         planner_cache: bool | None = None,
     ) -> None:
         self.model, self.tokenizer = _resolve_model(model, tokenizer, device, dtype)
-        self.verifier = make_verifier(self.model, backend, cache=cache)
-        use_cached_kernels(self.verifier)  # plain steps too run the kernels this machine's calibration chose
+        self.verifier: Verifier[Any] = make_verifier(self.model, backend, cache=cache)
+        table = calibration_cache.cached_table(self.verifier)  # nothing measured here
+        if table is not None:  # plain steps too run the kernels this machine's calibration chose
+            self.verifier.use_kernels(table.kernels)
         self.budget = Budget.parse(budget)
         self.acceptance = AcceptanceModel()
         self.throughput = Throughput()
@@ -143,6 +171,8 @@ class Generator:
             store=resolve_store(store),
             acceptance=self.acceptance,
         )
+        tokenizer = self.tokenizer
+        self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))
         self._drafter_spec = drafter
         # A named drafter's factory is made once (it may load a datastore) and checked here,
         # so a bad name or option fails at construction, before any generation.
@@ -169,9 +199,21 @@ class Generator:
         """
         started = time.perf_counter()
         if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
-            cost_model(self.verifier)
+            self.cost_model()
         self.verifier.warm_up(max_tokens)
         return time.perf_counter() - started
+
+    def cost_model(self) -> tuple[VerifyCostModel, float]:
+        """The verifier's cost model and the seconds spent calibrating it (0.0: cached), its kernels in force.
+
+        Loaded from this process's models or the calibration cache, or measured on first use
+        (:func:`specdec.budget.calibration_cache.cost_model`); the verifier then runs the
+        kernels the calibration chose (:meth:`~specdec.types.Verifier.use_kernels`). A
+        generation calls it at its first draft, under any budget.
+        """
+        model, spent = calibration_cache.cost_model(self.verifier)
+        self.verifier.use_kernels(model.table.kernels)
+        return model, spent
 
     def new_drafter(self) -> Drafter:
         """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
@@ -179,98 +221,56 @@ class Generator:
             return self._factory.create()
         return resolve_drafter(self._drafter_spec)
 
+    def decoding_config(self, **options: Unpack[DecodingOptions]) -> DecodingConfig:
+        """The :class:`~specdec.decoding.DecodingConfig` of ``options`` (see :func:`run`) for this model and tokenizer.
+
+        Every option is checked here (a bad one raises naming it); the model's end-of-sequence
+        ids, its generation config and this generator's default ``budget`` fill in what
+        ``options`` leave out.
+        """
+        return DecodingConfig.build(
+            options, generation_config=getattr(self.model, "generation_config", None),
+            eos_token_ids=self.context.eos_token_ids, decode_text=self._decode_text, budget=self.budget,
+        )  # fmt: skip
+
     def generate(
         self,
         prompt: Prompt,
         *,
-        max_new_tokens: int = 256,
-        chat_template: bool | None = None,
-        stop: str | Sequence[str] | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        ignore_eos: bool = False,
-        max_nodes: int | None = None,
-        budget: str | int | None = None,
-        prompt_feedback: bool = False,
         on_tokens: Callable[[list[int]], None] | None = None,
-        do_sample: bool | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        repetition_penalty: float | None = None,
-        use_generation_config: bool = False,
+        **options: Unpack[DecodingOptions],
     ) -> GenerationResult:
-        """Generate a continuation of ``prompt``; see :func:`run` for the arguments."""
-        decision = resolve_decision(
-            getattr(self.model, "generation_config", None),
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            repetition_penalty=repetition_penalty,
-            use_generation_config=use_generation_config,
-        )
-        ids = _prompt_ids(prompt, self.tokenizer, chat_template)
-        if ignore_eos:
-            eos: tuple[int, ...] = ()
-        elif eos_token_id is not None:
-            eos = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
-        else:
-            eos = eos_token_ids(self.model, self.tokenizer)
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        tokenizer = self.tokenizer
-        decode_text = None if tokenizer is None else (lambda t: str(tokenizer.decode(t, skip_special_tokens=True)))
-        rules = StopRules(max_new_tokens, frozenset(eos), stops, decode_text)
-        step_budget = self.budget if budget is None else Budget.parse(budget)
-        if step_budget.nodes is not None:  # a fixed budget is a node cap
-            max_nodes = step_budget.nodes if max_nodes is None else min(max_nodes, step_budget.nodes)
-        planner = BudgetPlanner(self.verifier, step_budget, self.acceptance, self.throughput)
+        """Generate a continuation of ``prompt``; see :func:`run` for the options."""
+        config = self.decoding_config(**options)
+        ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
+        planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
+                                load_cost=self.cost_model)
         drafter = self.new_drafter()
-        result = decode(
-            self.verifier, drafter, ids, rules, max_nodes=max_nodes, prompt_feedback=prompt_feedback, planner=planner,
-            on_tokens=on_tokens, decision=decision,
-        )
+        result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
         finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
         if self.planner_stats is not None and result.stats.steps:
             self.planner_stats.save(self.acceptance, self.throughput)
         if callable(finish):
             finish()
-        if decode_text is not None:
-            result.text = decode_text(result.tokens)
+        if self._decode_text is not None:
+            result.text = self._decode_text(result.tokens)
         return result
+
+
+def _split(options: Mapping[str, Any], function: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(Generator options, decoding options)`` of ``run``/``generate`` keywords; an unknown one is a TypeError."""
+    unknown = sorted(set(options) - GENERATOR_OPTIONS - DECODING_OPTIONS - {"tokenizer", "on_tokens"})
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    return ({k: v for k, v in options.items() if k in GENERATOR_OPTIONS},
+            {k: v for k, v in options.items() if k in DECODING_OPTIONS})
 
 
 def run(
     model: ModelSpec,
     prompt: Prompt,
     drafter: str | Drafter | DrafterFactory = "pld",
-    *,
-    tokenizer: Any = None,
-    max_new_tokens: int = 256,
-    chat_template: bool | None = None,
-    stop: str | Sequence[str] | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    ignore_eos: bool = False,
-    max_nodes: int | None = None,
-    budget: str | int = "auto",
-    backend: str = "auto",
-    cache: str = "auto",
-    drafter_options: Mapping[str, Any] | None = None,
-    datastore: str | os.PathLike[str] | None = None,
-    prompt_feedback: bool = False,
-    on_tokens: Callable[[list[int]], None] | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    repetition_penalty: float | None = None,
-    use_generation_config: bool = False,
-    store: Any = True,
-    device: Any = None,
-    dtype: Any = None,
-    planner_cache: bool | None = None,
+    **options: Unpack[RunOptions],
 ) -> GenerationResult:
     """Generate from ``prompt`` with speculative decoding; the output equals plain decoding's.
 
@@ -327,54 +327,17 @@ def run(
     Returns:
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
     """
-    generator = Generator(
-        model, tokenizer, drafter=drafter, drafter_options=drafter_options, backend=backend, datastore=datastore,
-        budget=budget, store=store, cache=cache, device=device, dtype=dtype, planner_cache=planner_cache,
-    )
-    return generator.generate(
-        prompt,
-        max_new_tokens=max_new_tokens,
-        chat_template=chat_template,
-        stop=stop,
-        eos_token_id=eos_token_id,
-        ignore_eos=ignore_eos,
-        max_nodes=max_nodes,
-        prompt_feedback=prompt_feedback,
-        on_tokens=on_tokens,
-        do_sample=do_sample,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        repetition_penalty=repetition_penalty,
-        use_generation_config=use_generation_config,
-    )
+    construction, decoding = _split(options, "run")
+    generator = Generator(model, options.get("tokenizer"), drafter=drafter, **construction)
+    return generator.generate(prompt, on_tokens=options.get("on_tokens"), **decoding)
 
 
 def generate(
-    model: Any,
+    model: ModelSpec,
     input_ids: Sequence[int] | Any,
     drafter: str | Drafter | DrafterFactory = "pld",
-    *,
-    max_new_tokens: int = 256,
-    eos_token_id: int | Sequence[int] | None = None,
-    max_nodes: int | None = None,
-    backend: str = "auto",
-    drafter_options: Mapping[str, Any] | None = None,
-    budget: str | int = "auto",
-    cache: str = "auto",
+    **options: Unpack[RunOptions],
 ) -> list[int]:
-    """Token ids in, new token ids out: :func:`run` without a tokenizer."""
-    result = run(
-        model,
-        input_ids,
-        drafter,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        max_nodes=max_nodes,
-        backend=backend,
-        drafter_options=drafter_options,
-        budget=budget,
-        cache=cache,
-    )
-    return result.tokens
+    """Token ids in, new token ids out: :func:`run` without the text; the same options."""
+    _split(options, "generate")
+    return run(model, input_ids, drafter, **options).tokens

@@ -10,175 +10,162 @@ decided but not yet run through the model. Each step::
     pending = result.bonus
 
 Plain autoregressive decoding is the same loop with one-node trees, so both share every
-line here. Stop rules cut the emitted tokens at the first EOS, the first token that
-completes a stop string, or ``max_new_tokens``, whichever comes first, so speculative
-output is exactly the prefix plain decoding would have produced.
+line here. The stop rules (:class:`~specdec.decoding.StopRules`) cut the emitted tokens at
+the first EOS, the first token that completes a stop string, or ``max_new_tokens``,
+whichever comes first, so speculative output is exactly the prefix plain decoding would
+have produced. A budget planner, when there is one, cuts each tree before it is verified
+and learns from every step (:mod:`specdec.budget`). Timing and statistics are kept by a
+:class:`StepRecorder` beside the loop.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
-from specdec.backends.verifier import ModelVerifier
-from specdec.budget.planner import BudgetPlanner
+from specdec.budget.planner import BudgetPlanner, Plan
+from specdec.decoding import DecodingConfig
 from specdec.errors import SpecDecError
-from specdec.sampling import Decision, Greedy
-from specdec.types import Drafter, GenerationResult, GenerationStats, StepRecord
+from specdec.types import Drafter, DraftTree, GenerationResult, GenerationStats, StepRecord, Verification, Verifier
 
 # The most nodes any step may verify when neither the user nor the drafter says less:
 # far above every paper's budget, low enough that a runaway drafter cannot blow memory.
 MAX_TREE_NODES = 512
 
 
-@dataclass(frozen=True)
-class StopRules:
-    """When generation ends. ``decode`` (token ids -> text) is needed only for stop strings."""
+class StepRecorder:
+    """The loop's clock and statistics (:class:`~specdec.types.GenerationStats`), beside the loop.
 
-    max_new_tokens: int
-    eos_token_ids: frozenset[int] = frozenset()
-    stop_strings: tuple[str, ...] = ()
-    decode: Callable[[list[int]], str] | None = field(default=None, compare=False)
+    Wall times: the prefill; drafting (the drafter's reset, propose and update, and the
+    planner's decision); verification; each step's whole time. A calibration that a
+    planner's first decision pays for is kept apart (``calibration_s``), out of the step.
+    """
 
-    def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise SpecDecError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
-        if self.max_new_tokens < 1:
-            raise SpecDecError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            raise SpecDecError(f"stop strings must be non-empty strings, got {list(self.stop_strings)!r}")
-        if self.stop_strings and self.decode is None:
-            raise SpecDecError("stop strings need a tokenizer to decode the output")
+    def __init__(self, prompt_tokens: int, planner: BudgetPlanner | None) -> None:
+        self.stats = GenerationStats(prompt_tokens=prompt_tokens, budget="" if planner is None else str(planner.budget))
+        self._started = self._mark = time.perf_counter()
+        self._drafted = self._verified = self._mark
+        self.step_s = 0.0  # the last step's wall time, calibration excluded
 
-    def cut(self, output: list[int], start: int) -> tuple[int, str] | None:
-        """Where to end ``output`` given that ``output[start:]`` was just emitted.
+    def prefilled(self) -> None:
+        """The prefill is over; what follows until :meth:`reset_done` is the drafter's reset."""
+        self._mark = time.perf_counter()
+        self.stats.prefill_s = self._mark - self._started
 
-        Returns ``(length, reason)`` for the earliest stop at or after ``start``, or None.
-        A stop string stops at the first token whose text completes it (that token is kept).
-        """
-        best: tuple[int, str] | None = None
-        for i in range(start, len(output)):
-            if output[i] in self.eos_token_ids:
-                best = (i + 1, "eos")
-                break
-        if len(output) >= self.max_new_tokens and (best is None or self.max_new_tokens < best[0]):
-            best = (self.max_new_tokens, "max_new_tokens")
-        if self.stop_strings and self.decode is not None:
-            limit = best[0] if best else len(output)
-            if any(s in self.decode(output[:limit]) for s in self.stop_strings):
-                for i in range(start, limit):
-                    if any(s in self.decode(output[: i + 1]) for s in self.stop_strings):
-                        best = (i + 1, "stop_string")
-                        break
-        return best
+    def reset_done(self) -> None:
+        self.stats.draft_s += time.perf_counter() - self._mark
+
+    def step_starts(self) -> None:
+        self._mark = time.perf_counter()
+
+    def calibrated(self, seconds: float) -> None:
+        """A one-time calibration inside this step's planning: counted apart, not as drafting."""
+        self.stats.calibration_s += seconds
+        self._mark += seconds
+
+    def drafted(self) -> None:
+        self._drafted = time.perf_counter()
+
+    def verified(self) -> None:
+        self._verified = time.perf_counter()
+
+    def step_ends(self, tree: DraftTree, offered: int, plan: Plan | None, result: Verification) -> StepRecord:
+        """The drafter's update is over: the step's record (also kept in the stats)."""
+        updated = time.perf_counter()
+        self.step_s = updated - self._mark
+        draft_s = (self._drafted - self._mark) + (updated - self._verified)
+        verify_s = self._verified - self._drafted
+        accepted = result.accepted_nodes[1:]
+        sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in accepted)
+        record = StepRecord(tree.size, len(accepted), tree.source, draft_s, verify_s, sources, offered)
+        if plan is not None:
+            record.reason, record.expected, record.predicted_s = plan.reason, plan.expected, plan.predicted_s
+        stats = self.stats
+        stats.steps += 1
+        stats.emitted_by_steps += result.emitted
+        stats.draft_s += draft_s
+        stats.verify_s += verify_s
+        stats.records.append(record)
+        return record
+
+    def finish(self, new_tokens: int, stop_reason: str) -> GenerationStats:
+        self.stats.new_tokens, self.stats.stop_reason = new_tokens, stop_reason
+        self.stats.total_s = time.perf_counter() - self._started
+        return self.stats
 
 
 def decode(
-    verifier: ModelVerifier,
+    verifier: Verifier[Any],
     drafter: Drafter,
     prompt: Sequence[int],
-    rules: StopRules,
+    config: DecodingConfig,
     *,
-    max_nodes: int | None = None,
-    prompt_feedback: bool = False,
-    on_tokens: Callable[[list[int]], None] | None = None,
     planner: BudgetPlanner | None = None,
-    decision: Decision | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
     """Generate from ``prompt`` (token ids) with ``drafter`` proposing and ``verifier`` checking.
 
-    ``max_nodes`` caps every draft tree (root included); None lets the drafter decide, up
-    to :data:`MAX_TREE_NODES`. ``prompt_feedback`` hands the drafter the model's top ids
-    after every prompt token at reset (when it asks for feedback). ``on_tokens`` receives
-    each batch of emitted tokens as soon as the stop rules have cut it. ``planner`` decides
-    each step's draft budget from the drafter's tree (:mod:`specdec.budget`; None: verify
-    the tree as the drafter and ``max_nodes`` leave it) and learns from every step. ``decision`` says
-    how tokens are chosen (greedy by default; sampling and a repetition penalty apply to
-    the plain and the speculative path alike).
+    ``config`` holds the stop rules, how tokens are chosen (greedy or seeded sampling, the
+    repetition penalty: the plain and speculative path alike), ``max_nodes`` (every tree's
+    cap, root included; None lets the drafter decide, up to :data:`MAX_TREE_NODES` and the
+    verifier's own limit) and ``prompt_feedback`` (hand the drafter the model's top ids after
+    every prompt token at reset, when it asks for feedback). ``planner`` decides each step's
+    draft budget from the drafter's tree (None: verify the tree as the drafter and
+    ``max_nodes`` leave it) and learns from every step. ``on_tokens`` receives each batch of
+    emitted tokens as soon as the stop rules have cut it.
     """
-    if max_nodes is not None and max_nodes < 1:
-        raise SpecDecError(f"max_nodes must be at least 1, got {max_nodes}")
-    cap = min(max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
-    stats = GenerationStats(prompt_tokens=len(prompt), budget="" if planner is None else str(planner.budget))
-    started = time.perf_counter()
-
-    topk = drafter.feedback_topk
-    decision = decision or Decision(Greedy())
-    state, pending, prompt_fb = verifier.prefill(
-        prompt,
-        prompt_topk=topk if prompt_feedback else 0,
-        chooser=decision.chooser,
-        repetition_penalty=decision.repetition_penalty,
-        reserve=rules.max_new_tokens,
-    )
-    stats.prefill_s = time.perf_counter() - started
-
-    mark = time.perf_counter()
-    drafter.reset(prompt, prompt_fb)
-    stats.draft_s += time.perf_counter() - mark
-
-    output = [pending]
-    streamed = 0  # how many of output's tokens on_tokens has seen
+    rules, decision, topk = config.rules, config.decision, drafter.feedback_topk
+    cap = min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
+    record = StepRecorder(len(prompt), planner)
+    state, pending, prompt_feedback = verifier.prefill(
+        prompt, prompt_topk=topk if config.prompt_feedback else 0, chooser=decision.chooser,
+        repetition_penalty=decision.repetition_penalty, reserve=rules.max_new_tokens,
+    )  # fmt: skip
+    record.prefilled()
+    drafter.reset(prompt, prompt_feedback)
+    record.reset_done()
+    output, streamed = [pending], 0  # streamed: how many of output's tokens on_tokens has seen
     stop = rules.cut(output, 0)
-    limit = verifier.context_length
     while stop is None:
         if on_tokens is not None:
             on_tokens(output[streamed:])
             streamed = len(output)
-        # Deepest node allowed: its position stays inside the context, and the step's
-        # tokens (accepted draft + bonus) never overshoot max_new_tokens.
+        # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
+        # max_new_tokens, and its positions stay inside the context.
         max_depth = rules.max_new_tokens - len(output) - 1
-        if limit is not None:
-            max_depth = min(max_depth, limit - 1 - state.committed_len)
+        if verifier.context_length is not None:
+            max_depth = min(max_depth, verifier.context_length - 1 - state.committed_len)
             if max_depth < 0:
                 stop = (len(output), "context_length")
                 break
-
-        mark = time.perf_counter()
+        record.step_starts()
         tree = drafter.propose(pending, cap).pruned(cap, max_depth)
         if tree.tokens[0] != pending:
             raise SpecDecError(
                 f"drafter {drafter.name!r} rooted its tree at token {tree.tokens[0]}, not the pending {pending}"
             )
-        offered, plan = tree.size, None
+        offered, plan, committed = tree.size, None, state.committed_len
         if planner is not None:
-            plan = planner.plan(tree, state.committed_len)
+            plan = planner.plan(tree, committed)
             tree = plan.tree
-            stats.calibration_s += plan.calibration_s  # one-time; kept out of draft_s
-            mark += plan.calibration_s
-        committed = state.committed_len
-        drafted = time.perf_counter()
+            record.calibrated(plan.calibration_s)
+        record.drafted()
         result = verifier.verify(state, tree, topk)
-        verified = time.perf_counter()
+        record.verified()
         drafter.update(result.accepted_tokens, result.feedback)
-        updated = time.perf_counter()
-        if plan is not None and planner is not None:
-            planner.observe(plan, result.accepted_nodes, committed, verified - drafted, updated - mark)
-
-        draft_s = (drafted - mark) + (updated - verified)
-        stats.steps += 1
-        stats.emitted_by_steps += result.emitted
-        stats.draft_s += draft_s
-        stats.verify_s += verified - drafted
-        sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in result.accepted_nodes[1:])
-        stats.records.append(
-            StepRecord(tree.size, len(result.accepted_nodes) - 1, tree.source, draft_s, verified - drafted, sources)
-        )
-        record = stats.records[-1]
-        record.offered = offered
-        if plan is not None:
-            record.reason, record.expected, record.predicted_s = plan.reason, plan.expected, plan.predicted_s
+        step = record.step_ends(tree, offered, plan, result)
+        if planner is not None and plan is not None:
+            planner.observe(plan, result.accepted_nodes, committed, step.verify_s, record.step_s)
         start = len(output)
         output.extend(result.accepted_tokens[1:])
         output.append(result.bonus)
         pending = result.bonus
         stop = rules.cut(output, start)
-
-    length, stats.stop_reason = stop
+    verifier.release(state)
+    length, reason = stop
     del output[length:]
     if on_tokens is not None and len(output) > streamed:
         on_tokens(output[streamed:])
-    stats.new_tokens = len(output)
-    stats.total_s = time.perf_counter() - started
+    stats = record.finish(len(output), reason)
     return GenerationResult(tokens=output, stats=stats, prompt_tokens=list(prompt), seed=decision.seed)

@@ -179,6 +179,22 @@ class Decision:
     seed: int | None = None
 
 
+def _check_types(**options: object) -> None:
+    """Each option is None or of its type: ``do_sample`` a bool, ``top_k`` and ``seed`` ints, the others numbers."""
+    kinds = {"do_sample": "True, False or None", "top_k": "an int or None", "seed": "an int or None"}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "do_sample":
+            ok = isinstance(value, bool)
+        elif name in ("top_k", "seed"):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok:
+            raise SpecDecError(f"{name} must be {kinds.get(name, 'a finite number or None')}, got {value!r}")
+
+
 def resolve_decision(
     generation_config: object | None,
     *,
@@ -198,8 +214,10 @@ def resolve_decision(
     defaults (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``),
     explicit arguments override them, and any other option there that changes the choice
     of tokens (beam search, ``no_repeat_ngram_size``, ...) is refused. Sampling without a
-    seed draws one at random; the result reports it so the run can be repeated.
+    seed draws one at random; the result reports it so the run can be repeated. A value of the
+    wrong type is an error that names it.
     """
+    _check_types(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     config: dict[str, object] = {}
     if use_generation_config and generation_config is not None:
         for name, neutral in UNSUPPORTED_GENERATION_OPTIONS.items():

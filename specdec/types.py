@@ -17,21 +17,24 @@ Words used everywhere in the package (and only in these senses):
 
 Drafters never see the model: tokens in, a :class:`DraftTree` out, and what they learn
 from the model reaches them as plain token ids (:class:`Feedback`). Verifiers never see
-drafters. Per-sequence state (a drafter instance, a :class:`KVState`) is kept apart from
-shared read-only indexes, so that many sequences can share one datastore.
+drafters, and everything above the backends sees a verifier only through the
+:class:`Verifier` protocol. Per-sequence state (a drafter instance, a verifier's
+:class:`SequenceState`) is kept apart from shared read-only indexes, so that many sequences
+can share one datastore.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from specdec.errors import InvalidDraftTreeError
+from specdec.errors import InvalidDraftTreeError, SpecDecError
 
 IntArray = npt.NDArray[np.int64]
 
@@ -311,6 +314,176 @@ class TokenChooser(Protocol):
     """
 
     def choose(self, logits: Any, positions: Any) -> Any: ...
+
+
+DEFAULT_KERNEL = "default"  # the model's own layers: the kernel variant every verifier runs
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Which kernel variant a verification forward runs, by its number of rows (tokens in the forward).
+
+    ``ranges``: ``(up_to, variant)`` pairs with increasing ``up_to``: a forward over ``rows``
+    tokens (one tree's nodes; a batched verifier's rows of all its trees) runs the variant of
+    the first range with ``rows <= up_to``, and ``beyond`` past the last range. Variants are
+    names a verifier offers (:meth:`Verifier.kernel_variants`): ``"default"`` the model's own
+    layers, ``"narrow"`` its linear layers as narrow products (:mod:`specdec.backends.narrow`).
+    A new kind of kernel is a new name, not a new field: the value and the protocol stay.
+    Calibration decides the choice where it measured each variant (:mod:`specdec.budget.calibration`).
+
+    >>> choice = KernelChoice(((1, "narrow"), (4, "default"), (32, "narrow")))
+    >>> [choice.variant_for(rows) for rows in (1, 3, 5, 33)]
+    ['narrow', 'default', 'narrow', 'default']
+    >>> KernelChoice.uniform("narrow").variant_for(4096)
+    'narrow'
+    """
+
+    ranges: tuple[tuple[int, str], ...] = ()
+    beyond: str = DEFAULT_KERNEL
+
+    def __post_init__(self) -> None:
+        ranges = tuple((up_to, variant) for up_to, variant in self.ranges)
+        object.__setattr__(self, "ranges", ranges)
+        bounds = [up_to for up_to, _ in ranges]
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in bounds) or bounds != sorted(set(bounds)):
+            raise SpecDecError(f"kernel choice ranges need increasing positive row counts, got {list(ranges)}")
+        if any(not isinstance(name, str) or not name for name in (*self.variants(),)):
+            raise SpecDecError(f"kernel variants are non-empty names, got {list(ranges)} and beyond={self.beyond!r}")
+
+    @classmethod
+    def uniform(cls, variant: str) -> KernelChoice:
+        """``variant`` for forwards of every size."""
+        return cls((), variant)
+
+    def variant_for(self, rows: int) -> str:
+        """The variant a forward over ``rows`` tokens runs."""
+        for up_to, variant in self.ranges:
+            if rows <= up_to:
+                return variant
+        return self.beyond
+
+    def variants(self) -> tuple[str, ...]:
+        """Every variant the choice names, in order of first use."""
+        return tuple(dict.fromkeys([*(variant for _, variant in self.ranges), self.beyond]))
+
+
+class SequenceState(Protocol):
+    """One sequence's state inside a verifier (its KV cache, how its tokens are decided), opaque above it.
+
+    The engine reads only how many tokens are committed; everything else is the verifier's.
+    """
+
+    @property
+    def committed_len(self) -> int: ...
+
+
+StateT = TypeVar("StateT", bound=SequenceState)
+
+
+class Verifier(Protocol[StateT]):
+    """The model side of the loop: prefill, verify a draft tree, and what the model is.
+
+    The engine calls, for one sequence::
+
+        state, pending, feedback = verifier.prefill(prompt, ...)   # committed = prompt
+        loop:
+            result = verifier.verify(state, tree, topk)             # one forward, walk, keep the accepted KV
+        verifier.release(state)                                     # the sequence is over
+
+    Implemented by the dynamic-cache :class:`~specdec.backends.verifier.ModelVerifier`, the
+    static-cache :class:`~specdec.backends.static.StaticVerifier` and the replayed
+    :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is each one's per-sequence
+    state. Engine, budget and drafters see verifiers only through this protocol.
+
+    What it reports: ``name`` (its tree ops: ``"torch"``, ``"cuda_ext"``; ``"replay"``),
+    ``device`` and ``dtype`` (torch's), ``vocab_size``, ``context_length`` (None: no limit),
+    ``max_tree_nodes`` (the most nodes one verification takes; None: no limit of its own),
+    ``buckets`` (the tree sizes it runs forwards of, others padded up to the next; None: every
+    size its own), ``cache_kind`` (``"dynamic"``, ``"static-inductor"``, ...), and
+    :meth:`identity`, what a forward's cost depends on (the calibration and planner caches
+    key on it).
+
+    **Kernels** belong to the verifier: :meth:`kernel_variants` says which variants a forward
+    of a size can run (calibration times each), :meth:`use_kernels` switches to a
+    :class:`KernelChoice` (the :class:`~specdec.Generator` passes the one its calibration
+    table holds), :attr:`kernels` is the choice in force.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def device(self) -> Any: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def context_length(self) -> int | None: ...
+
+    @property
+    def max_tree_nodes(self) -> int | None: ...
+
+    @property
+    def buckets(self) -> tuple[int, ...] | None: ...
+
+    @property
+    def cache_kind(self) -> str: ...
+
+    def identity(self) -> dict[str, str]:
+        """What a verification's cost depends on, as strings: model architecture, dtype, device, backend, ..."""
+        ...
+
+    def weights_fingerprint(self) -> str:
+        """A hash that tells two checkpoints of one architecture apart (the planner's statistics key on it)."""
+        ...
+
+    def prefill(
+        self,
+        prompt: Sequence[int],
+        prompt_topk: int = 0,
+        *,
+        chooser: TokenChooser | None = None,
+        repetition_penalty: float = 1.0,
+        reserve: int = 0,
+    ) -> tuple[StateT, int, Feedback | None]:
+        """Run ``prompt``: the new sequence's state, its first pending token, and (with ``prompt_topk``)
+        the model's top ids after every prompt token. ``reserve``: how many more tokens it may grow by."""
+        ...
+
+    def verify(self, state: StateT, tree: DraftTree, topk: int = 0) -> Verification:
+        """One forward over ``tree`` after the committed tokens; commits the accepted path."""
+        ...
+
+    def rewind(self, state: StateT, committed_len: int) -> None:
+        """Forget the committed tokens past ``committed_len``."""
+        ...
+
+    def release(self, state: StateT) -> None:
+        """The sequence is over: what it holds may be freed, and it can no longer be verified."""
+        ...
+
+    def warm_up(self, max_tokens: int) -> None:
+        """Pay one-time costs (compiling, capturing) for sequences of up to ``max_tokens`` tokens now."""
+        ...
+
+    def preserving(self) -> AbstractContextManager[None]:
+        """A block whose prefills and verifications leave every live sequence as it was."""
+        ...
+
+    @property
+    def kernels(self) -> KernelChoice: ...
+
+    def kernel_variants(self, rows: int) -> tuple[str, ...]:
+        """The kernel variants a forward over ``rows`` tokens can run and calibration should time, default first."""
+        ...
+
+    def use_kernels(self, choice: KernelChoice) -> None:
+        """Run every later forward with the variant ``choice`` names for its size."""
+        ...
 
 
 @dataclass

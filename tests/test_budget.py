@@ -39,13 +39,14 @@ from specdec.budget import (
     choose_budget,
 )
 from specdec.budget.acceptance import MAX_DEPTH_KEY, MAX_RANK_KEY, node_keys
-from specdec.budget.calibration import calibrate, model_identity
+from specdec.budget.calibration import calibrate, calibration_identity
 from specdec.budget.calibration_cache import calibration_path, cost_model, forget_cost_models
 from specdec.budget.planner import PROBE_EVERY
 from specdec.commands import main
-from specdec.engine import StopRules, decode
+from specdec.decoding import DecodingConfig, StopRules
+from specdec.engine import decode
 from specdec.errors import InvalidDraftTreeError, SpecDecError
-from specdec.types import DraftTree, Feedback
+from specdec.types import DraftTree, Feedback, KernelChoice
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -309,7 +310,7 @@ def private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> object:
 def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object) -> None:
     verifier = make_verifier(tiny_model("llama"))
     model, spent = cost_model(verifier)
-    path = calibration_path(model_identity(verifier))
+    path = calibration_path(calibration_identity(verifier))
     assert spent > 0.0 and path.is_file()
     table = model.table
     assert table.identity["dtype"] == "float64" and table.identity["model_type"] == "llama"
@@ -324,8 +325,8 @@ def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object)
     assert spent == 0.0 and reloaded is not model and reloaded.table == table  # from the file
     # Another architecture config or dtype is another identity, hence another file.
     other = make_verifier(copy.deepcopy(tiny_model("llama", seed=1)).to(torch.float32))  # the cached model untouched
-    assert calibration_path(model_identity(other)) != path
-    assert calibration_path(model_identity(make_verifier(tiny_model("qwen2")))) != path
+    assert calibration_path(calibration_identity(other)) != path
+    assert calibration_path(calibration_identity(make_verifier(tiny_model("qwen2")))) != path
     path.write_text("{not json")
     forget_cost_models()
     _, spent = cost_model(verifier)  # a corrupt file is measured again, not trusted
@@ -402,7 +403,7 @@ def run_with_costs(arch: str, costs: VerifyCostModel, max_new: int = 60, seed: i
     verifier = make_verifier(model)
     drafter = ChainOracle(truth, seed=seed)
     planner = BudgetPlanner(verifier, "auto", cost=costs)
-    result = decode(verifier, drafter, prompt, StopRules(max_new), planner=planner)
+    result = decode(verifier, drafter, prompt, DecodingConfig(StopRules(max_new)), planner=planner)
     return result, truth, drafter
 
 
@@ -529,13 +530,13 @@ def test_throughput_prices_steps_with_the_cost_model_and_floors_at_plain() -> No
 def test_plain_decoding_runs_the_kernels_a_cached_calibration_chose(private_cache: Path) -> None:
     """`none` never drafts, so never calibrates: a Generator still takes the cached table's kernel choice."""
     model = copy.deepcopy(tiny_model("llama")).to(torch.float32)  # narrow products need fp32
-    assert specdec.Generator(model, drafter="none").verifier.narrow_single is False  # nothing cached: defaults
+    assert specdec.Generator(model, drafter="none").verifier.kernels == KernelChoice()  # nothing cached: defaults
     verifier = make_verifier(model)
-    table = dataclasses.replace(calibrate(verifier, sizes=(1, 2), contexts=(8,), repeats=1), narrow_single=True,
-                                narrow_rows=2)
-    calibration_path(model_identity(verifier)).parent.mkdir(parents=True, exist_ok=True)
-    calibration_path(model_identity(verifier)).write_text(json.dumps(table.to_json()))
+    table = dataclasses.replace(calibrate(verifier, sizes=(1, 2), contexts=(8,), repeats=1),
+                                kernels=KernelChoice(((1, "narrow"), (2, "narrow"))))
+    calibration_path(calibration_identity(verifier)).parent.mkdir(parents=True, exist_ok=True)
+    calibration_path(calibration_identity(verifier)).write_text(json.dumps(table.to_json()))
     forget_cost_models()
     plain = specdec.Generator(model, drafter="none")
-    assert (plain.verifier.narrow_single, plain.verifier.narrow_rows) == (True, 2)
+    assert plain.verifier.kernels == table.kernels
     assert plain.generate([5, 6, 7, 5, 6], max_new_tokens=12).tokens == hf_greedy(model, [5, 6, 7, 5, 6], 12)

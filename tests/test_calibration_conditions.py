@@ -19,7 +19,7 @@ from tiny_models import tiny_model
 from specdec.backends import make_verifier
 from specdec.budget import CostTable, VerifyCostModel
 from specdec.budget import machine_load as machine_load
-from specdec.budget.calibration import calibrate, model_identity
+from specdec.budget.calibration import calibrate, calibration_identity
 from specdec.budget.calibration_cache import calibration_path, cost_model, forget_cost_models
 from specdec.budget.cost_model import DRIFT_MIN_STEPS
 from specdec.budget.machine_load import BUSY_SHARE, BUSY_SPREAD, MachineWatch, busy_reason
@@ -98,7 +98,7 @@ def measuring(monkeypatch: pytest.MonkeyPatch, **conditions: float) -> list[int]
 
     def fake(verifier: Any, **_: Any) -> CostTable:
         calls.append(1)
-        return table(identity=model_identity(verifier), **conditions)
+        return table(identity=calibration_identity(verifier), **conditions)
 
     monkeypatch.setattr("specdec.budget.calibration_cache.calibrate", fake)
     return calls
@@ -113,7 +113,7 @@ def test_a_busy_calibration_serves_the_process_but_is_not_cached(
                       "time; repeated timings spread by 60%\\): using it in this process only, not caching") as got:
         model, spent = cost_model(verifier)
     assert len([w for w in got if "busy machine" in str(w.message)]) == 1 and "\n" not in str(got[0].message)
-    assert spent > 0.0 and not calibration_path(model_identity(verifier)).exists()
+    assert spent > 0.0 and not calibration_path(calibration_identity(verifier)).exists()
     assert cost_model(verifier) == (model, 0.0) and len(calls) == 1  # in this process: measured once
     forget_cost_models()  # a new process: measured again
     with pytest.warns(RuntimeWarning, match="busy machine"):
@@ -121,14 +121,14 @@ def test_a_busy_calibration_serves_the_process_but_is_not_cached(
     assert len(calls) == 2
     forget_cost_models()
     cost_model(verifier, cache_busy=True)  # `specdec calibrate --force`
-    assert calibration_path(model_identity(verifier)).is_file()
+    assert calibration_path(calibration_identity(verifier)).is_file()
 
 
 def test_a_quiet_calibration_is_cached(private_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = measuring(monkeypatch, spread=0.05, others_share=0.1)
     verifier = make_verifier(tiny_model("llama"), "torch")
     cost_model(verifier)
-    assert calibration_path(model_identity(verifier)).is_file()
+    assert calibration_path(calibration_identity(verifier)).is_file()
     forget_cost_models()
     assert cost_model(verifier)[1] == 0.0 and len(calls) == 1  # from the file
 

@@ -40,9 +40,10 @@ from specdec.backends import make_tree_ops, make_verifier
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import ModelVerifier, TorchTreeOps
+from specdec.decoding import DecodingConfig, StopRules
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
-from specdec.engine import StopRules, decode
+from specdec.engine import decode
 from specdec.native import NativeBuildError
 from specdec.sampling import Greedy
 from specdec.testing import compare_outputs
@@ -456,7 +457,7 @@ def test_generations_identical_between_backends(ext: Any, arch: str, attn: str) 
     rng = random.Random(f"cuda_ext-{arch}-{attn}")
     accepted = 0
     verifiers = [make_verifier(model, backend) for backend in ("cuda_ext", "torch")]
-    rules = StopRules(40)
+    rules = DecodingConfig(StopRules(40))
     for seed in range(2):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 40)
@@ -516,7 +517,7 @@ def test_default_model_identical_between_backends(ext: Any, default_model: tuple
 
     model, tokenizer = default_model
     verifiers = [make_verifier(model, backend) for backend in ("cuda_ext", "torch")]
-    rules = StopRules(40)
+    rules = DecodingConfig(StopRules(40))
     accepted = 0
     for text in (
         "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",

@@ -15,6 +15,7 @@ from conftest import IDENTITY_COUNTS
 
 import specdec
 from specdec.testing import compare_outputs
+from specdec.types import KernelChoice
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +61,7 @@ def test_default_model_with_narrow_products_matches_generate(
     report, narrowed, single = [], 0, 0
     for category, (prompt, expected) in reference_outputs.items():
         generator = specdec.Generator(model, tokenizer, drafter="pld", budget="full")
-        generator.verifier.narrow_rows = 64
-        generator.verifier.narrow_single = True  # one-node steps padded
+        generator.verifier.use_kernels(KernelChoice.uniform("narrow"))  # one-node steps padded
         result = generator.generate(prompt, max_new_tokens=MAX_NEW)
         narrowed += sum(r.tree_size > 1 for r in result.stats.records)
         single += sum(r.tree_size == 1 for r in result.stats.records)

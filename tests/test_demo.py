@@ -145,16 +145,17 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
     import specdec
     from specdec.budget.calibration_cache import forget_cost_models
     from specdec.commands.demo import DemoPrompt, _warm_up
+    from specdec.types import KernelChoice
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("specdec.budget.calibration_cache.busy_reason", lambda table: None)
     forget_cost_models()
     model = copy.deepcopy(tiny_model("llama")).to(torch.float32)  # narrow products need fp32
-    monkeypatch.setattr("specdec.budget.calibration._narrow_single", lambda sizes, plain, narrow: True)  # say they win
+    narrow_single = KernelChoice(((1, "narrow"),))  # say the padded product wins at one node
+    monkeypatch.setattr("specdec.budget.calibration.choose_kernels", lambda sizes, seconds: narrow_single)
     generators = {name: specdec.Generator(model, drafter=name) for name in ("none", "pld")}
-    assert generators["none"].verifier.narrow_single is False  # nothing calibrated yet
+    assert generators["none"].verifier.kernels == KernelChoice()  # nothing calibrated yet
     prompt = [5, 6, 7, 5, 6, 7, 5]
     _warm_up(generators, [DemoPrompt("chat", prompt, 8)], [prompt])  # type: ignore[arg-type]  # ids, no tokenizer
-    assert generators["none"].verifier.narrow_single is True
-    assert generators["none"].verifier.narrow_single == generators["pld"].verifier.narrow_single
+    assert generators["none"].verifier.kernels == generators["pld"].verifier.kernels == narrow_single
     forget_cost_models()

@@ -24,7 +24,7 @@ from tiny_models import tiny_model
 import specdec
 from specdec.budget import AcceptanceModel, CostTable, Throughput
 from specdec.budget.acceptance import node_keys
-from specdec.budget.calibration import model_identity
+from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import forget_cost_models
 from specdec.budget.planner_stats import VERSION, PlannerStatsFile, drafter_label, enabled, stats_dir
 from specdec.cachefiles import checksum
@@ -48,7 +48,7 @@ def planner_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     row = tuple(1.0 + 0.01 * s for s in sizes)  # nearly flat: drafts pay, so steps verify and learn
     monkeypatch.setattr(
         "specdec.budget.calibration_cache.calibrate", lambda verifier, **_: CostTable(sizes, (1, 1000), (row, row),
-                                                                          model_identity(verifier))
+                                                                          calibration_identity(verifier))
     )
     forget_cost_models()
     yield tmp_path / "planner"

@@ -264,9 +264,10 @@ def verify_every_draft(model: Any, prompt: list[int], drafter: Any, max_new_toke
     """The engine's loop with every draft verified whole (no budget planner): what the drafter
     proposes, and only that, decides what is accepted."""
     from specdec.backends import make_verifier
-    from specdec.engine import StopRules, decode
+    from specdec.decoding import DecodingConfig, StopRules
+    from specdec.engine import decode
 
-    return decode(make_verifier(model), drafter, prompt, StopRules(max_new_tokens, eos))
+    return decode(make_verifier(model), drafter, prompt, DecodingConfig(StopRules(max_new_tokens, eos)))
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:

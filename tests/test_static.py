@@ -25,9 +25,10 @@ from specdec.backends import make_verifier, resolve_cache
 from specdec.backends.static import BUCKETS, WINDOW_STEP, StaticVerifier, bucket_for, capacity_for
 from specdec.backends.static_cache import StaticKVCache
 from specdec.budget.calibration import calibrate
-from specdec.engine import StopRules, decode
+from specdec.decoding import DecodingConfig, StopRules
+from specdec.engine import decode
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree
+from specdec.types import DraftTree, KernelChoice
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -73,14 +74,14 @@ def test_static_eager_with_narrow_products_matches_plain_greedy(arch: str) -> No
     model = tiny_model(arch)
     verifier = StaticVerifier(model, mode="eager")
     assert verifier.narrow is not None
-    verifier.narrow_rows, verifier.narrow_single = 8, True
+    verifier.use_kernels(KernelChoice(((8, "narrow"),)))
     rng = random.Random(f"static-narrow-{arch}")
     used: set[int] = set()
     for seed in range(3):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 40)
         drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=5)
-        result = decode(verifier, drafter, prompt, StopRules(40))
+        result = decode(verifier, drafter, prompt, DecodingConfig(StopRules(40)))
         assert result.tokens == truth
         used |= set(verifier._runners)
         IDENTITY_COUNTS[f"{arch}/oracle-tree/static-eager+narrow"] += 1
@@ -153,12 +154,12 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone(narrow: b
     implementation = model.config._attn_implementation
     verifier = StaticVerifier(model, mode="inductor", buckets=(1, 8))
     assert verifier.narrow is not None  # fp64 on the CPU: offered
-    verifier.narrow_rows, verifier.narrow_single = (8, True) if narrow else (0, False)
+    verifier.use_kernels(KernelChoice(((8, "narrow"),)) if narrow else KernelChoice())
     rng = random.Random(3)
     for drafter in ("none", "recycling"):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 30)
-        result = decode(verifier, specdec.make_factory(drafter).create(), prompt, StopRules(30))
+        result = decode(verifier, specdec.make_factory(drafter).create(), prompt, DecodingConfig(StopRules(30)))
         assert result.tokens == truth, drafter
         IDENTITY_COUNTS[f"llama/{drafter}/static-inductor{'+narrow' if narrow else ''}"] += 1
     assert set(verifier._runners) == {1, 8}
@@ -166,15 +167,15 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone(narrow: b
     # Compiled once per bucket: later steps (new narrow-product switches each time) reuse it.
     prompt = random_prompt(rng)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        assert decode(verifier, specdec.make_factory("recycling").create(), prompt, StopRules(20)).tokens \
-            == hf_greedy(model, prompt, 20)
+        recycling = specdec.make_factory("recycling").create()
+        assert decode(verifier, recycling, prompt, DecodingConfig(StopRules(20))).tokens == hf_greedy(model, prompt, 20)
     # Nothing compiled or patched lives on the model: its forward and generate are as before.
     assert "forward" not in model.__dict__ and not any("forward" in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation == implementation
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     prompt = [4, 8, 15, 16, 23, 42]
     assert hf_greedy(model, prompt, 10) == decode(verifier, specdec.make_factory("none").create(), prompt,
-                                                  StopRules(10)).tokens
+                                                  DecodingConfig(StopRules(10))).tokens
 
 
 @pytest.mark.parametrize("mode", ["eager", "inductor"])
@@ -186,13 +187,13 @@ def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str
     verifier = StaticVerifier(model, mode=mode, buckets=(1, 4))
     rng = random.Random(11)
     prompt = random_prompt(rng)[:20]
-    result = decode(verifier, specdec.make_factory("pld").create(), prompt, StopRules(20))
+    result = decode(verifier, specdec.make_factory("pld").create(), prompt, DecodingConfig(StopRules(20)))
     assert result.tokens == hf_greedy(model, prompt, 20)
     widths = sorted(verifier._windows)
     assert widths and all(w % WINDOW_STEP == 0 and w < verifier.cache.capacity for w in widths), widths
     prompt = random_prompt(rng)[:20]
     with torch._dynamo.config.patch(error_on_recompile=True):
-        result = decode(verifier, specdec.make_factory("pld").create(), prompt, StopRules(150))
+        result = decode(verifier, specdec.make_factory("pld").create(), prompt, DecodingConfig(StopRules(150)))
     assert result.tokens == hf_greedy(model, prompt, 150)
     IDENTITY_COUNTS[f"qwen2/pld/static-{mode}+windows"] += 2
     wider = sorted(set(verifier._windows) - set(widths))
@@ -219,11 +220,11 @@ def test_inductor_mode_recompiles_after_an_in_place_weight_update() -> None:
     model.generation_config.pad_token_id = 0
     verifier = StaticVerifier(model, mode="inductor", buckets=(1,))
     prompt = [7, 3, 9, 1, 4]
-    first = decode(verifier, specdec.make_factory("none").create(), prompt, StopRules(12)).tokens
+    first = decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(12))).tokens
     assert first == hf_greedy(model, prompt, 12)
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)  # in place: the version counter moves
-    second = decode(verifier, specdec.make_factory("none").create(), prompt, StopRules(12)).tokens
+    second = decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(12))).tokens
     assert second == hf_greedy(model, prompt, 12)
     assert second != first
 
@@ -260,7 +261,7 @@ def test_trees_are_capped_at_the_largest_bucket() -> None:
     truth = hf_greedy(model, prompt, 30)
     verifier = StaticVerifier(model, mode="eager", buckets=(1, 2, 4))
     drafter = OracleTreeDrafter(truth, VOCAB, seed=0, size=20, depth=7)
-    result = decode(verifier, drafter, prompt, StopRules(30))
+    result = decode(verifier, drafter, prompt, DecodingConfig(StopRules(30)))
     assert result.tokens == truth
     assert max(record.tree_size for record in result.stats.records) <= 4
 

@@ -8,7 +8,7 @@ from oracle_drafter import OracleTreeDrafter
 from tiny_models import VOCAB, tiny_model
 
 import specdec
-from specdec.engine import StopRules
+from specdec.decoding import StopRules
 from specdec.errors import SpecDecError
 
 PROMPT = [7, 3, 9, 3, 9, 3, 1, 2]

@@ -27,8 +27,8 @@ only tensor contents do. This module does that for tree verification:
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
   compiled forward), each compiled/captured lazily at its bucket's first use; where the
-  calibration chose narrow products for a bucket's size (``narrow_rows``,
-  ``narrow_single``: :mod:`specdec.backends.narrow`), the bucket is traced with them, so
+  kernel choice names narrow products for a bucket's size (``kernels``:
+  :mod:`specdec.backends.narrow`), the bucket is traced with them, so
   the compiled graph calls the weight-on-the-left GEMM and inductor fuses the rest
   around it (on this project's CPU that is the fastest verification at every size:
   docs/static-cache.md);
@@ -265,6 +265,8 @@ class StaticVerifier(ModelVerifier):
     previous sequence's state can no longer be verified (a clear error says so).
     """
 
+    buckets: tuple[int, ...]
+
     def __init__(
         self,
         model: Any,
@@ -295,7 +297,7 @@ class StaticVerifier(ModelVerifier):
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
         # Narrow products (self.narrow, from ModelVerifier) apply per bucket: a compiled forward
-        # is traced with them where the bucket's size qualifies (narrow_rows, narrow_single), so
+        # is traced with them where the kernel choice names them for the bucket's size, so
         # inductor keeps the weight-on-the-left GEMM and fuses everything around it.
         # inductor folds the weights in as constants (prepacked GEMMs); False: weights stay inputs
         self.freezing = True

@@ -1,11 +1,18 @@
 """Verification of draft trees with a Hugging Face causal LM.
 
 :class:`ModelVerifier` owns the model side of the loop and nothing else: prefill, one
-forward over a draft tree under a tree-attention mask, acceptance, KV compaction. The
+forward over a draft tree under a tree-attention mask, acceptance, KV compaction; it is
+the dynamic-cache implementation of the :class:`~specdec.types.Verifier` protocol. The
 three tree operations (inputs, acceptance, compaction) come from a :class:`TreeOps`
 table, so the compiled backend (``cuda_ext``) swaps them in while the model plumbing
 stays one piece of code. :class:`TorchTreeOps` is the readable reference those ops are
 diffed against.
+
+**Kernels**: the verifier offers, per forward size, the kernel variants of
+:data:`KERNEL_VARIANTS` it can run (narrow products only for CPU fp32/fp64 models and up
+to :data:`NARROW_MAX_ROWS` rows, where they are worth timing) and runs the
+:class:`~specdec.types.KernelChoice` it is given (:meth:`ModelVerifier.use_kernels`; the
+default kernels until then).
 """
 
 from __future__ import annotations
@@ -21,13 +28,18 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from specdec.backends.gqa import GroupedAttention, supports_grouped_attention
+from specdec.backends.identity import model_identity, weights_fingerprint
 from specdec.backends.narrow import NarrowLinears, supports_narrow
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.models import SUPPORTED_ATTENTION, context_length
 from specdec.sampling import Greedy, apply_repetition_penalty, penalty_mask
-from specdec.types import DraftTree, Feedback, TokenChooser, Verification
+from specdec.types import DEFAULT_KERNEL, DraftTree, Feedback, KernelChoice, TokenChooser, Verification
+
+NARROW_KERNEL = "narrow"  # the model's linear layers as narrow products (specdec.backends.narrow)
+KERNEL_VARIANTS = (DEFAULT_KERNEL, NARROW_KERNEL)
+NARROW_MAX_ROWS = 32  # narrow products are worth timing up to this many rows (past ~8 the usual GEMM wins)
 
 
 @dataclass
@@ -38,7 +50,7 @@ class KVState:
     ``presence`` (bool ``[V]``, only with a repetition penalty) marks every committed token.
     """
 
-    cache: Any  # transformers DynamicCache, or the verifier's StaticKVCache
+    cache: Any  # transformers DynamicCache, or the verifier's StaticKVCache; None once released
     committed_len: int
     chooser: TokenChooser = field(default_factory=Greedy)
     repetition_penalty: float = 1.0
@@ -156,12 +168,11 @@ class ModelVerifier:
     ``chooser`` is the default way of deciding the model's token at each node (greedy);
     :meth:`prefill` can set another per sequence (sampling, a repetition penalty).
 
-    ``narrow_rows``: trees of 2 to ``narrow_rows`` nodes are verified with the model's linear
-    layers computed as narrow products (:mod:`specdec.backends.narrow`); 0, the default, never.
-    ``narrow_single``: one-node trees (plain steps) use the padded narrow product too.
-    The budget calibration sets both where it measured the narrow product faster.
-    On a CPU, trees of more than one node attend over grouped KV heads without copying the
-    cache (:mod:`specdec.backends.gqa`).
+    :attr:`kernels` says which forwards compute the model's linear layers as narrow products
+    (:mod:`specdec.backends.narrow`; a one-node forward uses the padded product): none until
+    :meth:`use_kernels` says so (the :class:`~specdec.Generator` passes what calibration
+    measured faster). On a CPU, trees of more than one node attend over grouped KV heads
+    without copying the cache (:mod:`specdec.backends.gqa`).
     """
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
@@ -176,12 +187,12 @@ class ModelVerifier:
         implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         # Eager attention adds the mask to its scores, so it needs the additive form; sdpa takes bool.
         self.additive_dtype = self.dtype if implementation == "eager" else None
-        self.narrow_rows = 0
-        self.narrow_single = False
         self.narrow: NarrowLinears | None = NarrowLinears(model) if supports_narrow(model) else None
+        self._kernels = KernelChoice()  # the default kernels everywhere
         self.grouped: GroupedAttention | None = GroupedAttention(model) if supports_grouped_attention(model) else None
         # The most nodes one verification takes (None: no limit of the verifier's own).
         self.max_tree_nodes: int | None = None
+        self.buckets: tuple[int, ...] | None = None  # every tree size runs a forward of its own
 
     @property
     def cache_kind(self) -> str:
@@ -191,6 +202,38 @@ class ModelVerifier:
     @property
     def name(self) -> str:
         return self.ops.name
+
+    def identity(self) -> dict[str, str]:
+        """What a verification's cost depends on (:func:`~specdec.backends.identity.model_identity`)."""
+        return model_identity(self.model, dtype=self.dtype, device=self.device, backend=self.name,
+                              cache=self.cache_kind)
+
+    def weights_fingerprint(self) -> str:
+        """A hash of the model's weights (:func:`~specdec.backends.identity.weights_fingerprint`)."""
+        return weights_fingerprint(self.model)
+
+    # -- kernels -------------------------------------------------------------------------------
+    @property
+    def kernels(self) -> KernelChoice:
+        """The kernel choice in force (module docstring)."""
+        return self._kernels
+
+    def kernel_variants(self, rows: int) -> tuple[str, ...]:
+        """``("default", "narrow")`` where narrow products are offered and worth timing at ``rows``, else
+        ``("default",)``."""
+        return KERNEL_VARIANTS if self.narrow is not None and rows <= NARROW_MAX_ROWS else (DEFAULT_KERNEL,)
+
+    def use_kernels(self, choice: KernelChoice) -> None:
+        """Run each later forward with the variant ``choice`` names for its size.
+
+        A variant this verifier knows but does not offer (narrow products on a GPU, or in
+        half precision) runs the default kernels; a name it does not know is an error.
+        """
+        unknown = [v for v in choice.variants() if v not in KERNEL_VARIANTS]
+        if unknown:
+            known = ", ".join(KERNEL_VARIANTS)
+            raise SpecDecError(f"unknown kernel variant {unknown[0]!r}; this verifier runs {known}")
+        self._kernels = choice
 
     def _new_cache(self) -> Any:
         cache = DynamicCache(config=self.model.config)
@@ -255,6 +298,8 @@ class ModelVerifier:
 
     def verify(self, state: KVState, tree: DraftTree, topk: int = 0) -> Verification:
         """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path."""
+        if state.cache is None:
+            raise SpecDecError("this sequence was released: it cannot be verified any more")
         self._check_tokens(tree.tokens)
         committed = state.committed_len
         with torch.inference_mode():
@@ -281,6 +326,10 @@ class ModelVerifier:
         if committed_len < state.committed_len:
             state.cache.crop(-(state.committed_len - committed_len))
         state.committed_len = committed_len
+
+    def release(self, state: KVState) -> None:
+        """The sequence is over: its KV cache is dropped (verifying it again is an error)."""
+        state.cache = None
 
     def warm_up(self, max_tokens: int) -> None:
         """Pay the one-time costs of verifying sequences of up to ``max_tokens`` tokens now.
@@ -312,8 +361,8 @@ class ModelVerifier:
         """Called with every new sequence's state (a static cache records which sequence owns it)."""
 
     def _narrow_for(self, size: int) -> AbstractContextManager[None]:
-        """Narrow products around a forward of ``size`` nodes where ``narrow_rows``/``narrow_single`` say so."""
-        use = 2 <= size <= self.narrow_rows or (size == 1 and self.narrow_single)
+        """Narrow products around a forward of ``size`` rows where :attr:`kernels` says so."""
+        use = self.narrow is not None and self._kernels.variant_for(size) == NARROW_KERNEL
         return self.narrow.active() if self.narrow is not None and use else nullcontext()
 
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:

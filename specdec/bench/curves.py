@@ -4,7 +4,8 @@ A **variant** is a verifier spec, ``label=backend[:key=value...]``: ``backend`` 
 :func:`~specdec.backends.make_verifier` backend (``auto``, ``torch``, ``cuda_ext``); a key
 that ``make_verifier`` takes is passed to it (a ``cache`` option, where it exists), any
 other key sets that attribute of the verifier (``grouped=null`` turns grouped-query
-attention off, ``narrow_rows=4096`` runs narrow products at every size). The default
+attention off), but ``kernels=VARIANT``, which runs that kernel variant at every size
+(:meth:`~specdec.types.Verifier.use_kernels`; ``kernels=narrow``: narrow products). The default
 variants are the CPU fast paths' comparison (docs/budget.md):
 
 - ``usual``: Hugging Face's ``sdpa`` attention as it comes and ``linear`` everywhere;
@@ -37,9 +38,9 @@ from specdec.bench.methods import parse_methods
 from specdec.bench.report import markdown_table
 from specdec.bench.results import write_json_atomic
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree
+from specdec.types import DraftTree, KernelChoice
 
-DEFAULT_VARIANTS = "usual=auto:grouped=null,grouped=auto,grouped+narrow=auto:narrow_rows=4096:narrow_single=true"
+DEFAULT_VARIANTS = "usual=auto:grouped=null,grouped=auto,grouped+narrow=auto:kernels=narrow"
 
 
 def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
@@ -51,6 +52,9 @@ def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
         verifier = make_verifier(model, spec.name, **arguments)
         for key, value in spec.options.items():
             if key in arguments:
+                continue
+            if key == "kernels":
+                verifier.use_kernels(KernelChoice.uniform(str(value)))
                 continue
             if not hasattr(verifier, key):
                 raise SpecDecError(f"variant {spec.label!r}: the verifier has no setting {key!r}")

@@ -44,10 +44,10 @@ import torch
 from transformers import CompileConfig
 
 from specdec.api import Generator
-from specdec.budget.calibration_cache import cost_model
 from specdec.datastores.format import read_header
+from specdec.decoding import DECODING_OPTIONS, DecodingConfig, StopRules
 from specdec.drafters import DrafterContext, make_factory
-from specdec.engine import StopRules, decode
+from specdec.engine import decode
 from specdec.errors import SpecDecError
 from specdec.models import eos_token_ids
 from specdec.sampling import Decision, resolve_decision
@@ -92,11 +92,12 @@ _NOT_OPTIONS = {"self", "prompt", "max_new_tokens", "on_tokens", "chat_template"
 def generator_options() -> tuple[frozenset[str], frozenset[str]]:
     """``(construction, generation)``: the spec options :class:`~specdec.Generator` takes, read from it.
 
-    Read from the signatures, so an option the library adds (a ``cache`` for the
-    constructor, say) is a bench option the day it lands.
+    Read from the constructor's signature and the decoding options' type
+    (:class:`~specdec.decoding.DecodingOptions`), so an option the library adds (a
+    ``cache`` for the constructor, say) is a bench option the day it lands.
     """
     construction = set(inspect.signature(Generator.__init__).parameters) - _NOT_OPTIONS
-    generation = set(inspect.signature(Generator.generate).parameters) - _NOT_OPTIONS
+    generation = set(DECODING_OPTIONS) - _NOT_OPTIONS
     return frozenset(construction - generation), frozenset(generation)
 
 
@@ -342,7 +343,7 @@ class SpecdecMethod:
         (every budget needs it: the calibration also picks the verifier's kernels), and with
         ``max_tokens`` the static cache's compiled forwards for sequences that long.
         """
-        cost_model(self._generator.verifier)
+        self._generator.cost_model()
         if max_tokens is not None:
             self._generator.warm_up(max_tokens)
 
@@ -396,8 +397,8 @@ class SpecdecMethod:
         rules = StopRules(max_new_tokens, frozenset(eos_token_ids(generator.model, generator.tokenizer)))
         verifier = self._trees._inner if self._trees is not None else generator.verifier
         try:
-            redone = decode(verifier, cast(Drafter, drafter), list(prompt), rules, decision=decision,
-                            prompt_feedback=bool(self._generation.get("prompt_feedback")))
+            config = DecodingConfig(rules, decision, prompt_feedback=bool(self._generation.get("prompt_feedback")))
+            redone = decode(verifier, cast(Drafter, drafter), list(prompt), config)
         except _Diverged:
             return None
         index = position - len(prompt)

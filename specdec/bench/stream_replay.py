@@ -5,8 +5,8 @@ A **replay** pretends the target model would emit exactly ``stream`` after its f
 the pending token ``stream[i]``; the "model" choice at a node whose path from the root
 spells ``stream[i : i + d + 1]`` is the stream's next token ``stream[i + d + 1]``, and
 elsewhere a fixed pseudo-random token (:func:`off_path_choice`). The walk, the bonus and
-the feedback then follow the same rules as :class:`~specdec.backends.verifier.ModelVerifier`.
-:class:`ReplayVerifier` answers the engine as a verifier would, so :func:`replay` runs the
+the feedback then follow the same rules as the model's verifiers. :class:`ReplayVerifier`
+implements the :class:`~specdec.types.Verifier` protocol, so :func:`replay` runs the
 real loop, :func:`specdec.engine.decode`, with the real drafter, at a cost of microseconds
 per step instead of a forward.
 
@@ -19,11 +19,13 @@ fixed text.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
+import torch
 
 from specdec.api import resolve_store
 from specdec.backends import make_verifier
@@ -31,14 +33,21 @@ from specdec.bench.methods import generator_options
 from specdec.bench.report import OVERALL, markdown_table
 from specdec.budget import AcceptanceModel, BudgetPlanner, CostTable, Throughput, VerifyCostModel
 from specdec.budget.calibration_cache import cost_model
+from specdec.decoding import DecodingConfig, StopRules
 from specdec.drafters import make_factory
-from specdec.engine import StopRules, decode
+from specdec.engine import decode
 from specdec.errors import SpecDecError
 from specdec.models import load_model
-from specdec.types import Drafter, DraftTree, Feedback, GenerationResult, Verification
-
-if TYPE_CHECKING:
-    from specdec.backends.verifier import ModelVerifier
+from specdec.types import (
+    DEFAULT_KERNEL,
+    Drafter,
+    DraftTree,
+    Feedback,
+    GenerationResult,
+    KernelChoice,
+    TokenChooser,
+    Verification,
+)
 
 _GOLDEN = 2654435761  # Knuth's multiplicative hash constant: spreads off-path choices over the vocabulary
 
@@ -89,17 +98,22 @@ class ReplayState:
 
 
 class ReplayVerifier:
-    """A verifier whose "model" emits ``stream``: :func:`specdec.engine.decode` runs unchanged over it.
+    """A :class:`~specdec.types.Verifier` whose "model" emits ``stream``: :func:`specdec.engine.decode` runs unchanged.
 
-    It answers what :class:`~specdec.backends.verifier.ModelVerifier` answers (prefill,
-    verify, ``context_length``) by the rule in the module docstring, so a decode over it
+    It answers prefill and verify by the rule in the module docstring, so a decode over it
     is the real loop with the real drafter, and its output is ``stream`` after the prompt.
     ``context_length`` is the stream's length minus one, so no node is drafted past the
-    last token whose successor is known.
+    last token whose successor is known. It runs no model: no kernels, no cost of its own
+    (its identity names only itself).
     """
 
     name = "replay"
+    device = torch.device("cpu")
+    dtype = None
     max_tree_nodes: int | None = None  # no cap of its own (a static cache has one)
+    buckets: tuple[int, ...] | None = None
+    cache_kind = "replay"
+    kernels = KernelChoice()
 
     def __init__(self, stream: Sequence[int], vocab_size: int) -> None:
         if len(stream) < 2:
@@ -108,8 +122,43 @@ class ReplayVerifier:
         self.vocab_size = vocab_size
         self.context_length = len(self.stream) - 1
 
-    def prefill(self, prompt: Sequence[int], prompt_topk: int = 0, **options: Any) -> tuple[ReplayState, int, Any]:
-        """The pending token after ``prompt`` (which must be the stream's beginning); ``options`` are ignored."""
+    def identity(self) -> dict[str, str]:
+        return {"backend": self.name, "cache": self.cache_kind}
+
+    def weights_fingerprint(self) -> str:
+        return "replay"
+
+    def kernel_variants(self, rows: int) -> tuple[str, ...]:
+        return (DEFAULT_KERNEL,)
+
+    def use_kernels(self, choice: KernelChoice) -> None:
+        """No model, no kernels: nothing to switch."""
+
+    def rewind(self, state: ReplayState, committed_len: int) -> None:
+        if not 0 <= committed_len <= state.committed_len:
+            raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
+        state.committed_len = committed_len
+
+    def release(self, state: ReplayState) -> None:
+        """Nothing is held per sequence."""
+
+    def warm_up(self, max_tokens: int) -> None:
+        """Nothing to compile."""
+
+    @contextmanager
+    def preserving(self) -> Iterator[None]:
+        yield  # every sequence's state is its own
+
+    def prefill(
+        self,
+        prompt: Sequence[int],
+        prompt_topk: int = 0,
+        *,
+        chooser: TokenChooser | None = None,
+        repetition_penalty: float = 1.0,
+        reserve: int = 0,
+    ) -> tuple[ReplayState, int, Feedback | None]:
+        """The pending token after ``prompt`` (which must be the stream's beginning); the options are ignored."""
         length = len(prompt)
         if not 1 <= length < len(self.stream) or list(prompt) != self.stream[:length]:
             raise SpecDecError(f"a replay's prompt must be the stream's first 1 to {len(self.stream) - 1} tokens")
@@ -140,10 +189,8 @@ def replay(drafter: Drafter, stream: Sequence[int], prompt_len: int, *, vocab_si
                            f"got {prompt_len}")
     verifier = ReplayVerifier(stream, vocab_size)
     rules = StopRules(max_new_tokens=len(stream) - prompt_len)
-    # decode() takes a ModelVerifier; it uses only prefill, verify and context_length, which
-    # ReplayVerifier provides with the same meaning.
-    result = decode(cast("ModelVerifier", verifier), drafter, verifier.stream[:prompt_len], rules,
-                    max_nodes=max_nodes, prompt_feedback=drafter.feedback_topk > 0)
+    config = DecodingConfig(rules, max_nodes=max_nodes, prompt_feedback=drafter.feedback_topk > 0)
+    result = decode(verifier, drafter, verifier.stream[:prompt_len], config)
     if result.tokens != verifier.stream[prompt_len:]:
         raise SpecDecError("the replayed output differs from the stream: the loop or the replay is wrong")
     return result
@@ -256,11 +303,10 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
         if mode == "request" and index:
             factory = new_factory()
         verifier = ReplayVerifier([*stream.prompt, *stream.output], context.vocab_size)
-        planner = BudgetPlanner(cast("ModelVerifier", verifier), budget, acceptance, throughput, cost=cost)
+        planner = BudgetPlanner(verifier, budget, acceptance, throughput, cost=cost)
         rules = StopRules(len(stream.output), frozenset(context.eos_token_ids))
         drafter = factory.create()
-        result = decode(cast("ModelVerifier", verifier), drafter, stream.prompt, rules, max_nodes=max_nodes,
-                        planner=planner)
+        result = decode(verifier, drafter, stream.prompt, DecodingConfig(rules, max_nodes=max_nodes), planner=planner)
         finish = getattr(drafter, "finish", None)  # as Generator.generate: the sequence ended
         if finish is not None:
             finish()

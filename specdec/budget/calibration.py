@@ -12,19 +12,20 @@ than ``N`` one-token forwards). ~60 verifications in all: ~10 s on a 2-core CPU 
 model, ~1 s on a GPU. How busy the machine was meanwhile is recorded with the table
 (:mod:`specdec.budget.machine_load`).
 
-**Kernel choice**: where the verifier offers narrow products (:mod:`specdec.backends.narrow`:
-CPU, fp32/fp64), every size from 1 to ``NARROW_MAX_SIZE`` is also timed with them, in the
-same rounds (one node: the padded product). ``narrow_rows`` is the largest size up to which
-they were faster at every calibrated size from 2 on (summed over the contexts),
-``narrow_single`` whether the padded product was faster for one node; the table keeps the
-faster time of each size under those rules, and :func:`~specdec.budget.calibration_cache.cost_model`
-sets the verifier's switches from it, so the costs the planner plans with are those of the
-kernels the verifier will run.
+**Kernel choice**: every size is also timed with each other kernel variant the verifier
+offers for it (:meth:`~specdec.types.Verifier.kernel_variants`: narrow products,
+:mod:`specdec.backends.narrow`, on CPU fp32/fp64 models up to 32 rows), in the same
+rounds. :func:`choose_kernels` turns the timings into a :class:`~specdec.types.KernelChoice`:
+one node runs the variant that was fastest there; from two nodes up each calibrated size
+runs its fastest variant, up to the first size where the default kernels win, and every
+larger forward runs the default. The table keeps each size's time under that choice and the
+choice itself (:attr:`~specdec.budget.cost_model.CostTable.kernels`), and the
+:class:`~specdec.Generator` switches its verifier to it (:meth:`~specdec.types.Verifier.use_kernels`),
+so the costs the planner plans with are those of the kernels the verifier runs.
 
-**Identity**: what the cost depends on, :func:`model_identity`: the model's architecture (its
-config, minus names and paths: two checkpoints of one architecture cost the same), parameter
-dtype, device (CPU model or GPU name), attention implementation, backend, KV cache kind,
-torch version and thread count.
+**Identity**: a table is valid for :func:`calibration_identity`, the verifier's
+:meth:`~specdec.types.Verifier.identity` (model architecture, dtype, device, attention,
+backend, KV cache kind, torch version, threads) and :data:`~specdec.budget.cost_model.CALIBRATION_VERSION`.
 """
 
 from __future__ import annotations
@@ -32,56 +33,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import platform
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
-import torch
 
-from specdec.backends.verifier import ModelVerifier
 from specdec.budget.cost_model import CALIBRATION_VERSION, CostTable, FloatArray
 from specdec.budget.machine_load import MachineWatch
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree
+from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, Verifier
 
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
-NARROW_MAX_SIZE = 32  # narrow products are timed up to this size (past ~8 the usual GEMM wins)
 DEFAULT_CONTEXTS = (64, 1024)
 DEFAULT_REPEATS = 3
 
 
-def _device_name(verifier: ModelVerifier) -> str:
-    device = verifier.device
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{device.type}:{cpu}"
-
-
-def model_identity(verifier: ModelVerifier) -> dict[str, str]:
-    """What the verification cost depends on (module docstring), as strings."""
-    config = verifier.model.config.to_dict()
-    architecture = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("name_or_path",)}
-    digest = hashlib.sha256(json.dumps(architecture, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return {
-        "model_type": str(config.get("model_type", type(verifier.model).__name__)),
-        "config": digest,
-        "dtype": str(verifier.dtype).removeprefix("torch."),
-        "device": _device_name(verifier),
-        "attention": str(getattr(verifier.model.config, "_attn_implementation", None) or "eager"),
-        "backend": verifier.name,
-        "cache": verifier.cache_kind,
-        "torch": torch.__version__,
-        "threads": str(torch.get_num_threads()) if verifier.device.type == "cpu" else "-",
-        "version": str(CALIBRATION_VERSION),
-    }
+def calibration_identity(verifier: Verifier[Any]) -> dict[str, str]:
+    """What a calibration table is valid for (module docstring), as strings."""
+    return {**verifier.identity(), "version": str(CALIBRATION_VERSION)}
 
 
 def identity_key(identity: dict[str, str]) -> str:
@@ -89,7 +60,7 @@ def identity_key(identity: dict[str, str]) -> str:
 
 
 def calibration_plan(
-    verifier: ModelVerifier, sizes: Sequence[int], contexts: Sequence[int]
+    verifier: Verifier[Any], sizes: Sequence[int], contexts: Sequence[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The sizes and contexts that fit the model's context length (a tiny model has a short one)."""
     sizes = tuple(sorted(set(int(s) for s in sizes)))
@@ -111,7 +82,7 @@ def calibration_plan(
 
 
 def calibrate(
-    verifier: ModelVerifier,
+    verifier: Verifier[Any],
     *,
     sizes: Sequence[int] = DEFAULT_SIZES,
     contexts: Sequence[int] = DEFAULT_CONTEXTS,
@@ -120,14 +91,14 @@ def calibrate(
 ) -> CostTable:
     """Measure verification seconds for every size at every context (module docstring).
 
-    Costs ``(len(contexts) * repeats + 1) * len(sizes)`` verifications (each size that
-    narrow products are timed at counts twice) plus one prefill of ``max(contexts)``
-    tokens. Random tokens stand in for text: the cost of a forward does not depend on
-    which tokens it sees.
+    Costs ``(len(contexts) * repeats + 1) * len(sizes)`` verifications (each size counts
+    once more for every other kernel variant timed there) plus one prefill of
+    ``max(contexts)`` tokens. Random tokens stand in for text: the cost of a forward does
+    not depend on which tokens it sees. The verifier's kernel choice is left as it was.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise SpecDecError(f"calibration repeats must be a positive int, got {repeats!r}")
-    buckets = getattr(verifier, "buckets", None)
+    buckets = verifier.buckets
     if buckets is not None:  # a static cache costs its bucket's forward: time the buckets themselves
         sizes = tuple(b for b in buckets if b <= max(sizes))
     sizes, contexts = calibration_plan(verifier, sizes, contexts)
@@ -139,77 +110,80 @@ def calibrate(
 
 
 def _calibrate(
-    verifier: ModelVerifier, sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int, seed: int
+    verifier: Verifier[Any], sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int, seed: int
 ) -> CostTable:
     rng = random.Random(seed)
     vocab = verifier.vocab_size
-    narrow_sizes = {s for s in sizes if s <= NARROW_MAX_SIZE} if verifier.narrow is not None else set()
+    variants = {size: verifier.kernel_variants(size) for size in sizes}  # the default first
+    names = tuple(dict.fromkeys(name for size in sizes for name in variants[size]))
     prompt = [rng.randrange(vocab) for _ in range(contexts[-1])]
     state, pending, _ = verifier.prefill(prompt, reserve=sizes[-1])
-    plain: list[list[float]] = []  # [C][S] fastest round, usual kernels
-    narrow: list[list[float]] = []  # [C][S] fastest round, narrow products (inf where not timed)
+    fastest: dict[str, list[list[float]]] = {name: [] for name in names}  # [C][S] per variant (inf: not timed)
     spreads: list[float] = []  # slowest / fastest - 1 of every timed cell's repeats
-    kept_rows, kept_single = verifier.narrow_rows, verifier.narrow_single
+    kept = verifier.kernels
     try:
         for context in reversed(contexts):  # crop the one prefilled cache down, context by context
             verifier.rewind(state, context)
-            times: dict[tuple[int, bool], list[float]] = {}
+            times: dict[tuple[int, str], list[float]] = {}
             warmup = 1 if context == contexts[-1] else 0  # the first round warms up (allocator growth, kernel choice)
             for round_ in range(warmup + repeats):
                 for size in sizes:
-                    for use_narrow in (False, True) if size in narrow_sizes else (False,):
-                        verifier.narrow_rows = size if use_narrow and size > 1 else 0
-                        verifier.narrow_single = use_narrow and size == 1
+                    for variant in variants[size]:
+                        verifier.use_kernels(KernelChoice.uniform(variant))
                         tree = DraftTree.chain(pending, [rng.randrange(vocab) for _ in range(size - 1)])
                         started = time.perf_counter()
                         verifier.verify(state, tree)  # ends in a host sync: the walk needs the choices
                         elapsed = time.perf_counter() - started
                         verifier.rewind(state, context)
                         if round_ >= warmup:
-                            times.setdefault((size, use_narrow), []).append(elapsed)
-            plain.insert(0, [min(times[(s, False)]) for s in sizes])
+                            times.setdefault((size, variant), []).append(elapsed)
+            for name in names:
+                fastest[name].insert(0, [min(times.get((s, name), [np.inf])) for s in sizes])
             spreads.extend(max(t) / min(t) - 1.0 for t in times.values() if len(t) > 1)
-            narrow.insert(0, [min(times.get((s, True), [np.inf])) for s in sizes])
     finally:
-        verifier.narrow_rows, verifier.narrow_single = kept_rows, kept_single
-    narrow_rows = _narrow_threshold(sizes, np.array(plain), np.array(narrow))
-    narrow_single = _narrow_single(sizes, np.array(plain), np.array(narrow))
+        verifier.use_kernels(kept)
+        verifier.release(state)
+    measured = {name: np.array(rows) for name, rows in fastest.items()}  # [C, S] each
+    kernels = choose_kernels(sizes, measured)
     seconds: list[tuple[float, ...]] = []
-    for plain_row, narrow_row in zip(plain, narrow, strict=True):
-        row = np.array(
-            [
-                n if 2 <= s <= narrow_rows or (s == 1 and narrow_single) else p
-                for s, p, n in zip(sizes, plain_row, narrow_row, strict=True)
-            ]
-        )
-        fastest = np.maximum.accumulate(row)  # [S] non-decreasing
-        fastest = np.minimum(fastest, np.asarray(sizes, dtype=np.float64) * fastest[0])  # subadditive
-        seconds.append(tuple(float(s) for s in fastest))
+    for c in range(len(contexts)):
+        row = np.array([measured[kernels.variant_for(s)][c, j] for j, s in enumerate(sizes)])  # [S]
+        row = np.maximum.accumulate(row)  # non-decreasing
+        row = np.minimum(row, np.asarray(sizes, dtype=np.float64) * row[0])  # subadditive
+        seconds.append(tuple(float(s) for s in row))
     spread = float(np.median(spreads)) if spreads else 0.0
-    return CostTable(
-        sizes, contexts, tuple(seconds), model_identity(verifier), narrow_rows, narrow_single, spread=spread
-    )
+    return CostTable(sizes, contexts, tuple(seconds), calibration_identity(verifier), kernels, spread=spread)
 
 
-def _narrow_threshold(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) -> int:
-    """The largest size up to which narrow products were faster at every timed size (0: none).
+def choose_kernels(sizes: Sequence[int], seconds: Mapping[str, FloatArray]) -> KernelChoice:
+    """The kernel choice the timings call for (module docstring).
 
-    ``plain`` and ``narrow`` are ``[C, S]`` seconds (``inf`` where narrow was not timed);
-    a size's verdict sums its contexts.
+    ``seconds[variant]`` is ``[C, S]`` (``inf`` where that variant was not timed), the
+    default kernels among them; a size's verdict sums its contexts, and a variant wins a
+    size only when it is strictly faster than the default and every variant listed before it.
+
+    >>> plain = np.array([[1.0, 2.0, 3.0]])
+    >>> choose_kernels((1, 2, 4), {"default": plain, "narrow": np.array([[1.1, 1.5, 3.5]])})
+    KernelChoice(ranges=((1, 'default'), (2, 'narrow')), beyond='default')
     """
-    rows = 0
+    totals = {name: np.asarray(table, dtype=np.float64).sum(axis=0) for name, table in seconds.items()}  # [S] each
+
+    def fastest(j: int) -> str:
+        best = DEFAULT_KERNEL
+        for name, total in totals.items():
+            if float(total[j]) < float(totals[best][j]):
+                best = name
+        return best
+
+    ranges = [(1, fastest(list(sizes).index(1)) if 1 in sizes else DEFAULT_KERNEL)]
     for j, size in enumerate(sizes):
         if size < 2:
             continue
-        if not float(narrow[:, j].sum()) < float(plain[:, j].sum()):
+        winner = fastest(j)
+        if winner == DEFAULT_KERNEL:  # a variant that stopped paying here is not trusted at larger sizes
             break
-        rows = size
-    return rows
-
-
-def _narrow_single(sizes: Sequence[int], plain: FloatArray, narrow: FloatArray) -> bool:
-    """Whether the padded narrow product was faster for one-node trees (summed over the contexts)."""
-    if 1 not in sizes:
-        return False
-    j = list(sizes).index(1)
-    return bool(float(narrow[:, j].sum()) < float(plain[:, j].sum()))
+        if ranges[-1][0] >= 2 and ranges[-1][1] == winner:
+            ranges[-1] = (size, winner)
+        else:
+            ranges.append((size, winner))
+    return KernelChoice(tuple(ranges))

@@ -1,8 +1,10 @@
 """The calibration cache: one cost model per verifier identity and process, saved per machine.
 
 **Cache**: ``<cache_dir>/calibration/<key>.json``, ``key`` a hash of the identity
-(:func:`~specdec.budget.calibration.model_identity`). A table measured on a busy machine
-(:mod:`specdec.budget.machine_load`) serves this process but is not saved.
+(:func:`~specdec.budget.calibration.calibration_identity`). A table measured on a busy machine
+(:mod:`specdec.budget.machine_load`) serves this process but is not saved. Nothing here
+changes the verifier: the table's kernel choice is the caller's to apply
+(:meth:`specdec.Generator.cost_model` does).
 
 **Drift.** When a cost model in memory has drifted from its table
 (:attr:`~specdec.budget.cost_model.VerifyCostModel.drifted`): if other processes are busy
@@ -17,12 +19,13 @@ import json
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
-from specdec.backends.verifier import ModelVerifier
-from specdec.budget.calibration import calibrate, identity_key, model_identity
+from specdec.budget.calibration import calibrate, calibration_identity, identity_key
 from specdec.budget.cost_model import DRIFT_MIN_STEPS, CostTable, VerifyCostModel
 from specdec.budget.machine_load import BUSY_SHARE, busy_reason, others_share_now
 from specdec.cachefiles import folder, write_atomically
+from specdec.types import Verifier
 
 _MODELS: dict[str, VerifyCostModel] = {}
 _REMEASURED: dict[str, int] = {}  # identity key -> re-measurements after drift in this process
@@ -32,27 +35,21 @@ def calibration_path(identity: dict[str, str]) -> Path:
     return folder("calibration") / f"{identity_key(identity)}.json"
 
 
-def use_cached_kernels(verifier: ModelVerifier) -> bool:
-    """Run the kernels a cached calibration chose for ``verifier``, without measuring anything.
+def cached_table(verifier: Verifier[Any]) -> CostTable | None:
+    """The calibration known for ``verifier`` (in this process, or on disk) without measuring anything; None if none.
 
-    The calibration also decides which kernels pay on this machine (narrow products,
-    docs/budget.md), and it is made at a speculative run's first draft. Plain decoding
-    (``drafter="none"``) never drafts, so without this it would keep the default kernels
-    even where a cached calibration says the narrow ones are faster. Returns whether a
-    cached (or in-memory) calibration was found.
+    What plain decoding (``drafter="none"``, which never drafts and so never needs the cost
+    model) uses to run the kernels this machine's calibration chose. A corrupt, stale or
+    unreadable file counts as none: :func:`cost_model` measures again when a run needs it.
     """
-    identity = model_identity(verifier)
+    identity = calibration_identity(verifier)
     known = _MODELS.get(identity_key(identity))
-    table = known.table if known is not None else None
-    if table is None:
-        try:
-            table = _cached_table(identity)
-        except OSError:
-            table = None  # unreadable: cost_model() says so when a run needs the table
-    if table is None:
-        return False  # none, or a bad file: measured again by cost_model() when a run needs it
-    _use_kernels(verifier, table)
-    return True
+    if known is not None:
+        return known.table
+    try:
+        return _cached_table(identity)
+    except OSError:
+        return None
 
 
 def _cached_table(identity: dict[str, str]) -> CostTable | None:
@@ -68,7 +65,7 @@ def _cached_table(identity: dict[str, str]) -> CostTable | None:
 
 
 def cost_model(
-    verifier: ModelVerifier, *, recalibrate: bool = False, cache_busy: bool = False
+    verifier: Verifier[Any], *, recalibrate: bool = False, cache_busy: bool = False
 ) -> tuple[VerifyCostModel, float]:
     """The cost model for ``verifier``'s model, device and dtype, and the seconds spent calibrating.
 
@@ -77,9 +74,10 @@ def cost_model(
     calibrated (and saved, unless the machine was busy: module docstring; ``cache_busy``
     saves it anyway). ``recalibrate`` measures again and overwrites the file. A corrupt or
     stale cache file is measured again, not trusted. A model in memory that has drifted far
-    from its table is measured again while the machine is quiet (module docstring).
+    from its table is measured again while the machine is quiet (module docstring). The
+    verifier's kernels are left as they are (the table's ``kernels`` say which to run).
     """
-    identity = model_identity(verifier)
+    identity = calibration_identity(verifier)
     key = identity_key(identity)
     known = None if recalibrate else _MODELS.get(key)
     if known is not None and known.drifted:
@@ -96,7 +94,6 @@ def cost_model(
             _REMEASURED[key] = _REMEASURED.get(key, 0) + 1
             known, recalibrate = None, True
     if known is not None:
-        _use_kernels(verifier, known.table)
         return known, 0.0
     path = calibration_path(identity)
     table = None if recalibrate else _cached_table(identity)
@@ -117,14 +114,7 @@ def cost_model(
             )
     model = _MODELS[key] = VerifyCostModel(table)
     model.drift_steps = DRIFT_MIN_STEPS * 2 ** _REMEASURED.get(key, 0)
-    _use_kernels(verifier, table)
     return model, spent
-
-
-def _use_kernels(verifier: ModelVerifier, table: CostTable) -> None:
-    """Run the kernels the table's costs were measured with."""
-    verifier.narrow_rows = table.narrow_rows if verifier.narrow is not None else 0
-    verifier.narrow_single = table.narrow_single and verifier.narrow is not None
 
 
 def forget_cost_models() -> None:

@@ -29,13 +29,14 @@ way) for :data:`DRIFT_MIN_STEPS` steps, the model reports that it :attr:`~Verify
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from specdec.errors import SpecDecError
+from specdec.types import DEFAULT_KERNEL, KernelChoice
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -56,8 +57,7 @@ class CostTable:
     contexts: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
     identity: dict[str, str]
-    narrow_rows: int = 0  # verify trees of 2..narrow_rows nodes with narrow products (0: never)
-    narrow_single: bool = False  # verify one-node trees with the padded narrow product
+    kernels: KernelChoice = field(default_factory=KernelChoice)  # the variant each size was measured with (and runs)
     bucketed: bool = False  # a size costs the next calibrated size's forward (a static cache's buckets)
     spread: float = 0.0  # median over timed cells of slowest / fastest repeat - 1 (module docstring)
     others_share: float = 0.0  # other processes' share of the machine's CPU time while calibrating
@@ -74,10 +74,8 @@ class CostTable:
             )
         if any(not (s > 0.0 and np.isfinite(s)) for row in self.seconds for s in row):
             raise SpecDecError(f"calibration times must be positive and finite, got {self.seconds}")
-        if isinstance(self.narrow_rows, bool) or not isinstance(self.narrow_rows, int) or self.narrow_rows < 0:
-            raise SpecDecError(f"narrow_rows must be a non-negative int, got {self.narrow_rows!r}")
-        if not isinstance(self.narrow_single, bool):
-            raise SpecDecError(f"narrow_single must be a bool, got {self.narrow_single!r}")
+        if not isinstance(self.kernels, KernelChoice):
+            raise SpecDecError(f"calibration kernels must be a KernelChoice, got {self.kernels!r}")
         for name in ("spread", "others_share"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
@@ -90,8 +88,10 @@ class CostTable:
             "sizes": list(self.sizes),
             "contexts": list(self.contexts),
             "seconds": [list(row) for row in self.seconds],
-            "narrow_rows": self.narrow_rows,
-            "narrow_single": self.narrow_single,
+            "kernels": {"ranges": [list(r) for r in self.kernels.ranges], "beyond": self.kernels.beyond},
+            # What specdec before the kernel choice value read (the same cache directory may serve both).
+            "narrow_rows": _narrow_rows(self.kernels),
+            "narrow_single": self.kernels.variant_for(1) == NARROW,
             "bucketed": self.bucketed,
             "spread": self.spread,
             "others_share": self.others_share,
@@ -106,12 +106,49 @@ class CostTable:
             tuple(int(c) for c in data["contexts"]),
             tuple(tuple(float(s) for s in row) for row in data["seconds"]),
             {str(k): str(v) for k, v in data["identity"].items()},
-            data.get("narrow_rows", 0),
-            data.get("narrow_single", False),
+            _kernels_from_json(data),
             bool(data.get("bucketed", False)),
             data.get("spread", 0.0),
             data.get("others_share", 0.0),
         )
+
+
+NARROW = "narrow"  # the one non-default variant tables without a "kernels" entry know
+
+
+def _narrow_rows(choice: KernelChoice) -> int:
+    """The largest row count up to which ``choice`` runs narrow products at every size from 2 (0: none)."""
+    rows = 0
+    for up_to, variant in choice.ranges:
+        if up_to < 2:
+            continue
+        if variant != NARROW:
+            break
+        rows = up_to
+    return rows
+
+
+def _kernels_from_json(data: dict[str, Any]) -> KernelChoice:
+    """A table's kernel choice: its ``kernels`` entry, or the ``narrow_rows``/``narrow_single`` of older tables."""
+    if "kernels" in data:
+        entry = data["kernels"]
+        ranges = entry.get("ranges") if isinstance(entry, dict) else None
+        if not isinstance(ranges, list) or not all(isinstance(r, list) and len(r) == 2 for r in ranges):
+            raise SpecDecError(f"calibration kernels must be {{'ranges': [[rows, variant], ...]}}, got {entry!r}")
+        return KernelChoice(tuple((r[0], r[1]) for r in entry["ranges"]), entry.get("beyond", DEFAULT_KERNEL))
+    return legacy_kernels(data.get("narrow_rows", 0), data.get("narrow_single", False))
+
+
+def legacy_kernels(narrow_rows: Any, narrow_single: Any) -> KernelChoice:
+    """The choice of narrow products on ``2..narrow_rows`` rows and, with ``narrow_single``, on one."""
+    if isinstance(narrow_rows, bool) or not isinstance(narrow_rows, int) or narrow_rows < 0:
+        raise SpecDecError(f"narrow_rows must be a non-negative int, got {narrow_rows!r}")
+    if not isinstance(narrow_single, bool):
+        raise SpecDecError(f"narrow_single must be a bool, got {narrow_single!r}")
+    ranges = [(1, NARROW if narrow_single else DEFAULT_KERNEL)]
+    if narrow_rows >= 2:
+        ranges.append((narrow_rows, NARROW))
+    return KernelChoice(tuple(ranges))
 
 
 class VerifyCostModel:

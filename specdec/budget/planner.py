@@ -46,19 +46,18 @@ Cost per step: O(N log N) for an ``N``-node tree (sorting ``p``); ``plan`` + ``o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from specdec.backends.verifier import ModelVerifier
 from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
 from specdec.budget.calibration_cache import cost_model
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree
+from specdec.types import DraftTree, Verifier
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -219,24 +218,29 @@ class BudgetPlanner:
 
     ``acceptance`` and ``throughput`` carry what was learned; pass the same objects to the
     planners of later generations to keep it (a :class:`~specdec.api.Generator` does).
-    The cost model is shared per model, device and dtype (:func:`~specdec.budget.calibration_cache.cost_model`),
-    loaded or calibrated the first time a tree of more than one node is offered, under any
-    budget: the calibration also picks the verifier's kernels.
+    The cost model is shared per model, device and dtype
+    (:func:`~specdec.budget.calibration_cache.cost_model`), loaded or calibrated the first
+    time a tree of more than one node is offered, under any budget; ``load_cost`` replaces
+    that loading (the :class:`~specdec.api.Generator` passes one that also switches the
+    verifier to the kernels the calibration chose). ``cost``: a model to use from the start.
     """
 
     def __init__(
         self,
-        verifier: ModelVerifier,
+        verifier: Verifier[Any],
         budget: Budget | str | int = "auto",
         acceptance: AcceptanceModel | None = None,
         throughput: Throughput | None = None,
         cost: VerifyCostModel | None = None,
+        *,
+        load_cost: Callable[[], tuple[VerifyCostModel, float]] | None = None,
     ) -> None:
         self.verifier = verifier
         self.budget = Budget.parse(budget)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.throughput = throughput if throughput is not None else Throughput()
         self._cost = cost
+        self._load_cost = load_cost if load_cost is not None else lambda: cost_model(verifier)
         self._since_probe = 0  # steps the rule cut since the last probe
 
     @property
@@ -250,8 +254,8 @@ class BudgetPlanner:
         offered = tree.size
         calibration_s = 0.0
         if self._cost is None and offered > 1:
-            # Every budget loads it: calibration also picks the verifier's kernels (narrow products).
-            self._cost, calibration_s = cost_model(self.verifier)
+            # Every budget loads it: the calibration also says which kernels the verifier runs.
+            self._cost, calibration_s = self._load_cost()
         if offered == 1 or self.budget.mode != "auto":  # nothing to decide: say what is expected
             predicted = None
             if self._cost is not None:

@@ -9,9 +9,10 @@ module every one-off call would start from the prior and draft as if it knew not
 generator of the same **identity** starts, in this process or any later one:
 
 - the model: its architecture and dtype, device, attention, backend, KV cache kind, torch
-  version and threads (the calibration's identity, :func:`~specdec.budget.calibration.model_identity`,
-  since the throughput depends on all of them), plus a fingerprint of its weights (two
-  checkpoints of one architecture accept drafts differently);
+  version and threads (the verifier's :meth:`~specdec.types.Verifier.identity`, which the
+  calibration keys on too, since the throughput depends on all of them), plus a fingerprint
+  of its weights (:meth:`~specdec.types.Verifier.weights_fingerprint`: two checkpoints of one
+  architecture accept drafts differently);
 - the tokenizer (a hash of its vocabulary: the acceptance of a token id depends on what it means);
 - the drafter (its name and options, or a drafter object's class and name).
 
@@ -47,23 +48,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from specdec.backends.verifier import ModelVerifier
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.calibration import model_identity
 from specdec.budget.planner import Throughput
 from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, write_atomically
 from specdec.errors import SpecDecError
+from specdec.types import Verifier
 
 FORMAT = "specdec.planner-stats"
 VERSION = 1  # bump when the body's meaning changes: older files then start afresh, with a warning
 SWITCH_ENV = "SPECDEC_PLANNER_CACHE"
 DIR_ENV = PLANNER_DIR_ENV
 _OFF = frozenset({"0", "false", "off", "no"})
-_SAMPLES_PER_TENSOR = 64  # weight values hashed per parameter tensor: enough to tell checkpoints apart
 
-_WEIGHTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
@@ -92,31 +88,6 @@ def _memo(table: weakref.WeakKeyDictionary[Any, str], owner: Any, compute: Any) 
     return found
 
 
-def weights_fingerprint(model: Any) -> str:
-    """A hash of every parameter's name, shape, dtype and ``_SAMPLES_PER_TENSOR`` evenly spaced values.
-
-    Tells two checkpoints of one architecture apart at the cost of a few hundred tiny reads
-    (~5-60 ms for the default model), not a pass over the weights; remembered per model
-    object (an in-place weight update after the first call goes unnoticed: the statistics
-    only steer budgets). Parameters that cannot be read (offloaded to ``meta``) count by
-    name and shape only.
-    """
-
-    def compute() -> str:
-        digest = hashlib.sha256()
-        with torch.no_grad():
-            for name, tensor in sorted(model.state_dict().items()):
-                digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
-                if tensor.device.type == "meta" or tensor.numel() == 0:
-                    continue
-                flat = tensor.detach().reshape(-1)
-                step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
-                digest.update(flat[::step][:_SAMPLES_PER_TENSOR].to(torch.float64).cpu().numpy().tobytes())
-        return digest.hexdigest()[:24]
-
-    return _memo(_WEIGHTS, model, compute)
-
-
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """The tokenizer's vocabulary hash (:class:`~specdec.cachefiles.TokenizerIdentity`), or ``"none"``."""
     if tokenizer is None:
@@ -139,10 +110,10 @@ def drafter_label(drafter: Any, options: Mapping[str, Any] | None = None) -> str
     return f"{kind.__module__}.{kind.__qualname__}:{getattr(drafter, 'name', '')}"
 
 
-def planner_identity(verifier: ModelVerifier, tokenizer: Any, drafter: str) -> dict[str, str]:
+def planner_identity(verifier: Verifier[Any], tokenizer: Any, drafter: str) -> dict[str, str]:
     """What the saved statistics are valid for (module docstring), as strings."""
-    identity = {k: v for k, v in model_identity(verifier).items() if k != "version"}
-    identity["weights"] = weights_fingerprint(verifier.model)
+    identity = dict(verifier.identity())
+    identity["weights"] = verifier.weights_fingerprint()
     identity["tokenizer"] = tokenizer_fingerprint(tokenizer)
     identity["drafter"] = drafter
     return identity
@@ -251,7 +222,7 @@ class PlannerStatsFile:
 
 
 def open_planner_stats(
-    option: bool | None, verifier: ModelVerifier, tokenizer: Any, drafter: Any, options: Mapping[str, Any] | None
+    option: bool | None, verifier: Verifier[Any], tokenizer: Any, drafter: Any, options: Mapping[str, Any] | None
 ) -> PlannerStatsFile | None:
     """The store of a generator's identity; None when planner statistics are off (:func:`enabled`) or moot
     (``drafter="none"``: plain decoding decides no budget)."""

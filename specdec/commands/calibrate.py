@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from specdec.backends import make_verifier
-from specdec.budget.calibration import model_identity
+from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path, cost_model
 from specdec.budget.machine_load import busy_reason
 from specdec.budget.planner import choose_budget
 from specdec.commands.arguments import add_placement_arguments
 from specdec.models import load_model
+from specdec.types import DEFAULT_KERNEL, KernelChoice
 
 # Per-token conditional acceptance of the example chains, and their length (a SAM-sized chain).
 EXAMPLE_ACCEPTANCE = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -49,6 +50,19 @@ def budget_examples(model: Any, context: int = EXAMPLE_CONTEXT, chain: int = EXA
     return rows
 
 
+def kernel_lines(choice: KernelChoice) -> list[str]:
+    """One line per range of forward sizes that runs kernels other than the default (measured faster here)."""
+    lines, low = [], 1
+    for up_to, variant in choice.ranges:
+        if variant != DEFAULT_KERNEL:
+            sizes = "one-node steps" if up_to == 1 else f"trees of {low} to {up_to} nodes"
+            lines.append(f"{sizes} run {variant} kernels (measured faster here)")
+        low = up_to + 1
+    if choice.beyond != DEFAULT_KERNEL:
+        lines.append(f"trees of {low} nodes or more run {choice.beyond} kernels")
+    return lines
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     model, _ = load_model(None if args.model == "default" else args.model, dtype=args.dtype, device=args.device)
     verifier = make_verifier(model, args.backend, cache=args.cache)
@@ -58,14 +72,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     ms_rows = [[round(s * 1e3, 2) for s in row] for row in table.seconds]
     budgets = budget_examples(cost)
     report: dict[str, Any] = {
-        "identity": model_identity(verifier),
-        "cache": str(calibration_path(model_identity(verifier))),
+        "identity": calibration_identity(verifier),
+        "cache": str(calibration_path(calibration_identity(verifier))),
         "calibration_s": round(spent, 2),
         "sizes": list(table.sizes),
         "contexts": list(table.contexts),
         "ms": ms_rows,
-        "narrow_rows": table.narrow_rows,
-        "narrow_single": table.narrow_single,
+        "kernels": table.to_json()["kernels"],
         "spread": round(table.spread, 4),
         "others_share": round(table.others_share, 4),
         "busy": busy,
@@ -84,10 +97,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print("context  " + "  ".join(f"{s:>7}" for s in table.sizes))
     for context, ms_row in zip(table.contexts, ms_rows, strict=True):
         print(f"{context:>7}  " + "  ".join(f"{ms:7.2f}" for ms in ms_row))
-    if table.narrow_rows:
-        print(f"trees of 2 to {table.narrow_rows} nodes run narrow products (faster here; specdec.backends.narrow)")
-    if table.narrow_single:
-        print("one-node steps of speculative runs run the padded narrow product (faster here)")
+    for line in kernel_lines(table.kernels):
+        print(line)
     print(f"\nbudget='auto' on a {EXAMPLE_CHAIN}-node chain at context {EXAMPLE_CONTEXT}, plain decoding's rate:")
     print("   q   nodes  expected tokens  expected speedup")
     for row in budgets:

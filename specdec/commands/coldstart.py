@@ -46,8 +46,8 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.api import Generator, run
-from specdec.budget.calibration import model_identity
-from specdec.budget.calibration_cache import calibration_path, cost_model
+from specdec.budget.calibration import calibration_identity
+from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.planner_stats import DIR_ENV, SWITCH_ENV
 from specdec.commands.arguments import add_placement_arguments
 from specdec.errors import SpecDecError
@@ -129,8 +129,8 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
     print(f"Loading the model ({args.model}) ...", file=sys.stderr)
     plain = Generator(args.model, drafter="none", planner_cache=False, **placement)
     seeder = Generator(args.model, drafter=args.drafter, store=False, planner_cache=True, **placement)
-    _, spent = cost_model(seeder.verifier)
-    if spent or not calibration_path(model_identity(seeder.verifier)).is_file():
+    _, spent = seeder.cost_model()
+    if spent or not calibration_path(calibration_identity(seeder.verifier)).is_file():
         print("warning: no cached calibration (measured now on a busy machine?): every child process measures it "
               "again and its first call pays for it; run `specdec calibrate` on a quiet machine first",
               file=sys.stderr)

@@ -32,8 +32,8 @@ import torch
 from tqdm import tqdm
 
 from specdec.api import Generator
-from specdec.budget.calibration import model_identity
-from specdec.budget.calibration_cache import calibration_path, cost_model
+from specdec.budget.calibration import calibration_identity
+from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.machine_load import BUSY_SHARE, MachineWatch
 from specdec.commands.arguments import add_budget_argument, add_placement_arguments
 from specdec.errors import SpecDecError
@@ -139,7 +139,7 @@ def format_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _device_text(verifier: Any) -> str:
-    identity = model_identity(verifier)
+    identity = calibration_identity(verifier)
     threads = f", {torch.get_num_threads()} threads" if verifier.device.type == "cpu" else ""
     return f"{identity['device']}{threads}, {identity['dtype']}"
 
@@ -147,15 +147,15 @@ def _device_text(verifier: Any) -> str:
 def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[list[int]]) -> Any:
     """Pay every one-time cost before the clock starts; the speculative methods' cost model."""
     first = next(g for name, g in generators.items() if name != "none")
-    if not calibration_path(model_identity(first.verifier)).is_file():
+    if not calibration_path(calibration_identity(first.verifier)).is_file():
         print("Measuring the verification cost per draft size on this machine (first run only) ...", file=sys.stderr)
-    cost, _ = cost_model(first.verifier)
+    cost, _ = first.cost_model()
     if getattr(first.verifier, "buckets", None):
         print("Compiling or capturing the static cache's forward for every tree-size bucket (once per method) ...",
               file=sys.stderr)
     longest = max(ids, key=len)
     for generator in generators.values():
-        cost_model(generator.verifier)  # every verifier runs the kernels the calibration chose, plain decoding too
+        generator.cost_model()  # every verifier runs the kernels the calibration chose, plain decoding too
         generator.verifier.warm_up(len(longest) + max(p.max_new_tokens for p in prompts))
         generator.generate(prompts[0].prompt, max_new_tokens=4)
     return cost
