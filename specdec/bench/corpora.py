@@ -70,7 +70,7 @@ def cli_build(kind: str, out: Path, max_tokens: int | None = None) -> dict[str, 
     included) and the number of inputs.
     """
     inputs, extra = machine_corpus()
-    command = [sys.executable, "-m", "specdec.cli", "datastore", "build", "--kind", kind, "--quiet",
+    command = [sys.executable, "-m", "specdec.commands", "datastore", "build", "--kind", kind, "--quiet",
                "--tokenizer", "default", "-o", str(out), *extra, "--input", *inputs]
     if max_tokens:
         command += ["--max-tokens", str(max_tokens)]
