@@ -12,14 +12,15 @@ stored layout, and 2- to 4-token forwards get cheaper by about a quarter (docs/b
 the measured curves).
 
 Whether it pays depends on the machine, the dtype and ``M`` (past ~8 rows the repacked GEMM
-wins again), so nothing here decides: the budget calibration
-(:func:`specdec.budget.calibration.calibrate`) times both at each tree size and sets
-``ModelVerifier.narrow_rows`` to the largest size up to which the narrow product was faster.
+wins again), so nothing here decides: the narrow product is the ``"narrow"`` kernel variant
+of :class:`~specdec.backends.verifier.ModelVerifier`, the budget calibration
+(:func:`specdec.budget.calibration.calibrate`) times both at each tree size, and the
+verifier runs it up to the largest size where it was faster (its
+:class:`~specdec.types.KernelChoice`).
 
 One row is a case of its own: ``linear`` runs a matrix-vector product there, which on
 this CPU is slower than a two-column GEMM, so :func:`narrow_linear` pads one row to two;
-calibration decides separately whether one-node steps use that
-(``ModelVerifier.narrow_single``).
+calibration decides separately whether one-node steps use that (the choice for one row).
 
 The switch is scoped to one verification forward: :meth:`NarrowLinears.active` puts an
 instance-level ``forward`` on each plain ``torch.nn.Linear`` of the model and removes it
@@ -52,7 +53,7 @@ def narrow_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     default model's weights slower than the two-column GEMM does (all 211 linear layers:
     38.4 ms for one row as ``linear``, 32.2 ms padded, 30.1 ms for two real rows), so the
     wasted column is cheaper than the kernel it avoids. Calibration decides whether the
-    padded product is used at all (``ModelVerifier.narrow_single``).
+    padded product is used at all (the kernel choice for one row).
     """
     weight = module.weight
     rows = x.reshape(-1, x.shape[-1])  # [M, in]

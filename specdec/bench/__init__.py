@@ -14,6 +14,6 @@
 - :mod:`~specdec.bench.datastore_costs`, :mod:`~specdec.bench.curves`, :mod:`~specdec.bench.corpora`:
   datastore costs, verification cost curves, the corpora they build from.
 
-``specdec bench`` (:mod:`~specdec.bench.cli`) is the command line; docs/benchmarks.md has
+``specdec bench`` (:mod:`specdec.commands.bench`) is the command line; docs/benchmarks.md has
 the command behind every figure.
 """
