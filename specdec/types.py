@@ -200,6 +200,21 @@ class DraftTree:
             table[self.parents[i]][self.tokens[i]] = i
         return table
 
+    def walk(self, choices: Sequence[int]) -> tuple[int, ...]:
+        """The accepted path: from the root, follow the child carrying ``choices[node]`` while there is one.
+
+        ``choices[i]`` is the token chosen after node ``i`` (the model's own, at verification).
+
+        >>> DraftTree((5, 6, 7, 8), (-1, 0, 0, 1)).walk([6, 8, 0, 0])
+        (0, 1, 3)
+        """
+        children = self.children()
+        node, path = 0, [0]
+        while (child := children[node].get(choices[node])) is not None:
+            path.append(child)
+            node = child
+        return tuple(path)
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node`` inclusive."""
         path = []
@@ -442,13 +457,8 @@ class Verifier(Protocol[StateT]):
         ...
 
     def prefill(
-        self,
-        prompt: Sequence[int],
-        prompt_topk: int = 0,
-        *,
-        chooser: TokenChooser | None = None,
-        repetition_penalty: float = 1.0,
-        reserve: int = 0,
+        self, prompt: Sequence[int], prompt_topk: int = 0, *, chooser: TokenChooser | None = None,
+        repetition_penalty: float = 1.0, reserve: int = 0,
     ) -> tuple[StateT, int, Feedback | None]:
         """Run ``prompt``: the new sequence's state, its first pending token, and (with ``prompt_topk``)
         the model's top ids after every prompt token. ``reserve``: how many more tokens it may grow by."""

@@ -109,15 +109,11 @@ class TorchTreeOps:
     ) -> Acceptance:
         # positions[i] is node i's position; the token chosen there sits one further.
         choices: list[int] = chooser.choose(logits, positions + 1).tolist()  # host sync: the walk needs them
-        children = tree.children()
-        node, path = 0, [0]
-        while (child := children[node].get(choices[node])) is not None:
-            path.append(child)
-            node = child
+        path = tree.walk(choices)
         top = None
         if topk > 0:
             top = topk_ids(logits, topk).cpu().numpy()  # value descending, ties to the lower id
-        return Acceptance(tuple(path), choices[node], top)
+        return Acceptance(path, choices[path[-1]], top)
 
     def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
         keep = committed_len + len(path)

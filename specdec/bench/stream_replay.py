@@ -77,11 +77,7 @@ def judge(tree: DraftTree, stream: Sequence[int], pending_index: int, vocab_size
             choices[i] = int(stream[next_index])
         else:
             choices[i] = off_path_choice(tree.tokens[i], depth, vocab_size)
-    children = tree.children()
-    node, path = 0, [0]
-    while (child := children[node].get(choices[node])) is not None:
-        path.append(child)
-        node = child
+    path = list(tree.walk(choices))
     feedback = None
     if topk > 0:
         base = np.asarray(choices, dtype=np.int64)[:, None]  # [N, 1]
@@ -150,13 +146,8 @@ class ReplayVerifier:
         yield  # every sequence's state is its own
 
     def prefill(
-        self,
-        prompt: Sequence[int],
-        prompt_topk: int = 0,
-        *,
-        chooser: TokenChooser | None = None,
-        repetition_penalty: float = 1.0,
-        reserve: int = 0,
+        self, prompt: Sequence[int], prompt_topk: int = 0, *, chooser: TokenChooser | None = None,
+        repetition_penalty: float = 1.0, reserve: int = 0,
     ) -> tuple[ReplayState, int, Feedback | None]:
         """The pending token after ``prompt`` (which must be the stream's beginning); the options are ignored."""
         length = len(prompt)

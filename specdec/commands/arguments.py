@@ -11,6 +11,13 @@ from specdec.backends import CACHES
 from specdec.budget.planner import Budget
 from specdec.errors import SpecDecError
 
+MODEL_HELP = "a local checkpoint directory, or 'default'"
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """``--model``: a local checkpoint directory, or the default model."""
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
+
 
 def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     """``--device``, ``--dtype`` and ``--cache``: where the model runs and how its verification forwards run."""

@@ -38,6 +38,7 @@ from specdec.bench.report import format_comparison, format_report, regressions
 from specdec.bench.results import load_results, write_json_atomic
 from specdec.bench.runner import BenchRun, BenchSettings, references, warm_up
 from specdec.bench.stream_replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
+from specdec.commands.arguments import MODEL_HELP
 from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, load_model, load_tokenizer
@@ -226,7 +227,7 @@ def _model_options(parser: argparse.ArgumentParser, sub: bool) -> None:
     """``--model``, ``--device``, ``--dtype`` (on a subcommand, unset ones keep the ``bench`` level's value)."""
     default = argparse.SUPPRESS if sub else None
     parser.add_argument("--model", default=argparse.SUPPRESS if sub else "default",
-                        help="a local checkpoint directory, or 'default'")
+                        help=MODEL_HELP)
     parser.add_argument("--device", default=default, help="where the model runs: cpu, cuda, cuda:1 (default: cpu)")
     parser.add_argument("--dtype", default=default, choices=DTYPES,
                         help="the model's dtype (default: float32 for the default model, else the checkpoint's)")

@@ -23,7 +23,7 @@ from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path, cost_model
 from specdec.budget.machine_load import busy_reason
 from specdec.budget.planner import choose_budget
-from specdec.commands.arguments import add_placement_arguments
+from specdec.commands.arguments import add_model_argument, add_placement_arguments
 from specdec.models import load_model
 from specdec.types import DEFAULT_KERNEL, KernelChoice
 
@@ -106,13 +106,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+HELP = "measure the verification cost per tree size (cached) and show the budgets it implies"
+DESCRIPTION = ("Calibrates the cost model behind budget='auto' for a model, device and dtype (or shows the cached "
+               "calibration) and prints the draft budgets it picks for example acceptance rates.")
+
+
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
-        "calibrate", help="measure the verification cost per tree size (cached) and show the budgets it implies",
-        description="Calibrates the cost model behind budget='auto' for a model, device and dtype (or shows the "
-        "cached calibration) and prints the draft budgets it picks for example acceptance rates.",
-    )
-    parser.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
+    parser = sub.add_parser("calibrate", help=HELP, description=DESCRIPTION)
+    add_model_argument(parser)
     parser.add_argument("--backend", default="auto")
     add_placement_arguments(parser)
     parser.add_argument("--recalibrate", action="store_true", help="measure again and overwrite the cache")

@@ -49,7 +49,7 @@ from specdec.api import Generator, run
 from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.planner_stats import DIR_ENV, SWITCH_ENV
-from specdec.commands.arguments import add_placement_arguments
+from specdec.commands.arguments import add_model_argument, add_placement_arguments
 from specdec.errors import SpecDecError
 
 ARMS = ("plain", "warm", "cold", "cold-fresh")
@@ -192,7 +192,7 @@ def register(sub: Any) -> None:
         description="Measures the speed of one specdec.run per fresh process with saved planner statistics, "
         "against a warmed Generator and plain decoding, on held-out-style prompts (code, math, summaries).",
     )
-    parser.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
+    add_model_argument(parser)
     parser.add_argument("--drafter", default="sam+recycling")
     parser.add_argument("--prompts", type=int, default=12, help="test prompts (1-12, default: %(default)s)")
     parser.add_argument("--warm-prompts", type=int, default=3, help="prompts that seed the statistics (0-3)")

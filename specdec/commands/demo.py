@@ -35,7 +35,7 @@ from specdec.api import Generator
 from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.machine_load import BUSY_SHARE, MachineWatch
-from specdec.commands.arguments import add_budget_argument, add_placement_arguments
+from specdec.commands.arguments import add_budget_argument, add_model_argument, add_placement_arguments
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
@@ -272,7 +272,7 @@ def register(sub: Any) -> None:
         "answers, per-prompt and overall speedups, token identity with plain decoding, and where speculation "
         "does not pay on this hardware and why.",
     )
-    demo.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
+    add_model_argument(demo)
     demo.add_argument("--drafters", default="pld,sam+recycling",
                       help="speculative methods to compare with plain decoding (default: %(default)s)")
     demo.add_argument("--prompt", action="append", default=[], help="your own prompt (repeatable) instead of "

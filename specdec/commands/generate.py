@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from specdec.api import Generator
-from specdec.commands.arguments import add_budget_argument, add_placement_arguments, parse_options
+from specdec.commands.arguments import add_budget_argument, add_model_argument, add_placement_arguments, parse_options
 from specdec.drafters import available_drafters
 from specdec.errors import SpecDecError
 
@@ -95,7 +95,7 @@ def _budget_text(summary: dict[str, Any]) -> str:
 def register(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate text, streaming it, then print the stats")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default="default", help="a local checkpoint directory, or 'default'")
+    add_model_argument(gen)
     gen.add_argument("--drafter", default="pld", help=f"one of: {', '.join(available_drafters())}")
     gen.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a drafter option")
     gen.add_argument("--max-new-tokens", type=int, default=128)

@@ -31,6 +31,7 @@ import numpy as np
 
 from specdec.api import run
 from specdec.bench.questions import load_questions
+from specdec.commands.arguments import add_model_argument
 from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter
 from specdec.drafters.recycling_templates import AcceptanceCounts, TreeTemplate, grow_template
 from specdec.errors import SpecDecError
@@ -211,7 +212,7 @@ def register(sub: Any) -> None:
         "recycling-template", help="measure per-(depth, rank) acceptance and write a Token Recycling tree template"
     )
     parser.add_argument("--out", default=None, help="the template JSON to write")
-    parser.add_argument("--model", default="default")
+    add_model_argument(parser)
     parser.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
     parser.add_argument("--per-category", type=int, default=2, help="calibration questions per category")
     parser.add_argument("--max-new-tokens", type=int, default=96)
