@@ -8,7 +8,7 @@ document boundary (the SAM-Decoding reference joins documents with EOS and draft
 them). Semantics, names and the draft rule are those of
 :mod:`specdec.reference.suffix_automaton`, the oracle this is tested against.
 
-Layout (sections of the datastore file, version 2; see ``csrc/sam.cpp`` for the reasons)::
+Layout (sections of the datastore file, version 2; see ``csrc/sam.h`` for the reasons)::
 
     tokens      [N]    uint16/uint32  the corpus, documents one after another
     doc_starts  [D+1]  int64          document d is tokens[doc_starts[d] : doc_starts[d+1]]
@@ -57,7 +57,12 @@ from specdec.native import load_extension
 
 KIND = "sam"
 KIND_VERSION = 2  # 2: per-state occurrences and last_endpos (occurrence trees)
-SOURCES = (Path(__file__).parent / "csrc" / "sam.cpp",)
+_CSRC = Path(__file__).parent / "csrc"
+# One extension from four files (csrc/sam.h says what each holds); the header is hashed
+# into the build's cache key, so editing it also gives a fresh build.
+SOURCES = tuple(_CSRC / name for name in ("sam_automaton.cpp", "sam_static_view.cpp", "sam_occurrence_tree.cpp",
+                                          "sam_bindings.cpp"))
+HEADERS = (_CSRC / "sam.h",)
 # Largest corpus: positions and state ids are int32.
 MAX_TOKENS = 2**31 - 2
 
@@ -67,7 +72,7 @@ _STATE_SECTIONS = ("length", "link", "draft_endpos", "occurrences", "last_endpos
 
 def native() -> ModuleType:
     """The compiled automata (built on first use, ~15 s, then cached; see :mod:`specdec.native`)."""
-    return load_extension("sam", SOURCES)
+    return load_extension("sam", SOURCES, depends=HEADERS)
 
 
 def _concatenate(documents: Sequence[npt.NDArray[np.int64]], vocab_size: int | None) -> tuple[Any, Any]:
@@ -178,7 +183,7 @@ class StaticSuffixAutomaton:
         view_type = {np.dtype(np.uint16): "StaticView16", np.dtype(np.uint32): "StaticView32"}.get(token_dtype)
         if view_type is None or arrays["edge_token"].dtype != token_dtype:
             raise DatastoreError(f"{path or 'the automaton'} stores tokens as {token_dtype}, not uint16 or uint32")
-        try:  # dtypes and shapes are checked here; every later read is bounds-checked (csrc/sam.cpp)
+        try:  # dtypes and shapes are checked here; every later read is bounds-checked (csrc/sam.h)
             self._view = getattr(native(), view_type)(arrays)
         except (TypeError, ValueError) as error:
             raise DatastoreError(f"{path or 'the automaton'} is corrupt: {error}") from error

@@ -3,7 +3,7 @@
 A model repeats itself across requests as well as within one: answers to similar questions
 share their phrasing, code shares its idioms. :class:`SharedStore` keeps what earlier
 sequences generated (their output, and optionally their prompts) in an online generalized
-suffix automaton with occurrence counts (``SharedSam`` in ``csrc/sam.cpp``), and every
+suffix automaton with occurrence counts (``SharedSam`` in ``csrc/sam.h``), and every
 ``sam`` drafter that holds the store drafts from it as a third source beside its own
 sequence's automaton and a static corpus (the occurrence tree of
 :mod:`specdec.reference.suffix_automaton`).

@@ -16,7 +16,7 @@ to three automata (*sources*) are matched every step:
   ``l_bias`` as in the paper.
 
 The draft is the **occurrence tree** (:func:`specdec.reference.suffix_automaton.occurrence_tree`
-states the rule, ``csrc/sam.cpp`` builds it): the trie of the continuations of every
+states the rule, ``csrc/sam_occurrence_tree.cpp`` builds it): the trie of the continuations of every
 earlier occurrence of the longest match, across the sources that have it, read from the
 automata's transitions and per-state occurrence counts (no text is scanned); nodes best
 first by how many occurrences share the prefix (recency breaks ties), at most
@@ -70,7 +70,7 @@ def node_feature(match_length: int, occurrences: int, parent_occurrences: int) -
 
     ``match_length`` class (1, 2-3, 4-7, 8-15, 16+), the node's share of its parent's
     occurrences (below a half, a half or more, all), and its own occurrences (1, 2-3, 4+).
-    The drafter's hot path computes it in C++ (``node_feature`` in ``csrc/sam.cpp``); this
+    The drafter's hot path computes it in C++ (``node_feature`` in ``csrc/sam_occurrence_tree.cpp``); this
     is its statement, which the tests hold the compiled one to.
 
     >>> node_feature(1, 1, 3), node_feature(12, 4, 4), node_feature(40, 1, 1)
