@@ -168,10 +168,8 @@ class DecoderRunner:
         """
         rows = [segment.tokens.shape[1] for segment in segments]
         total = sum(rows)
-        tokens = torch.cat([segment.tokens for segment in segments], dim=1) if len(segments) > 1 else segments[0].tokens
-        positions = (
-            torch.cat([segment.positions for segment in segments], dim=1) if len(segments) > 1 else segments[0].positions
-        )
+        tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
+        positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
         hidden = self.embed(tokens)  # [1, R, E]
         cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
         shape = (1, total, -1, self.head_dim)
@@ -195,12 +193,12 @@ class DecoderRunner:
                 keys, values = segment.cache.ensure(index, key[:, :, part], value[:, :, part])  # [1, Hkv, S, D]
                 keys[:, :, segment.start : width] = key[:, :, part]
                 values[:, :, segment.start : width] = value[:, :, part]
-                outputs.append(
-                    F.scaled_dot_product_attention(
-                        query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=segment.mask,
-                        scale=self.scaling, is_causal=segment.mask is None and count > 1, enable_gqa=grouped,
-                    )  # fmt: skip
-                )  # [1, Hq, T_s, D]
+                causal = segment.mask is None and count > 1
+                attended = F.scaled_dot_product_attention(
+                    query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=segment.mask,
+                    scale=self.scaling, is_causal=causal, enable_gqa=grouped,
+                )  # fmt: skip
+                outputs.append(attended)  # [1, Hq, T_s, D]
             attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
             attended = attended.transpose(1, 2).reshape(1, total, -1)
             hidden = residual + linear(attended, *layer.o)

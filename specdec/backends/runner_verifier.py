@@ -72,7 +72,8 @@ class RunnerVerifier(ModelVerifier):
             cache.grow(capacity_for(committed + tree.size))
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, None)
         tokens = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        (logits,) = self.runner.forward([Segment(tokens, position_ids, cache, committed, mask)], self._linear_for(tree.size))
+        segment = Segment(tokens, position_ids, cache, committed, mask)
+        (logits,) = self.runner.forward([segment], self._linear_for(tree.size))
         return logits, position_ids[0]
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
