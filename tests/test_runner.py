@@ -2,10 +2,12 @@
 
 Checked: the runner's logits equal the model's own ``sdpa`` forward on tiny fp64 models of every
 architecture it knows (prefill and a tree step after it), and it refuses the others naming why;
-segments verified together give bitwise the logits they give alone (the skinny kernels are
-batch-invariant); whole generations through ``cache="native"`` are token-identical to Hugging
-Face's greedy ``generate`` with random trees around the truth and with real drafters, with the
-skinny kernels and without; and the user's model is not touched while it runs.
+with specdec's CPU kernels, segments verified together give bitwise the logits they give alone,
+and a tree node's logits are bitwise those of the same token in a plain step after its
+ancestors (float32 and float64); whole generations through ``cache="native"`` are
+token-identical to Hugging Face's greedy ``generate`` with random trees around the truth and
+with real drafters, with the CPU kernels and without; and the user's model is not touched
+while it runs.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from test_lossless import hf_greedy, random_prompt
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
-from specdec.backends import skinny
+from specdec.backends import cpu_kernels
 from specdec.backends.runner import ARCHITECTURES as RUNNER_ARCHITECTURES
-from specdec.backends.runner import DecoderRunner, Linear, Segment, aten_linear, unsupported_reason
+from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, unsupported_reason
 from specdec.backends.static_cache import StaticKVCache
-from specdec.backends.tree import tree_attention_inputs
+from specdec.backends.tree import ancestor_matrix
 from specdec.types import DraftTree
 
 CPU = torch.device("cpu")
@@ -33,20 +35,21 @@ OTHERS = [arch for arch in ARCHITECTURES if arch not in RUNNER_ARCHITECTURES]
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Linear:
-    native_or_skip("skinny_linear", skinny.load)
-    return skinny.skinny_linear
+def kernels() -> Kernels:
+    native_or_skip("cpu_kernels", cpu_kernels.load)
+    return Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention)
 
 
 def tree_segment(cache: StaticKVCache, committed: int, tree: DraftTree) -> Segment:
-    mask, positions = tree_attention_inputs(tree, committed, device=CPU)
-    return Segment(torch.tensor([tree.tokens]), positions, cache, committed, mask)
+    positions = torch.tensor([tree.depths]) + committed
+    ancestors = torch.from_numpy(ancestor_matrix(tree.parents))
+    return Segment(torch.tensor([tree.tokens]), positions, cache, committed, ancestors)
 
 
-def prefill(runner: DecoderRunner, prompt: list[int], linear: Linear) -> StaticKVCache:
+def prefill(runner: DecoderRunner, prompt: list[int]) -> StaticKVCache:
     cache = StaticKVCache(runner.num_layers, 128, CPU)
     segment = Segment(torch.tensor([prompt]), torch.arange(len(prompt)).unsqueeze(0), cache, 0, last_only=True)
-    runner.forward([segment], linear)
+    runner.forward([segment], PLAIN)
     return cache
 
 
@@ -71,12 +74,13 @@ def test_logits_equal_the_models_own_forward(arch: str) -> None:
     with torch.inference_mode():
         cache = StaticKVCache(runner.num_layers, 64, CPU)
         ids = torch.tensor([prompt])
-        (ours,) = runner.forward([Segment(ids, torch.arange(len(prompt)).unsqueeze(0), cache, 0)], aten_linear)
+        (ours,) = runner.forward([Segment(ids, torch.arange(len(prompt)).unsqueeze(0), cache, 0)], PLAIN)
         theirs_cache = DynamicCache(config=model.config)
         theirs = model(input_ids=ids, past_key_values=theirs_cache, use_cache=True).logits[0]
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
-        (ours_tree,) = runner.forward([tree_segment(cache, len(prompt), tree)], aten_linear)
-        mask, positions = tree_attention_inputs(tree, len(prompt), device=CPU)
+        segment = tree_segment(cache, len(prompt), tree)
+        (ours_tree,) = runner.forward([segment], PLAIN)
+        mask, positions = segment.mask(), segment.positions
         theirs_tree = model(
             input_ids=torch.tensor([tree.tokens]), attention_mask=mask, position_ids=positions,
             past_key_values=theirs_cache, use_cache=True,
@@ -86,7 +90,7 @@ def test_logits_equal_the_models_own_forward(arch: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("arch", KNOWN)
-def test_segments_together_give_the_bits_they_give_alone(arch: str, dtype: torch.dtype, kernel: Linear) -> None:
+def test_segments_together_give_the_bits_they_give_alone(arch: str, dtype: torch.dtype, kernels: Kernels) -> None:
     model = tiny_model(arch).to(dtype)
     try:
         runner = DecoderRunner(model)
@@ -95,21 +99,44 @@ def test_segments_together_give_the_bits_they_give_alone(arch: str, dtype: torch
 
         def segments() -> list[Segment]:
             return [
-                tree_segment(prefill(runner, first, kernel), len(first), tree),
-                tree_segment(prefill(runner, second, kernel), len(second), DraftTree.single(4)),
+                tree_segment(prefill(runner, first), len(first), tree),
+                tree_segment(prefill(runner, second), len(second), DraftTree.single(4)),
             ]
 
         with torch.inference_mode():
-            alone = [runner.forward([segment], kernel)[0] for segment in segments()]
-            together = runner.forward(segments(), kernel)
+            alone = [runner.forward([segment], kernels)[0] for segment in segments()]
+            together = runner.forward(segments(), kernels)
         assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
+    finally:
+        model.to(torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("arch", KNOWN)
+def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtype, kernels: Kernels) -> None:
+    """Batch invariance end to end: node 3 of the tree (path 0 -> 1 -> 3) against plain steps 0, 1, 3."""
+    model = tiny_model(arch).to(dtype)
+    try:
+        runner = DecoderRunner(model)
+        prompt = list(range(3, 25))
+        tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 0, 1, 1))
+        with torch.inference_mode():
+            (tree_logits,) = runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], kernels)
+            cache = prefill(runner, prompt)
+            plain = []
+            for depth, token in enumerate((5, 6, 8)):  # the path 0 -> 1 -> 3, one plain step at a time
+                committed = len(prompt) + depth
+                (step,) = runner.forward([tree_segment(cache, committed, DraftTree.single(token))], kernels)
+                plain.append(step[0])
+        for node, step in zip((0, 1, 3), plain, strict=True):
+            assert torch.equal(tree_logits[node], step), f"node {node}"
     finally:
         model.to(torch.float64)
 
 
 @pytest.mark.parametrize("arch", KNOWN)
 @pytest.mark.parametrize("rows", [0, 128])
-def test_native_generations_equal_plain_greedy(arch: str, rows: int, kernel: Linear) -> None:
+def test_native_generations_equal_plain_greedy(arch: str, rows: int, kernels: Kernels) -> None:
     model = tiny_model(arch)
     rng = random.Random(f"native-{arch}-{rows}")
     for seed in range(3):
@@ -118,14 +145,14 @@ def test_native_generations_equal_plain_greedy(arch: str, rows: int, kernel: Lin
         oracle = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=7)
         for drafter in (oracle, "none", "pld", "sam+recycling"):
             generator = specdec.Generator(model, drafter=drafter, cache="native", budget="full")
-            generator.verifier.skinny_rows = rows  # type: ignore[attr-defined]
+            generator.verifier.kernel_rows = rows  # type: ignore[attr-defined]
             result = generator.generate(prompt, max_new_tokens=40)
             assert result.tokens == truth, f"{arch}/{drafter}: prompt {prompt}"
-            IDENTITY_COUNTS[f"{arch}/native/{'skinny' if rows else 'aten'}"] += 1
+            IDENTITY_COUNTS[f"{arch}/native/{'cpu-kernels' if rows else 'torch'}"] += 1
         assert result.stats.steps < 39  # sam+recycling's trees were accepted: speculation happened
 
 
-def test_the_users_model_is_untouched(kernel: Linear) -> None:
+def test_the_users_model_is_untouched(kernels: Kernels) -> None:
     model = tiny_model("llama")
     implementation = model.config._attn_implementation
     versions = [p._version for p in model.parameters()]
@@ -136,7 +163,7 @@ def test_the_users_model_is_untouched(kernel: Linear) -> None:
         assert model.config._attn_implementation == implementation
 
     generator = specdec.Generator(model, drafter="pld", cache="native", budget="full")
-    generator.verifier.skinny_rows = 128  # type: ignore[attr-defined]
+    generator.verifier.kernel_rows = 128  # type: ignore[attr-defined]
     generator.generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=20, on_tokens=watch)
     assert seen and not any(seen)
     assert [p._version for p in model.parameters()] == versions

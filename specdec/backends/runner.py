@@ -43,6 +43,8 @@ from specdec.backends.static_cache import StaticKVCache
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (query [1, Hq, T, D], keys, values [1, Hkv, S, D], start, ancestors [T, T] | None, scale) -> [1, T, Hq * D]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None", float], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -68,17 +70,45 @@ class Segment:
     """One sequence's part of a forward: ``T`` new tokens written after ``start`` committed ones.
 
     ``tokens``, ``positions`` int64 ``[1, T]``; the new keys and values go to slots
-    ``start .. start+T-1`` of ``cache`` and attention reads its slots ``0 .. start+T-1``.
-    ``mask``: bool ``[1, 1, T, start+T]`` (True: attend), or None for a causal pass over the
-    new tokens (a prefill, a plain step). ``last_only``: only the last row's logits.
+    ``start .. start+T-1`` of ``cache`` and attention reads its slots ``0 .. start+T-1``: every
+    row sees the committed slots ``[0, start)`` and, of the new ones, those of its tree
+    ancestors and itself (``ancestors`` bool ``[T, T]``), or with ``ancestors=None`` those at
+    or before it (a causal pass: a prefill, a plain step, a chain). ``last_only``: only the
+    last row's logits.
     """
 
     tokens: torch.Tensor
     positions: torch.Tensor
     cache: StaticKVCache
     start: int
-    mask: torch.Tensor | None = None
+    ancestors: torch.Tensor | None = None
     last_only: bool = False
+
+    def mask(self) -> torch.Tensor | None:
+        """The bool attention mask ``[1, 1, T, start+T]`` for ``scaled_dot_product_attention``.
+
+        None where SDPA's own causal flag says the same: one row (it sees everything), or a
+        causal pass from slot 0 (a prefill). SDPA aligns its causal mask to the top left, so a
+        causal pass after committed slots needs the mask written out.
+        """
+        rows = self.tokens.shape[1]
+        visible = self.ancestors
+        if visible is None:
+            if rows == 1 or self.start == 0:
+                return None
+            visible = torch.ones((rows, rows), dtype=torch.bool, device=self.tokens.device).tril()
+        committed = visible.new_ones((rows, self.start))
+        return torch.cat([committed, visible], dim=1)[None, None]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How a forward computes: ``linear(x, weight, bias)`` for every linear layer, and
+    ``attention`` (:func:`specdec.backends.cpu_kernels.tree_attention`'s signature) for the
+    attention of each segment, or None for ``torch.nn.functional.scaled_dot_product_attention``."""
+
+    linear: Linear
+    attention: Attention | None = None
 
 
 def _weights(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -159,13 +189,14 @@ class DecoderRunner:
         ]
         self.num_layers = len(self.layers)
 
-    def forward(self, segments: Sequence[Segment], linear: Linear) -> list[torch.Tensor]:
+    def forward(self, segments: Sequence[Segment], kernels: Kernels) -> list[torch.Tensor]:
         """Logits for every segment: ``[T_s, V]`` each (``[1, V]`` with ``last_only``).
 
         All segments' rows go through each linear layer together (one weight pass for the
         whole batch: ``R = sum T_s`` rows); attention runs per segment over its own cache.
-        ``linear(x, weight, bias)`` computes every linear layer.
         """
+        linear = kernels.linear
+        masks = [None if kernels.attention is not None else segment.mask() for segment in segments]
         rows = [segment.tokens.shape[1] for segment in segments]
         total = sum(rows)
         tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
@@ -186,21 +217,23 @@ class DecoderRunner:
             query, key = self.apply_rotary(query, key, cos, sin)
             outputs = []
             offset = 0
-            for segment, count in zip(segments, rows, strict=True):
+            for segment, mask, count in zip(segments, masks, rows, strict=True):
                 part = slice(offset, offset + count)
                 offset += count
                 width = segment.start + count
                 keys, values = segment.cache.ensure(index, key[:, :, part], value[:, :, part])  # [1, Hkv, S, D]
                 keys[:, :, segment.start : width] = key[:, :, part]
                 values[:, :, segment.start : width] = value[:, :, part]
-                causal = segment.mask is None and count > 1
+                if kernels.attention is not None:
+                    attention = kernels.attention
+                    outputs.append(attention(query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling))
+                    continue
                 attended = F.scaled_dot_product_attention(
-                    query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=segment.mask,
-                    scale=self.scaling, is_causal=causal, enable_gqa=grouped,
+                    query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=mask,
+                    scale=self.scaling, is_causal=mask is None and count > 1, enable_gqa=grouped,  # count > 1: start 0
                 )  # fmt: skip
-                outputs.append(attended)  # [1, Hq, T_s, D]
-            attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-            attended = attended.transpose(1, 2).reshape(1, total, -1)
+                outputs.append(attended.transpose(1, 2).reshape(1, count, -1))  # [1, T_s, Hq * D]
+            attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
             hidden = residual + linear(attended, *layer.o)
             residual = hidden
             x = layer.post_norm(hidden)
@@ -224,4 +257,8 @@ def aten_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return F.linear(x, weight, bias)
 
 
-__all__: Sequence[str] = ("ARCHITECTURES", "DecoderRunner", "Segment", "aten_linear", "unsupported_reason")
+PLAIN = Kernels(aten_linear)  # the model's own kernels: linear and SDPA
+
+__all__: Sequence[str] = (
+    "ARCHITECTURES", "PLAIN", "DecoderRunner", "Kernels", "Segment", "aten_linear", "unsupported_reason",
+)  # fmt: skip

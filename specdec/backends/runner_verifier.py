@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from specdec.backends.runner import DecoderRunner, Linear, Segment, aten_linear
-from specdec.backends.skinny import skinny_linear, supports_skinny
+from specdec.backends import cpu_kernels
+from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment
 from specdec.backends.static import capacity_for
 from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, TokenChooser
@@ -32,15 +33,17 @@ MAX_NODES = 512
 class RunnerVerifier(ModelVerifier):
     """A :class:`ModelVerifier` whose forwards are a :class:`DecoderRunner` over a cache per sequence.
 
-    ``skinny_rows``: forwards of 1 to ``skinny_rows`` rows use the skinny kernels (0: never);
+    ``kernel_rows``: forwards of 1 to ``kernel_rows`` rows use specdec's CPU kernels
+    (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention; 0: never);
     the calibration sets it where it measured them faster.
     """
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         super().__init__(model, ops, chooser)
         self.runner = DecoderRunner(model)
-        self.skinny_rows = 0
-        self.skinny_available = supports_skinny(model)
+        self.kernel_rows = 0
+        self.cpu_kernels = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention)
+        self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
         self.max_tree_nodes = MAX_NODES
 
     @property
@@ -48,10 +51,10 @@ class RunnerVerifier(ModelVerifier):
         """``"native"``: specdec's own forward, a cache per sequence, eager."""
         return "native"
 
-    def _linear_for(self, rows: int) -> Linear:
-        if self.skinny_available and 1 <= rows <= self.skinny_rows:
-            return skinny_linear
-        return aten_linear
+    def _kernels_for(self, rows: int) -> Kernels:
+        if self.kernels_available and 1 <= rows <= self.kernel_rows:
+            return self.cpu_kernels
+        return PLAIN
 
     # -- the model-side hooks of ModelVerifier -----------------------------------------------
     def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
@@ -60,7 +63,7 @@ class RunnerVerifier(ModelVerifier):
         cache = StaticKVCache(self.runner.num_layers, capacity, self.device)
         positions = torch.arange(length, device=self.device).unsqueeze(0)
         segment = Segment(input_ids, positions, cache, 0, None, last_only=not keep_all)
-        (logits,) = self.runner.forward([segment], self._linear_for(length))
+        (logits,) = self.runner.forward([segment], self._kernels_for(length))
         cache.committed_len = length
         return cache, logits
 
@@ -70,10 +73,12 @@ class RunnerVerifier(ModelVerifier):
         if committed + tree.size > cache.capacity:
             cache.committed_len = committed
             cache.grow(capacity_for(committed + tree.size))
-        mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, None)
+        positions = torch.tensor([tree.depths], dtype=torch.long, device=self.device) + committed
+        ancestors = None if tree.is_chain else torch.from_numpy(ancestor_matrix(tree.parents)).to(self.device)
         tokens = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        segment = Segment(tokens, position_ids, cache, committed, mask)
-        (logits,) = self.runner.forward([segment], self._linear_for(tree.size))
+        segment = Segment(tokens, positions, cache, committed, ancestors)
+        (logits,) = self.runner.forward([segment], self._kernels_for(tree.size))
+        position_ids = positions
         return logits, position_ids[0]
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:

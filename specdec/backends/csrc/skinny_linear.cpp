@@ -1,4 +1,4 @@
-// specdec skinny linear: the op torch.ops.specdec_cpu.skinny_linear and its CPU kernels.
+// specdec skinny linear: the kernels of torch.ops.specdec_cpu.skinny_linear (registered in cpu_kernels.cpp).
 //
 // What and why: skinny_linear.h (the contract every path keeps). Three paths, picked at run time:
 //   avx512   hand-written AVX-512 kernels (float and bfloat16 weights), the fast path;
@@ -15,8 +15,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <pybind11/pybind11.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +22,7 @@
 #include <cstring>
 #include <string>
 
+#include "cpu_kernels.h"
 #include "skinny_linear.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -33,7 +32,7 @@
 #define SPECDEC_X86 0
 #endif
 
-namespace specdec_skinny {
+namespace specdec_cpu_kernels {
 
 namespace portable {
 #include "skinny_portable.inc"
@@ -169,39 +168,6 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 
 namespace {
 
-bool cpu_has(Isa isa) {
-#if SPECDEC_X86
-  __builtin_cpu_init();
-  if (isa == Isa::kAvx512)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-  return isa == Isa::kPortable;
-}
-
-Isa best_isa() {
-  static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512 : (cpu_has(Isa::kAvx2) ? Isa::kAvx2 : Isa::kPortable);
-  return best;
-}
-
-Isa parse_isa(const std::string& name) {
-  Isa isa;
-  if (name == "auto") return best_isa();
-  if (name == "avx512") {
-    isa = Isa::kAvx512;
-  } else if (name == "avx2") {
-    isa = Isa::kAvx2;
-  } else if (name == "portable") {
-    isa = Isa::kPortable;
-  } else {
-    TORCH_CHECK(false, "specdec_cpu::skinny_linear: unknown isa '", name,
-                "'; valid: 'auto', 'avx512', 'avx2', 'portable'");
-  }
-  TORCH_CHECK(cpu_has(isa), "specdec_cpu::skinny_linear: isa '", name, "' is not supported by this CPU");
-  return isa;
-}
-
 // Weight rows per parallel task: enough that a task streams tens of KB (the fork/join and the
 // prefetch ramp-up are paid per task), few enough that both threads get work on small layers.
 int64_t grain_rows(int64_t N, int64_t K) {
@@ -218,6 +184,8 @@ void parallel_rows(int64_t N, int64_t K, Kernel kernel) {
     for (int64_t t = begin; t < end; ++t) kernel(t * grain, std::min(N, (t + 1) * grain));
   });
 }
+
+}  // namespace
 
 at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                              c10::string_view isa_name) {
@@ -240,7 +208,7 @@ at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, cons
                 "specdec_cpu::skinny_linear: bias must be [", N, "] of ", dtype, ", got ", bias->sizes(), " of ",
                 bias->scalar_type());
   }
-  const Isa isa = parse_isa(std::string(isa_name));
+  const Isa isa = parse_isa(std::string(isa_name), "skinny_linear");
 
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = N;
@@ -290,29 +258,4 @@ at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, cons
   return y.view(out_shape);
 }
 
-std::string cpu_isa() {
-  switch (best_isa()) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    default:
-      return "portable";
-  }
-}
-
-}  // namespace
-}  // namespace specdec_skinny
-
-TORCH_LIBRARY(specdec_cpu, m) {
-  // x [..., K] and weight [N, K] of one dtype (float32, bfloat16, float64), bias [N] or None ->
-  // [..., N]. isa: 'auto' (the best this CPU has), 'avx512', 'avx2' or 'portable' (all give the same bits).
-  m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, str isa='auto') -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) { m.impl("skinny_linear", &specdec_skinny::skinny_linear_cpu); }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.doc() = "specdec skinny linear; the op itself is torch.ops.specdec_cpu.skinny_linear";
-  module.def("cpu_isa", &specdec_skinny::cpu_isa, "The instruction set 'auto' runs on this CPU.");
-}
+}  // namespace specdec_cpu_kernels

@@ -25,12 +25,3 @@
 //
 // Layouts: x [M, K] and w [N, K] row-major and contiguous; y [M, N] row-major.
 #pragma once
-
-#include <cstdint>
-
-namespace specdec_skinny {
-
-// The instruction sets a caller can ask for ("auto" takes the best this CPU has).
-enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-
-}  // namespace specdec_skinny
