@@ -225,8 +225,10 @@ class DecoderRunner:
                 keys[:, :, segment.start : width] = key[:, :, part]
                 values[:, :, segment.start : width] = value[:, :, part]
                 if kernels.attention is not None:
-                    attention = kernels.attention
-                    outputs.append(attention(query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling))
+                    attended = kernels.attention(
+                        query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling
+                    )
+                    outputs.append(attended)  # [1, T_s, Hq * D]
                     continue
                 attended = F.scaled_dot_product_attention(
                     query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=mask,
