@@ -52,7 +52,10 @@ from specdec.native import NativeBuildError, load_extension
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "tree_attention.cpp")
-HEADERS = (CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h")
+HEADERS = (
+    CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
+    CSRC / "tree_attention_portable.inc",
+)
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
 CFLAGS = ("-O3", "-ffp-contract=off")
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)

@@ -29,54 +29,6 @@
 #endif
 
 namespace specdec_cpu_kernels {
-namespace {
-
-// exp(x) for x <= 0, by a fixed sequence of IEEE operations (Cephes' expf polynomial): the same
-// bits on every path. Inputs below -86 are raised to -86 (e^-86 ~ 4e-38: nothing next to e^0 = 1,
-// the softmax's largest term), which keeps 2^n a normal number.
-inline float exp_c(float x) {
-  x = std::max(x, -86.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  const float r2 = r * r;
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  const float y = std::fma(p, r2, r) + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &y, sizeof bits);
-  bits += static_cast<int32_t>(n) << 23;
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
-
-inline double exp_c(double x) { return std::exp(x); }
-
-inline float widen(float v) { return v; }
-inline double widen(double v) { return v; }
-inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
-
-template <typename acc_t>
-constexpr int lanes() {
-  return std::is_same_v<acc_t, double> ? 8 : 16;
-}
-
-// The lane tree of the contracts (skinny_linear.h): (0+2)+(1+3) per chunk of four, then chunks pairwise.
-template <typename acc_t, int L>
-inline acc_t lane_sum(const acc_t* acc) {
-  acc_t chunk[L / 4];
-  for (int c = 0; c < L / 4; ++c) chunk[c] = (acc[4 * c] + acc[4 * c + 2]) + (acc[4 * c + 1] + acc[4 * c + 3]);
-  if constexpr (L == 16) {
-    return (chunk[0] + chunk[1]) + (chunk[2] + chunk[3]);
-  } else {
-    return chunk[0] + chunk[1];
-  }
-}
 
 // Where row i's visible slots are: the committed slots [0, start), then `tree` (absolute slots).
 struct Visible {
@@ -86,39 +38,24 @@ struct Visible {
   int64_t slot(int64_t v) const { return v < start ? v : tree[v - start]; }
 };
 
-// One row of one query head, portable: the contract, written out.
-template <typename scalar_t, typename acc_t>
-void row_portable(const scalar_t* q, const scalar_t* keys, const scalar_t* values, int64_t D, const Visible& seen,
-                  acc_t scale, acc_t* scores, acc_t* out) {
-  constexpr int L = lanes<acc_t>();
-  const int64_t n = seen.size();
-  for (int64_t v = 0; v < n; ++v) {
-    const scalar_t* k = keys + seen.slot(v) * D;
-    acc_t acc[L];
-    for (int l = 0; l < L; ++l) acc[l] = acc_t(0);
-    for (int64_t d0 = 0; d0 < D; d0 += L)
-      for (int l = 0; l < L; ++l) {
-        const bool inside = d0 + l < D;
-        acc[l] = std::fma(inside ? widen(q[d0 + l]) : acc_t(0), inside ? widen(k[d0 + l]) : acc_t(0), acc[l]);
-      }
-    scores[v] = lane_sum<acc_t, L>(acc) * scale;
-  }
-  acc_t top = -std::numeric_limits<acc_t>::infinity();
-  for (int64_t v = 0; v < n; ++v) top = std::max(top, scores[v]);
-  acc_t sums[L];
-  for (int l = 0; l < L; ++l) sums[l] = acc_t(0);
-  for (int64_t v = 0; v < n; ++v) {
-    scores[v] = exp_c(scores[v] - top);
-    sums[v % L] = sums[v % L] + scores[v];
-  }
-  const acc_t total = lane_sum<acc_t, L>(sums);
-  for (int64_t d = 0; d < D; ++d) out[d] = acc_t(0);
-  for (int64_t v = 0; v < n; ++v) {
-    const scalar_t* value = values + seen.slot(v) * D;
-    for (int64_t d = 0; d < D; ++d) out[d] = std::fma(scores[v], widen(value[d]), out[d]);
-  }
-  for (int64_t d = 0; d < D; ++d) out[d] = out[d] / total;
-}
+namespace portable_rows {
+#include "tree_attention_portable.inc"
+}  // namespace portable_rows
+
+#if SPECDEC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2_rows {
+#include "tree_attention_portable.inc"
+}  // namespace avx2_rows
+#pragma GCC pop_options
+#endif
+
+namespace {
+using portable_rows::exp_c;
+using portable_rows::lane_sum;
+using portable_rows::row_portable;
+using portable_rows::widen;
 
 #if SPECDEC_X86
 #pragma GCC push_options
@@ -166,56 +103,132 @@ inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
-// One row of one query head on AVX-512 (float accumulation; float or bfloat16 data). D <= 256.
+// Sixteen dot products q . k[j] (j < count; the rest zero), each by the contract's lanes and tree,
+// times `scale`, stored at out[0 .. count).
 template <typename scalar_t>
-void row_avx512(const scalar_t* q, const scalar_t* keys, const scalar_t* values, int64_t D, const Visible& seen,
-                float scale, float* scores, float* out) {
+inline void scores16(const __m512* qv, const __mmask16* masks, int chunks, const scalar_t* const* k, int64_t count,
+                     __m512 scale, float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; ++j)
+    for (int c = 0; c < chunks; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(k[j] + 16 * c, masks[c]), acc[j]);
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1u), _mm512_mul_ps(lane_sums16(acc), scale));
+}
+
+// The query vectors of one KV head that one task serves: rows x query heads of the group.
+struct Vectors {
+  int64_t first, count;  // vector j = row * group + (query head - kv head * group), for j in [first, first + count)
+};
+
+// Every vector of `task` (one KV head) attended over its visible slots, on AVX-512 (float accumulation).
+// Keys and values are read block by block (KEY_BLOCK slots, ~16 KB each: they stay in L1) for all the
+// task's vectors, so the cache is read once per task, not once per row and query head. Per vector the
+// contract's order holds: scores are independent values; the sums and the weighted values run over
+// the visible slots in increasing order (committed blocks ascending, then the vector's tree slots).
+template <typename scalar_t>
+void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, const scalar_t* keys,
+                 const scalar_t* values, int64_t D, int64_t start, int64_t T, int64_t group, int64_t kv_head,
+                 const std::vector<std::vector<int64_t>>& tree_slots, float scale, Vectors task, float* scores,
+                 float* outs, float* totals) {
+  constexpr int64_t KEY_BLOCK = 64;
   const int chunks = static_cast<int>((D + 15) / 16);
-  __m512 qv[16];
   __mmask16 masks[16];
-  for (int c = 0; c < chunks; ++c) {
-    const int64_t left = std::min<int64_t>(16, D - 16 * c);
-    masks[c] = static_cast<__mmask16>((1u << left) - 1u);
-    qv[c] = load16(q + 16 * c, masks[c]);
-  }
-  const int64_t n = seen.size();
+  for (int c = 0; c < chunks; ++c) masks[c] = static_cast<__mmask16>((1u << std::min<int64_t>(16, D - 16 * c)) - 1u);
+  const int64_t width = start + T;  // a vector's scores row: committed slots, then its tree part
   const __m512 scale_v = _mm512_set1_ps(scale);
-  for (int64_t v0 = 0; v0 < n; v0 += 16) {  // sixteen visible slots at a time
-    __m512 acc[16];
-    const int64_t block = std::min<int64_t>(16, n - v0);
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < block; ++j) {
-      const scalar_t* k = keys + seen.slot(v0 + j) * D;
-      for (int c = 0; c < chunks; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(k + 16 * c, masks[c]), acc[j]);
+  auto query_of = [&](int64_t j) {
+    const int64_t row = j / group, head = kv_head * group + j % group;
+    return query_base + head * q_head + row * q_row;
+  };
+  // Pass 1: scores over the committed slots, block by block, every vector.
+  for (int64_t b0 = 0; b0 < start; b0 += KEY_BLOCK) {
+    const int64_t b1 = std::min(start, b0 + KEY_BLOCK);
+    for (int64_t j = 0; j < task.count; ++j) {
+      const scalar_t* q = query_of(task.first + j);
+      __m512 qv[16];
+      for (int c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+      const scalar_t* k[16];
+      for (int64_t v0 = b0; v0 < b1; v0 += 16) {
+        const int64_t count = std::min<int64_t>(16, b1 - v0);
+        for (int64_t i = 0; i < count; ++i) k[i] = keys + (v0 + i) * D;
+        scores16(qv, masks, chunks, k, count, scale_v, scores + j * width + v0);
+      }
     }
-    const __m512 s = _mm512_mul_ps(lane_sums16(acc), scale_v);
-    _mm512_mask_storeu_ps(scores + v0, static_cast<__mmask16>((1u << block) - 1u), s);
   }
-  __m512 top_v = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t v0 = 0; v0 < n; v0 += 16) {
-    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
-    top_v = _mm512_mask_max_ps(top_v, m, top_v, _mm512_maskz_loadu_ps(m, scores + v0));
+  // The tree part's scores, then per vector: max, exponentials and their sum, all in slot order.
+  for (int64_t j = 0; j < task.count; ++j) {
+    const std::vector<int64_t>& tree = tree_slots[(task.first + j) / group];
+    const scalar_t* q = query_of(task.first + j);
+    __m512 qv[16];
+    for (int c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+    const scalar_t* k[16];
+    const int64_t tree_size = static_cast<int64_t>(tree.size());
+    for (int64_t t0 = 0; t0 < tree_size; t0 += 16) {
+      const int64_t count = std::min<int64_t>(16, tree_size - t0);
+      for (int64_t i = 0; i < count; ++i) k[i] = keys + tree[t0 + i] * D;
+      scores16(qv, masks, chunks, k, count, scale_v, scores + j * width + start + t0);
+    }
+    float* row = scores + j * width;
+    const int64_t n = start + tree_size;
+    __m512 top_v = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t v0 = 0; v0 < n; v0 += 16) {
+      const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
+      top_v = _mm512_mask_max_ps(top_v, m, top_v, _mm512_maskz_loadu_ps(m, row + v0));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));  // a max: exact in any order
+    __m512 sums = _mm512_setzero_ps();
+    for (int64_t v0 = 0; v0 < n; v0 += 16) {
+      const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
+      const __m512 p = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + v0), top)));
+      _mm512_mask_storeu_ps(row + v0, m, p);
+      sums = _mm512_add_ps(sums, p);  // lane l gathers v = l, l + 16, ...; zeros past n
+    }
+    alignas(64) float lanes16[16];
+    _mm512_store_ps(lanes16, sums);
+    totals[j] = lane_sum<float, 16>(lanes16);
   }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));  // a max: exact in any order
-  __m512 sums = _mm512_setzero_ps();
-  for (int64_t v0 = 0; v0 < n; v0 += 16) {
-    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
-    const __m512 p = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + v0), top)));
-    _mm512_mask_storeu_ps(scores + v0, m, p);
-    sums = _mm512_add_ps(sums, p);  // lane l gathers v = l, l + 16, ...; zeros past n
+  // Pass 2: the weighted values over the committed slots, block by block, two vectors at a time
+  // (eight independent accumulator chains), each vector's running sums kept in `outs` between blocks.
+  for (int64_t j = 0; j < task.count * D; ++j) outs[j] = 0.0f;
+  for (int64_t b0 = 0; b0 < start; b0 += KEY_BLOCK) {
+    const int64_t b1 = std::min(start, b0 + KEY_BLOCK);
+    for (int64_t j = 0; j < task.count; j += 2) {
+      const bool pair = j + 1 < task.count;
+      __m512 oa[16], ob[16];
+      for (int c = 0; c < chunks; ++c) {
+        oa[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
+        ob[c] = pair ? _mm512_maskz_loadu_ps(masks[c], outs + (j + 1) * D + 16 * c) : _mm512_setzero_ps();
+      }
+      const float* pa = scores + j * width;
+      const float* pb = pair ? scores + (j + 1) * width : pa;
+      for (int64_t v = b0; v < b1; ++v) {
+        const scalar_t* value = values + v * D;
+        const __m512 wa = _mm512_set1_ps(pa[v]), wb = _mm512_set1_ps(pb[v]);
+        for (int c = 0; c < chunks; ++c) {
+          const __m512 x = load16(value + 16 * c, masks[c]);
+          oa[c] = _mm512_fmadd_ps(wa, x, oa[c]);
+          ob[c] = _mm512_fmadd_ps(wb, x, ob[c]);
+        }
+      }
+      for (int c = 0; c < chunks; ++c) {
+        _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], oa[c]);
+        if (pair) _mm512_mask_storeu_ps(outs + (j + 1) * D + 16 * c, masks[c], ob[c]);
+      }
+    }
   }
-  alignas(64) float lanes16[16];
-  _mm512_store_ps(lanes16, sums);
-  const float total = lane_sum<float, 16>(lanes16);
-  __m512 o[16];
-  for (int c = 0; c < chunks; ++c) o[c] = _mm512_setzero_ps();
-  for (int64_t v = 0; v < n; ++v) {
-    const __m512 p = _mm512_set1_ps(scores[v]);
-    const scalar_t* value = values + seen.slot(v) * D;
-    for (int c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(p, load16(value + 16 * c, masks[c]), o[c]);
+  for (int64_t j = 0; j < task.count; ++j) {  // the tree part, then the division by the sum
+    const std::vector<int64_t>& tree = tree_slots[(task.first + j) / group];
+    const float* p = scores + j * width + start;
+    __m512 o[16];
+    for (int c = 0; c < chunks; ++c) o[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
+    for (size_t t = 0; t < tree.size(); ++t) {
+      const scalar_t* value = values + tree[t] * D;
+      const __m512 w = _mm512_set1_ps(p[t]);
+      for (int c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(w, load16(value + 16 * c, masks[c]), o[c]);
+    }
+    const __m512 total = _mm512_set1_ps(totals[j]);
+    for (int c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], _mm512_div_ps(o[c], total));
   }
-  const __m512 total_v = _mm512_set1_ps(total);
-  for (int c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(out + 16 * c, masks[c], _mm512_div_ps(o[c], total_v));
 }
 
 #pragma GCC pop_options
@@ -233,39 +246,64 @@ void attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& v
   const scalar_t* vp = values.const_data_ptr<scalar_t>();
   scalar_t* op = out.mutable_data_ptr<scalar_t>();  // [1, T, Hq * D]
   const int64_t q_head = query.stride(1), q_row = query.stride(2);
-  at::parallel_for(0, Hq, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scores(static_cast<size_t>(start + T));
-    std::vector<acc_t> row_out(static_cast<size_t>(D));
+  // Row i's tree part: the slots of its ancestors and itself (or of every row up to it: causal).
+  std::vector<std::vector<int64_t>> tree_slots(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t a = 0; a < T; ++a)
+      if (ancestors != nullptr ? ancestors[i * T + a] : a <= i) tree_slots[i].push_back(start + a);
+  // Tasks: each KV head's T * group query vectors, cut into pieces so both threads get work on a
+  // model with few KV heads; every piece reads its KV head's keys and values once.
+  const int64_t per_head = T * group;
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(per_head, (2 * at::get_num_threads() + Hkv - 1) / Hkv));
+  const int64_t piece = (per_head + pieces - 1) / pieces;
+  at::parallel_for(0, Hkv * pieces, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scores;
+    std::vector<acc_t> outs, totals;
     Visible seen{start, {}};
-    for (int64_t h = begin; h < end; ++h) {
-      const scalar_t* head_keys = kp + (h / group) * S * D;
-      const scalar_t* head_values = vp + (h / group) * S * D;
-      for (int64_t i = 0; i < T; ++i) {
-        seen.tree.clear();
-        for (int64_t a = 0; a < T; ++a)
-          if (ancestors != nullptr ? ancestors[i * T + a] : a <= i) seen.tree.push_back(start + a);
-        const scalar_t* q = qp + h * q_head + i * q_row;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t kv_head = task / pieces;
+      const Vectors vectors{(task % pieces) * piece, std::min(piece, per_head - (task % pieces) * piece)};
+      if (vectors.count <= 0) continue;
+      const scalar_t* head_keys = kp + kv_head * S * D;
+      const scalar_t* head_values = vp + kv_head * S * D;
 #if SPECDEC_X86
-        if constexpr (!std::is_same_v<scalar_t, double>) {
-          if (isa == Isa::kAvx512 && D <= 256) {
-            row_avx512<scalar_t>(q, head_keys, head_values, D, seen, static_cast<float>(scale), scores.data(),
-                                 row_out.data());
-          } else {
-            row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale),
-                                          scores.data(), row_out.data());
+      if constexpr (!std::is_same_v<scalar_t, double>) {
+        if (isa == Isa::kAvx512 && D <= 256) {
+          scores.resize(static_cast<size_t>(vectors.count * (start + T)));
+          outs.resize(static_cast<size_t>(vectors.count * D));
+          totals.resize(static_cast<size_t>(vectors.count));
+          head_avx512<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head, tree_slots,
+                                static_cast<float>(scale), vectors, scores.data(), outs.data(), totals.data());
+          for (int64_t j = 0; j < vectors.count; ++j) {
+            const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
+            scalar_t* o = op + (row * Hq + head) * D;
+            for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[j * D + d]);
           }
+          continue;
+        }
+      }
+#endif
+      scores.resize(static_cast<size_t>(start + T));
+      outs.resize(static_cast<size_t>(D));
+      for (int64_t j = 0; j < vectors.count; ++j) {
+        const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
+        seen.tree = tree_slots[row];
+        const scalar_t* q = qp + head * q_head + row * q_row;
+#if SPECDEC_X86
+        if (isa == Isa::kAvx2) {
+          avx2_rows::row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale),
+                                                   scores.data(), outs.data());
         } else
 #endif
         {
           row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale), scores.data(),
-                                        row_out.data());
+                                        outs.data());
         }
-        scalar_t* o = op + (i * Hq + h) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(row_out[d]);
+        scalar_t* o = op + (row * Hq + head) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[d]);
       }
     }
   });
-  (void)isa;
 }
 
 }  // namespace
