@@ -31,7 +31,7 @@ from specdec.native import NativeBuildError
 from specdec.types import TokenChooser
 
 BACKENDS = ("auto", "torch", "cuda_ext")
-CACHES = ("auto", "dynamic", "static", *(f"static-{mode}" for mode in STATIC_MODES))
+CACHES = ("auto", "dynamic", "native", "static", *(f"static-{mode}" for mode in STATIC_MODES))
 
 _warned_fallback = False
 
@@ -70,8 +70,8 @@ def resolve_cache(cache: str, device: torch.device) -> tuple[str, str | None]:
         raise SpecDecError(f"unknown cache {cache!r}; valid names: {', '.join(CACHES)}")
     if cache == "auto":
         cache = "static" if device.type == "cuda" else "dynamic"
-    if cache == "dynamic":
-        return "dynamic", None
+    if cache in ("dynamic", "native"):
+        return cache, None
     _, _, mode = cache.partition("-")
     return "static", mode or None
 
@@ -88,6 +88,10 @@ def make_verifier(
     ops = make_tree_ops(backend, device)
     if kind == "static":
         return StaticVerifier(model, ops=ops, chooser=chooser, mode=mode)
+    if kind == "native":
+        from specdec.backends.runner_verifier import RunnerVerifier
+
+        return RunnerVerifier(model, ops=ops, chooser=chooser)
     return ModelVerifier(model, ops=ops, chooser=chooser)
 
 

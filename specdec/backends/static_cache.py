@@ -110,6 +110,13 @@ class StaticKVCache:
                 new.append(grown)
         self.generation += 1
 
+    def ensure(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s keys and values ``[B, H, S, D]``, allocated like ``keys``/``values`` ``[B, H, T, D]``
+        if this is the cache's first write."""
+        if self.keys is None:
+            self.allocate_like(keys, values)
+        return self.layer(index)
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s keys and values ``[B, H, S, D]``."""
         assert self.keys is not None and self.values is not None, "the static cache is not allocated yet"

@@ -1,0 +1,164 @@
+"""specdec's CPU kernels for verification forwards: skinny linear layers and tree attention.
+
+**Skinny linear** (:func:`skinny_linear`): ``x @ W^T`` for a few rows of ``x``, every weight row read once.
+
+Why: a verification forward over a draft tree of ``N`` nodes multiplies each weight
+``W [out, in]`` of the model by ``N`` rows. For ``N`` up to a few dozen that product is bound
+by reading the weights, not by arithmetic: the default model's 540 MB of fp32 weights stream
+in ~11-15 ms on this project's 2-core CPU, while PyTorch's ``linear`` (MKL) streams them at
+~18 GB/s for one row and repacks the weight for every call from two rows on, so a 16-node
+verification used to cost ~2x a one-node step though the machine's floor is about the same
+for both (docs/budget.md). The kernels of ``csrc/skinny_linear.cpp`` read every weight row
+once in its stored layout (no copy, no repacking: the model's own tensors) and apply it to
+all rows while it sits in registers; the calibration (:mod:`specdec.budget`) measures them
+against ``linear`` per tree size and the verifier runs whichever was faster.
+
+**Exact and batch-invariant.** Every kernel path (hand-written AVX-512, the portable code
+compiled for AVX2, the portable code for any CPU) computes each output with one fixed
+order of fused multiply-adds and one fixed summation tree (the contract in
+``csrc/skinny_linear.h``). So the three paths give bitwise the same result, and a row's
+result never depends on the other rows: a tree node's logits through these layers equal
+the same token's logits verified alone, bit for bit, which is what makes speculative output
+identical to plain decoding through the same kernels rather than "identical except at
+near-ties". They are not bitwise equal to MKL's ``linear`` (another summation order: the
+usual ~1e-7 relative in fp32).
+
+**Tree attention** (:func:`tree_attention`): the attention of a few query rows (a draft tree
+or a plain step) over a KV cache, each row by one fixed sequence of operations over the slots
+it sees (the committed ones, then its ancestors'), in the order plain decoding would have
+them (the contract in ``csrc/tree_attention.h``). Together with the skinny kernels this
+makes a tree node's logits bitwise the logits of the same token verified alone after its
+ancestors were committed: speculative output through these kernels *is* plain decoding's
+output through them, not "equal up to near-ties". It reads the grouped KV heads as they are
+(no copy per query head).
+
+dtypes: float32, bfloat16 (widened to float exactly, float accumulation, results rounded to
+bfloat16 as torch rounds them) and float64 (the tests' tiny models; portable code). The ops
+are ``torch.ops.specdec_cpu.*`` with fake implementations, so they trace into
+``torch.compile`` graphs as opaque calls. Every kernel path (AVX-512, AVX2, portable) gives
+the same bits; ``isa=`` forces one (the tests check each against the others).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from specdec.native import NativeBuildError, load_extension
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "tree_attention.cpp")
+HEADERS = (
+    CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
+    CSRC / "tree_attention_portable.inc",
+)
+# A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
+CFLAGS = ("-O3", "-ffp-contract=off")
+DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+ISAS = ("auto", "avx512", "avx2", "portable")
+
+_LOCK = threading.Lock()
+_FAILURE: NativeBuildError | None = None
+_FAKES_REGISTERED = False
+
+
+def load() -> ModuleType:
+    """The built extension (the ops registered as ``torch.ops.specdec_cpu.*``).
+
+    Built once per machine (~40 s on 2 cores), then loaded from the cache in milliseconds. A
+    failed build raises :class:`~specdec.native.NativeBuildError` with the compiler's output,
+    and is remembered for the rest of the process.
+    """
+    global _FAILURE, _FAKES_REGISTERED
+    with _LOCK:
+        if _FAILURE is not None:
+            raise _FAILURE
+        try:
+            module = load_extension("cpu_kernels", SOURCES, depends=HEADERS, extra_cflags=CFLAGS)
+        except NativeBuildError as error:
+            _FAILURE = error
+            raise
+        if not _FAKES_REGISTERED:
+            torch.library.register_fake("specdec_cpu::skinny_linear", _skinny_linear_fake)
+            torch.library.register_fake("specdec_cpu::tree_attention", _tree_attention_fake)
+            _FAKES_REGISTERED = True
+        return module
+
+
+def available() -> bool:
+    """Whether the extension builds (or is built) here; never raises."""
+    try:
+        load()
+    except NativeBuildError:
+        return False
+    return True
+
+
+def cpu_isa() -> str:
+    """The instruction set ``isa="auto"`` runs on this CPU: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
+    return str(load().cpu_isa())
+
+
+def _skinny_linear_fake(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: str = "auto"
+) -> torch.Tensor:
+    del bias, isa
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _tree_attention_fake(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    start: int,
+    ancestors: torch.Tensor | None,
+    scale: float,
+    isa: str = "auto",
+) -> torch.Tensor:
+    del keys, values, start, ancestors, scale, isa
+    return query.new_empty((1, query.shape[2], query.shape[1] * query.shape[3]))
+
+
+def tree_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    start: int,
+    ancestors: torch.Tensor | None,
+    scale: float,
+    isa: str = "auto",
+) -> torch.Tensor:
+    """Attention of ``T`` rows after ``start`` committed slots; ``[1, T, Hq * D]``. O(T * Hq * (start + T) * D).
+
+    ``query`` ``[1, Hq, T, D]`` (any strides, ``D`` contiguous); ``keys``, ``values``
+    ``[1, Hkv, S, D]`` contiguous (a cache layer holding the rows' own keys and values at slots
+    ``start .. start+T-1``); ``ancestors`` bool ``[T, T]`` (row i sees node a when
+    ``ancestors[i, a]``), or None for a causal pass (row i sees ``start .. start+i``); every row
+    sees the committed slots ``[0, start)``. Call :func:`load` first.
+    """
+    out: torch.Tensor = torch.ops.specdec_cpu.tree_attention(query, keys, values, start, ancestors, scale, isa)
+    return out
+
+
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: str = "auto"
+) -> torch.Tensor:
+    """``torch.nn.functional.linear(x, weight, bias)`` by the skinny kernels. O(M * N * K), one pass over ``weight``.
+
+    ``x`` ``[..., K]`` and ``weight`` ``[N, K]`` (contiguous) of one dtype in
+    :data:`DTYPES`, on the CPU; ``bias`` ``[N]`` or None -> ``[..., N]``. ``isa`` forces a
+    kernel path (:data:`ISAS`; all give the same bits); one the CPU lacks raises. Call
+    :func:`load` first.
+    """
+    out: torch.Tensor = torch.ops.specdec_cpu.skinny_linear(x, weight, bias, isa)
+    return out
+
+
+def supports(model: Any) -> bool:
+    """Whether the kernels can serve ``model``: CPU parameters of a dtype in :data:`DTYPES`."""
+    parameter = next(model.parameters(), None)
+    return parameter is not None and parameter.device.type == "cpu" and parameter.dtype in DTYPES

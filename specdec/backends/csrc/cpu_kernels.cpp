@@ -1,0 +1,73 @@
+// The registration of torch.ops.specdec_cpu.* and the instruction-set choice (cpu_kernels.h).
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+
+#include "cpu_kernels.h"
+
+namespace specdec_cpu_kernels {
+
+bool cpu_has(Isa isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (isa == Isa::kAvx512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return isa == Isa::kPortable;
+}
+
+Isa best_isa() {
+  static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512 : (cpu_has(Isa::kAvx2) ? Isa::kAvx2 : Isa::kPortable);
+  return best;
+}
+
+Isa parse_isa(const std::string& name, const char* op) {
+  if (name == "auto") return best_isa();
+  Isa isa;
+  if (name == "avx512") {
+    isa = Isa::kAvx512;
+  } else if (name == "avx2") {
+    isa = Isa::kAvx2;
+  } else if (name == "portable") {
+    isa = Isa::kPortable;
+  } else {
+    TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name, "'; valid: 'auto', 'avx512', 'avx2', 'portable'");
+  }
+  TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU");
+  return isa;
+}
+
+std::string cpu_isa() {
+  switch (best_isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "portable";
+  }
+}
+
+}  // namespace specdec_cpu_kernels
+
+TORCH_LIBRARY(specdec_cpu, m) {
+  // x [..., K] and weight [N, K] of one dtype (float32, bfloat16, float64), bias [N] or None ->
+  // [..., N]. isa: 'auto' (the best this CPU has), 'avx512', 'avx2' or 'portable' (the same bits).
+  m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, str isa='auto') -> Tensor");
+  // query [1, Hq, T, D], keys/values [1, Hkv, S, D] (a cache layer), ancestors bool [T, T] or None
+  // (causal) -> [1, T, Hq * D]; rows see slots [0, start) and their tree part (tree_attention.h).
+  m.def(
+      "tree_attention(Tensor query, Tensor keys, Tensor values, int start, Tensor? ancestors, float scale, "
+      "str isa='auto') -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
+  m.impl("skinny_linear", &specdec_cpu_kernels::skinny_linear_cpu);
+  m.impl("tree_attention", &specdec_cpu_kernels::tree_attention_cpu);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.doc() = "specdec's CPU kernels; the ops themselves are torch.ops.specdec_cpu.*";
+  module.def("cpu_isa", &specdec_cpu_kernels::cpu_isa, "The instruction set 'auto' runs on this CPU.");
+}

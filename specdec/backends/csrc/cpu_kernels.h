@@ -1,0 +1,37 @@
+// specdec's CPU kernels: the ops of torch.ops.specdec_cpu, and what their source files share.
+//
+// Two ops, one extension (built and cached by specdec/native.py):
+//   skinny_linear   y = x @ W^T for a few rows of x, one pass over W  (skinny_linear.h: the contract)
+//   tree_attention  attention of a few query rows over a KV cache     (tree_attention.h: the contract)
+// Each has a hand-written AVX-512 path and a portable path; an `isa` argument forces one
+// ('auto': the best this CPU has), and every path computes the same bits (the contracts), which the
+// tests check by forcing each. The whole extension is compiled with -ffp-contract=off: a compiler
+// that fused a multiply and an add on its own would break the contracts; fused multiply-adds are
+// written out where the contracts have them (std::fma, _mm512_fmadd_ps).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace specdec_cpu_kernels {
+
+enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Whether this CPU runs `isa`; the best one it runs; `name` ('auto', 'avx512', 'avx2', 'portable')
+// parsed and checked against the CPU (an unknown or unsupported name raises, naming `op`).
+bool cpu_has(Isa isa);
+Isa best_isa();
+Isa parse_isa(const std::string& name, const char* op);
+std::string cpu_isa();
+
+at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             c10::string_view isa);
+
+at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                              int64_t start, const std::optional<at::Tensor>& ancestors, double scale,
+                              c10::string_view isa);
+
+}  // namespace specdec_cpu_kernels

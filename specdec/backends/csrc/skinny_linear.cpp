@@ -1,0 +1,261 @@
+// specdec skinny linear: the kernels of torch.ops.specdec_cpu.skinny_linear (registered in cpu_kernels.cpp).
+//
+// What and why: skinny_linear.h (the contract every path keeps). Three paths, picked at run time:
+//   avx512   hand-written AVX-512 kernels (float and bfloat16 weights), the fast path;
+//   avx2     the portable kernels compiled for AVX2+FMA;
+//   portable the portable kernels for the baseline target (any x86-64, or another architecture).
+// double always takes a portable path (tests on fp64 models; nobody serves fp64).
+//
+// Work split: at::parallel_for over blocks of weight rows, so each of torch's threads streams its
+// own contiguous part of W (no second thread pool: a private OpenMP runtime would fight torch's).
+// Inside a block, the weight rows' vectors are loaded once per k step and applied to every x row
+// of the block's group (register blocking: 16 accumulators, RO weight rows x RM x rows), and the
+// next block's rows are prefetched while this one computes, so the stream from memory never
+// waits for the arithmetic.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "cpu_kernels.h"
+#include "skinny_linear.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPECDEC_X86 1
+#include <immintrin.h>
+#else
+#define SPECDEC_X86 0
+#endif
+
+namespace specdec_cpu_kernels {
+
+namespace portable {
+#include "skinny_portable.inc"
+}  // namespace portable
+
+#if SPECDEC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "skinny_portable.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace avx512 {
+
+// The lane sums of 16 accumulators at once: lane i of the result is lane_sum(acc[i]) of the
+// contract (skinny_linear.h), by the same tree: (0+2)+(1+3) inside each 128-bit chunk, then the
+// chunks (0+1)+(2+3). 45 shuffles and adds instead of 16 separate reductions.
+inline __m512 lane_sums16(const __m512* acc) {
+  __m512 pairs[8];  // per chunk: [a0+a2, b0+b2, a1+a3, b1+b3] for accumulators a = 2i, b = 2i+1
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                             _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+  __m512 chunks[4];  // chunks[i] lane group g: the chunk-g sums of accumulators 4i..4i+3
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]);
+    const __m512d b = _mm512_castps_pd(pairs[2 * i + 1]);
+    chunks[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // (chunk 0 + chunk 1) and (chunk 2 + chunk 3), then their sum: 0x88 takes 128-bit lanes 0, 2 of
+  // each operand, 0xDD lanes 1, 3.
+  const __m512 h0 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[0], chunks[1], 0x88),
+                                  _mm512_shuffle_f32x4(chunks[0], chunks[1], 0xDD));
+  const __m512 h1 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[2], chunks[3], 0x88),
+                                  _mm512_shuffle_f32x4(chunks[2], chunks[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xDD));
+}
+
+// Sixteen weight values at w[k], widened to float (all lanes, or the first `lanes` with zeros after).
+inline __m512 load_w(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load_w(const uint16_t* w) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load_w_tail(const float* w, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, w); }
+inline __m512 load_w_tail(const uint16_t* w, __mmask16 mask) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(mask, w);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// RO weight rows (from row o) against RM rows of x (from row m); accumulator slot c * RO + r.
+// Slots of absent x rows (rm < RM) stay zero and are not stored. `prefetch`: the row where the
+// next block starts (or nullptr), whose lines are fetched a block ahead of their use.
+template <int RO, int RM, typename weight_t>
+inline void block(const float* x, const weight_t* w, float* y, int64_t K, int64_t N, int64_t o, int64_t m,
+                  int rm, const weight_t* prefetch) {
+  static_assert(RO * RM == 16, "a block fills the 16 accumulators lane_sums16 reduces");
+  __m512 acc[16];
+  for (int s = 0; s < 16; ++s) acc[s] = _mm512_setzero_ps();
+  const weight_t* w_rows = w + o * K;
+  const float* x_rows = x + m * K;
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if (prefetch != nullptr)
+      for (int r = 0; r < RO; ++r) _mm_prefetch(reinterpret_cast<const char*>(prefetch + r * K + k), _MM_HINT_T0);
+    __m512 wv[RO];
+    for (int r = 0; r < RO; ++r) wv[r] = load_w(w_rows + r * K + k);
+    for (int c = 0; c < RM; ++c) {
+      if (c >= rm) break;
+      const __m512 xv = _mm512_loadu_ps(x_rows + c * K + k);
+      for (int r = 0; r < RO; ++r) acc[c * RO + r] = _mm512_fmadd_ps(wv[r], xv, acc[c * RO + r]);
+    }
+  }
+  if (k < K) {  // lanes past K load zeros: fma(0, 0, acc) leaves acc as the contract says
+    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[RO];
+    for (int r = 0; r < RO; ++r) wv[r] = load_w_tail(w_rows + r * K + k, mask);
+    for (int c = 0; c < RM; ++c) {
+      if (c >= rm) break;
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x_rows + c * K + k);
+      for (int r = 0; r < RO; ++r) acc[c * RO + r] = _mm512_fmadd_ps(wv[r], xv, acc[c * RO + r]);
+    }
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, lane_sums16(acc));
+  for (int c = 0; c < rm; ++c) std::memcpy(y + (m + c) * N + o, sums + c * RO, RO * sizeof(float));
+}
+
+// Rows [o_begin, o_end) of w against all M rows of x (float; bfloat16 x is widened by the caller).
+// Block shapes by M: one x row streams 16 weight rows at a time, two rows 8, more rows 4 weight
+// rows x groups of 4 x rows (the weight rows stay in L1 across the groups). Rows past the last
+// whole block take the portable kernel, which computes the same bits.
+template <typename weight_t>
+inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
+                 int64_t o_end) {
+  const int ro = M == 1 ? 16 : (M == 2 ? 8 : 4);
+  int64_t o = o_begin;
+  for (; o + ro <= o_end; o += ro) {
+    const weight_t* next = o + 2 * ro <= o_end ? w + (o + ro) * K : nullptr;
+    if (M == 1) {
+      block<16, 1>(x, w, y, K, N, o, 0, 1, next);
+    } else if (M == 2) {
+      block<8, 2>(x, w, y, K, N, o, 0, 2, next);
+    } else {
+      for (int64_t m = 0; m < M; m += 4)
+        block<4, 4>(x, w, y, K, N, o, m, static_cast<int>(std::min<int64_t>(4, M - m)), m == 0 ? next : nullptr);
+    }
+  }
+  if (o < o_end) {
+    if constexpr (std::is_same_v<weight_t, float>) {
+      avx2::rows_f32(x, w, y, M, K, N, o, o_end);
+    } else {
+      avx2::rows_bf16(x, w, y, M, K, N, o, o_end);
+    }
+  }
+}
+
+void rows_f32(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
+              int64_t o_end) {
+  rows<float>(x, w, y, M, K, N, o_begin, o_end);
+}
+
+void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
+               int64_t o_end) {
+  rows<uint16_t>(x, w, y, M, K, N, o_begin, o_end);
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+#endif  // SPECDEC_X86
+
+namespace {
+
+// Weight rows per parallel task: enough that a task streams tens of KB (the fork/join and the
+// prefetch ramp-up are paid per task), few enough that both threads get work on small layers.
+int64_t grain_rows(int64_t N, int64_t K) {
+  const int64_t rows = std::max<int64_t>(16, (int64_t(1) << 15) / std::max<int64_t>(K, 1));
+  return std::min<int64_t>(std::max<int64_t>(N, 1), rows);
+}
+
+template <typename Kernel>
+void parallel_rows(int64_t N, int64_t K, Kernel kernel) {
+  // Tasks start at multiples of 16 rows, so the AVX-512 blocks tile each task whole.
+  const int64_t grain = (grain_rows(N, K) + 15) / 16 * 16;
+  const int64_t tasks = (N + grain - 1) / grain;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) kernel(t * grain, std::min(N, (t + 1) * grain));
+  });
+}
+
+}  // namespace
+
+at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             c10::string_view isa_name) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "specdec_cpu::skinny_linear: CPU tensors only, got ",
+              x.device(), " and ", weight.device());
+  TORCH_CHECK(weight.dim() == 2, "specdec_cpu::skinny_linear: weight must be [out, in], got shape ", weight.sizes());
+  TORCH_CHECK(x.dim() >= 1, "specdec_cpu::skinny_linear: x must have at least one dimension");
+  const int64_t K = weight.size(1);
+  const int64_t N = weight.size(0);
+  TORCH_CHECK(x.size(-1) == K, "specdec_cpu::skinny_linear: x's last dimension is ", x.size(-1),
+              ", the weight's in-features are ", K);
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "specdec_cpu::skinny_linear: x is ", x.scalar_type(),
+              ", the weight is ", weight.scalar_type());
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
+              "specdec_cpu::skinny_linear: float32, bfloat16 or float64 only, got ", dtype);
+  TORCH_CHECK(weight.is_contiguous(), "specdec_cpu::skinny_linear: the weight must be contiguous");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dtype,
+                "specdec_cpu::skinny_linear: bias must be [", N, "] of ", dtype, ", got ", bias->sizes(), " of ",
+                bias->scalar_type());
+  }
+  const Isa isa = parse_isa(std::string(isa_name), "skinny_linear");
+
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  const at::Tensor rows = x.reshape({-1, K}).contiguous();  // [M, K]
+  const int64_t M = rows.size(0);
+  at::Tensor y;
+  if (dtype == at::kDouble) {
+    y = at::empty({M, N}, rows.options());
+    const double* xp = rows.const_data_ptr<double>();
+    const double* wp = weight.const_data_ptr<double>();
+    double* yp = y.mutable_data_ptr<double>();
+    parallel_rows(N, K, [&](int64_t b, int64_t e) {
+#if SPECDEC_X86
+      if (isa != Isa::kPortable) return avx2::rows_f64(xp, wp, yp, M, K, N, b, e);
+#endif
+      portable::rows_f64(xp, wp, yp, M, K, N, b, e);
+    });
+  } else {
+    // float sums [M, N]; bfloat16 inputs are widened to float first (x is small) and the sums
+    // rounded to bfloat16 at the end (round to nearest even, as torch rounds).
+    const at::Tensor x32 = dtype == at::kFloat ? rows : rows.to(at::kFloat);
+    at::Tensor sums = at::empty({M, N}, rows.options().dtype(at::kFloat));
+    const float* xp = x32.const_data_ptr<float>();
+    float* yp = sums.mutable_data_ptr<float>();
+    if (dtype == at::kFloat) {
+      const float* wp = weight.const_data_ptr<float>();
+      parallel_rows(N, K, [&](int64_t b, int64_t e) {
+#if SPECDEC_X86
+        if (isa == Isa::kAvx512) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e);
+        if (isa == Isa::kAvx2) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
+#endif
+        portable::rows_f32(xp, wp, yp, M, K, N, b, e);
+      });
+    } else {
+      const auto* wp = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
+      parallel_rows(N, K, [&](int64_t b, int64_t e) {
+#if SPECDEC_X86
+        if (isa == Isa::kAvx512) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e);
+        if (isa == Isa::kAvx2) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
+#endif
+        portable::rows_bf16(xp, wp, yp, M, K, N, b, e);
+      });
+    }
+    y = dtype == at::kFloat ? sums : sums.to(dtype);
+  }
+  if (bias.has_value()) y.add_(*bias);
+  return y.view(out_shape);
+}
+
+}  // namespace specdec_cpu_kernels

@@ -1,0 +1,27 @@
+// specdec skinny linear: y = x @ W^T for a few rows of x, every weight row read from memory once.
+//
+// Why: verifying a draft tree of N nodes multiplies every weight W [out, in] of the model by N
+// rows. For N from 1 to a few dozen that product is bound by reading W (the default model's
+// 540 MB of fp32 weights take ~11-15 ms to stream on this project's CPU), not by arithmetic, and
+// a GEMM library's kernels are tuned for large products: MKL streams the weights at ~18 GB/s for
+// one row and repacks them for every call from two rows on. The kernels here read each weight
+// row once in its stored layout and apply it to all N rows while it sits in registers.
+//
+// THE CONTRACT every path of this extension keeps (AVX-512, AVX2 and the portable one), so that
+// they give bitwise the same result, and so that a row's result never depends on the other rows
+// (batch invariance: a tree row equals the same token verified alone):
+//
+//   For output (m, o) with L lanes (L = 16 for float and bfloat16, 8 for double):
+//     acc[l] = 0 for l < L
+//     for k0 = 0, L, 2L, ... < K:            // in increasing k0
+//       for l < L:  acc[l] = fma(w[o, k0 + l], x[m, k0 + l], acc[l])   // 0 past K
+//     y[m, o] = lane_sum(acc)
+//   lane_sum (L = 16): chunk_c = (acc[4c] + acc[4c+2]) + (acc[4c+1] + acc[4c+3]) for c < 4;
+//                      y = (chunk_0 + chunk_1) + (chunk_2 + chunk_3)
+//   lane_sum (L = 8):  y = chunk_0 + chunk_1
+//   fma is one rounding (a fused multiply-add); bfloat16 inputs are widened to float exactly,
+//   accumulated in float, and the sum is rounded to bfloat16 (round to nearest even) at the end.
+//   A bias, when given, is added to the rounded-to-float sum afterwards (in the output dtype).
+//
+// Layouts: x [M, K] and w [N, K] row-major and contiguous; y [M, N] row-major.
+#pragma once

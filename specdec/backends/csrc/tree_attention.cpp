@@ -1,0 +1,354 @@
+// specdec tree attention: the kernels of torch.ops.specdec_cpu.tree_attention (registered in
+// cpu_kernels.cpp). The contract every path keeps, and why: tree_attention.h.
+//
+// Work split: at::parallel_for over query heads; a head's task runs its rows one after another.
+// Per row: the scores of its visible slots (sixteen keys at a time on AVX-512: sixteen dot products
+// in sixteen accumulators, reduced together), the softmax, and the weighted sum of the values. The
+// keys and values of one KV head (S x D, ~256 KB at a 1,000-token context) stay in the core's L2
+// across the rows and query heads that read them.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "tree_attention.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPECDEC_X86 1
+#include <immintrin.h>
+#else
+#define SPECDEC_X86 0
+#endif
+
+namespace specdec_cpu_kernels {
+
+// Where row i's visible slots are: the committed slots [0, start), then `tree` (absolute slots).
+struct Visible {
+  int64_t start;
+  std::vector<int64_t> tree;
+  int64_t size() const { return start + static_cast<int64_t>(tree.size()); }
+  int64_t slot(int64_t v) const { return v < start ? v : tree[v - start]; }
+};
+
+namespace portable_rows {
+#include "tree_attention_portable.inc"
+}  // namespace portable_rows
+
+#if SPECDEC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2_rows {
+#include "tree_attention_portable.inc"
+}  // namespace avx2_rows
+#pragma GCC pop_options
+#endif
+
+namespace {
+using portable_rows::exp_c;
+using portable_rows::lane_sum;
+using portable_rows::row_portable;
+using portable_rows::widen;
+
+#if SPECDEC_X86
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+
+inline __m512 lane_sums16(const __m512* acc) {  // as in skinny_linear.cpp: lane i = lane_sum(acc[i])
+  __m512 pairs[8];
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                             _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+  __m512 chunks[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]);
+    const __m512d b = _mm512_castps_pd(pairs[2 * i + 1]);
+    chunks[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 h0 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[0], chunks[1], 0x88),
+                                  _mm512_shuffle_f32x4(chunks[0], chunks[1], 0xDD));
+  const __m512 h1 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[2], chunks[3], 0x88),
+                                  _mm512_shuffle_f32x4(chunks[2], chunks[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xDD));
+}
+
+inline __m512 exp16(__m512 x) {  // exp_c on sixteen lanes: the same operations, vectorized
+  x = _mm512_max_ps(x, _mm512_set1_ps(-86.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  const __m512i shift = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), shift));
+}
+
+inline __m512 load16(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const uint16_t*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// Sixteen dot products q . k[j] (j < count; the rest zero), each by the contract's lanes and tree,
+// times `scale`, stored at out[0 .. count).
+template <typename scalar_t>
+inline void scores16(const __m512* qv, const __mmask16* masks, int chunks, const scalar_t* const* k, int64_t count,
+                     __m512 scale, float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; ++j)
+    for (int c = 0; c < chunks; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(k[j] + 16 * c, masks[c]), acc[j]);
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1u), _mm512_mul_ps(lane_sums16(acc), scale));
+}
+
+// The query vectors of one KV head that one task serves: rows x query heads of the group.
+struct Vectors {
+  int64_t first, count;  // vector j = row * group + (query head - kv head * group), for j in [first, first + count)
+};
+
+// Every vector of `task` (one KV head) attended over its visible slots, on AVX-512 (float accumulation).
+// Keys and values are read block by block (KEY_BLOCK slots, ~16 KB each: they stay in L1) for all the
+// task's vectors, so the cache is read once per task, not once per row and query head. Per vector the
+// contract's order holds: scores are independent values; the sums and the weighted values run over
+// the visible slots in increasing order (committed blocks ascending, then the vector's tree slots).
+template <typename scalar_t>
+void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, const scalar_t* keys,
+                 const scalar_t* values, int64_t D, int64_t start, int64_t T, int64_t group, int64_t kv_head,
+                 const std::vector<std::vector<int64_t>>& tree_slots, float scale, Vectors task, float* scores,
+                 float* outs, float* totals) {
+  constexpr int64_t KEY_BLOCK = 64;
+  const int chunks = static_cast<int>((D + 15) / 16);
+  __mmask16 masks[16];
+  for (int c = 0; c < chunks; ++c) masks[c] = static_cast<__mmask16>((1u << std::min<int64_t>(16, D - 16 * c)) - 1u);
+  const int64_t width = start + T;  // a vector's scores row: committed slots, then its tree part
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  auto query_of = [&](int64_t j) {
+    const int64_t row = j / group, head = kv_head * group + j % group;
+    return query_base + head * q_head + row * q_row;
+  };
+  // Pass 1: scores over the committed slots, block by block, every vector.
+  for (int64_t b0 = 0; b0 < start; b0 += KEY_BLOCK) {
+    const int64_t b1 = std::min(start, b0 + KEY_BLOCK);
+    for (int64_t j = 0; j < task.count; ++j) {
+      const scalar_t* q = query_of(task.first + j);
+      __m512 qv[16];
+      for (int c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+      const scalar_t* k[16];
+      for (int64_t v0 = b0; v0 < b1; v0 += 16) {
+        const int64_t count = std::min<int64_t>(16, b1 - v0);
+        for (int64_t i = 0; i < count; ++i) k[i] = keys + (v0 + i) * D;
+        scores16(qv, masks, chunks, k, count, scale_v, scores + j * width + v0);
+      }
+    }
+  }
+  // The tree part's scores, then per vector: max, exponentials and their sum, all in slot order.
+  for (int64_t j = 0; j < task.count; ++j) {
+    const std::vector<int64_t>& tree = tree_slots[(task.first + j) / group];
+    const scalar_t* q = query_of(task.first + j);
+    __m512 qv[16];
+    for (int c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+    const scalar_t* k[16];
+    const int64_t tree_size = static_cast<int64_t>(tree.size());
+    for (int64_t t0 = 0; t0 < tree_size; t0 += 16) {
+      const int64_t count = std::min<int64_t>(16, tree_size - t0);
+      for (int64_t i = 0; i < count; ++i) k[i] = keys + tree[t0 + i] * D;
+      scores16(qv, masks, chunks, k, count, scale_v, scores + j * width + start + t0);
+    }
+    float* row = scores + j * width;
+    const int64_t n = start + tree_size;
+    __m512 top_v = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t v0 = 0; v0 < n; v0 += 16) {
+      const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
+      top_v = _mm512_mask_max_ps(top_v, m, top_v, _mm512_maskz_loadu_ps(m, row + v0));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));  // a max: exact in any order
+    __m512 sums = _mm512_setzero_ps();
+    for (int64_t v0 = 0; v0 < n; v0 += 16) {
+      const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
+      const __m512 p = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + v0), top)));
+      _mm512_mask_storeu_ps(row + v0, m, p);
+      sums = _mm512_add_ps(sums, p);  // lane l gathers v = l, l + 16, ...; zeros past n
+    }
+    alignas(64) float lanes16[16];
+    _mm512_store_ps(lanes16, sums);
+    totals[j] = lane_sum<float, 16>(lanes16);
+  }
+  // Pass 2: the weighted values over the committed slots, block by block, two vectors at a time
+  // (eight independent accumulator chains), each vector's running sums kept in `outs` between blocks.
+  for (int64_t j = 0; j < task.count * D; ++j) outs[j] = 0.0f;
+  for (int64_t b0 = 0; b0 < start; b0 += KEY_BLOCK) {
+    const int64_t b1 = std::min(start, b0 + KEY_BLOCK);
+    for (int64_t j = 0; j < task.count; j += 2) {
+      const bool pair = j + 1 < task.count;
+      __m512 oa[16], ob[16];
+      for (int c = 0; c < chunks; ++c) {
+        oa[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
+        ob[c] = pair ? _mm512_maskz_loadu_ps(masks[c], outs + (j + 1) * D + 16 * c) : _mm512_setzero_ps();
+      }
+      const float* pa = scores + j * width;
+      const float* pb = pair ? scores + (j + 1) * width : pa;
+      for (int64_t v = b0; v < b1; ++v) {
+        const scalar_t* value = values + v * D;
+        const __m512 wa = _mm512_set1_ps(pa[v]), wb = _mm512_set1_ps(pb[v]);
+        for (int c = 0; c < chunks; ++c) {
+          const __m512 x = load16(value + 16 * c, masks[c]);
+          oa[c] = _mm512_fmadd_ps(wa, x, oa[c]);
+          ob[c] = _mm512_fmadd_ps(wb, x, ob[c]);
+        }
+      }
+      for (int c = 0; c < chunks; ++c) {
+        _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], oa[c]);
+        if (pair) _mm512_mask_storeu_ps(outs + (j + 1) * D + 16 * c, masks[c], ob[c]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < task.count; ++j) {  // the tree part, then the division by the sum
+    const std::vector<int64_t>& tree = tree_slots[(task.first + j) / group];
+    const float* p = scores + j * width + start;
+    __m512 o[16];
+    for (int c = 0; c < chunks; ++c) o[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
+    for (size_t t = 0; t < tree.size(); ++t) {
+      const scalar_t* value = values + tree[t] * D;
+      const __m512 w = _mm512_set1_ps(p[t]);
+      for (int c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(w, load16(value + 16 * c, masks[c]), o[c]);
+    }
+    const __m512 total = _mm512_set1_ps(totals[j]);
+    for (int c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], _mm512_div_ps(o[c], total));
+  }
+}
+
+#pragma GCC pop_options
+#endif  // SPECDEC_X86
+
+template <typename scalar_t>
+void attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, int64_t start,
+            const bool* ancestors, double scale, Isa isa, at::Tensor& out) {
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  const int64_t Hq = query.size(1), T = query.size(2), D = query.size(3);
+  const int64_t Hkv = keys.size(1), S = keys.size(2);
+  const int64_t group = Hq / Hkv;
+  const scalar_t* qp = query.const_data_ptr<scalar_t>();
+  const scalar_t* kp = keys.const_data_ptr<scalar_t>();
+  const scalar_t* vp = values.const_data_ptr<scalar_t>();
+  scalar_t* op = out.mutable_data_ptr<scalar_t>();  // [1, T, Hq * D]
+  const int64_t q_head = query.stride(1), q_row = query.stride(2);
+  // Row i's tree part: the slots of its ancestors and itself (or of every row up to it: causal).
+  std::vector<std::vector<int64_t>> tree_slots(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t a = 0; a < T; ++a)
+      if (ancestors != nullptr ? ancestors[i * T + a] : a <= i) tree_slots[i].push_back(start + a);
+  // Tasks: each KV head's T * group query vectors, cut into pieces so both threads get work on a
+  // model with few KV heads; every piece reads its KV head's keys and values once.
+  const int64_t per_head = T * group;
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(per_head, (2 * at::get_num_threads() + Hkv - 1) / Hkv));
+  const int64_t piece = (per_head + pieces - 1) / pieces;
+  at::parallel_for(0, Hkv * pieces, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scores;
+    std::vector<acc_t> outs, totals;
+    Visible seen{start, {}};
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t kv_head = task / pieces;
+      const Vectors vectors{(task % pieces) * piece, std::min(piece, per_head - (task % pieces) * piece)};
+      if (vectors.count <= 0) continue;
+      const scalar_t* head_keys = kp + kv_head * S * D;
+      const scalar_t* head_values = vp + kv_head * S * D;
+#if SPECDEC_X86
+      if constexpr (!std::is_same_v<scalar_t, double>) {
+        if (isa == Isa::kAvx512 && D <= 256) {
+          scores.resize(static_cast<size_t>(vectors.count * (start + T)));
+          outs.resize(static_cast<size_t>(vectors.count * D));
+          totals.resize(static_cast<size_t>(vectors.count));
+          head_avx512<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head, tree_slots,
+                                static_cast<float>(scale), vectors, scores.data(), outs.data(), totals.data());
+          for (int64_t j = 0; j < vectors.count; ++j) {
+            const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
+            scalar_t* o = op + (row * Hq + head) * D;
+            for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[j * D + d]);
+          }
+          continue;
+        }
+      }
+#endif
+      scores.resize(static_cast<size_t>(start + T));
+      outs.resize(static_cast<size_t>(D));
+      for (int64_t j = 0; j < vectors.count; ++j) {
+        const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
+        seen.tree = tree_slots[row];
+        const scalar_t* q = qp + head * q_head + row * q_row;
+#if SPECDEC_X86
+        if (isa == Isa::kAvx2) {
+          avx2_rows::row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale),
+                                                   scores.data(), outs.data());
+        } else
+#endif
+        {
+          row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale), scores.data(),
+                                        outs.data());
+        }
+        scalar_t* o = op + (row * Hq + head) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[d]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                              int64_t start, const std::optional<at::Tensor>& ancestors, double scale,
+                              c10::string_view isa_name) {
+  const char* op = "specdec_cpu::tree_attention";
+  TORCH_CHECK(query.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), op,
+              ": CPU tensors only");
+  TORCH_CHECK(query.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && query.size(0) == 1 && keys.size(0) == 1,
+              op, ": query [1, Hq, T, D] and keys/values [1, Hkv, S, D], got ", query.sizes(), " and ", keys.sizes());
+  TORCH_CHECK(keys.sizes() == values.sizes(), op, ": keys ", keys.sizes(), " and values ", values.sizes(), " differ");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(keys.scalar_type() == dtype && values.scalar_type() == dtype, op, ": query, keys and values must share a dtype");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble, op,
+              ": float32, bfloat16 or float64 only, got ", dtype);
+  const int64_t Hq = query.size(1), T = query.size(2), D = query.size(3);
+  const int64_t Hkv = keys.size(1), S = keys.size(2);
+  TORCH_CHECK(keys.size(3) == D, op, ": head dim ", D, " of the queries, ", keys.size(3), " of the keys");
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, op, ": ", Hq, " query heads over ", Hkv, " KV heads");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), op, ": keys and values must be contiguous");
+  TORCH_CHECK(query.stride(3) == 1, op, ": the query's head dim must be contiguous");
+  TORCH_CHECK(start >= 0 && start + T <= S, op, ": rows at slots ", start, "..", start + T - 1, " outside the ", S,
+              " slots of the cache");
+  const bool* anc = nullptr;
+  at::Tensor anc_contiguous;
+  if (ancestors.has_value()) {
+    TORCH_CHECK(ancestors->scalar_type() == at::kBool && ancestors->dim() == 2 && ancestors->size(0) == T &&
+                    ancestors->size(1) == T,
+                op, ": ancestors must be bool [", T, ", ", T, "], got ", ancestors->scalar_type(), " ",
+                ancestors->sizes());
+    anc_contiguous = ancestors->contiguous();
+    anc = anc_contiguous.const_data_ptr<bool>();
+  }
+  const Isa isa = parse_isa(std::string(isa_name), "tree_attention");
+  at::Tensor out = at::empty({1, T, Hq * D}, query.options());
+  if (dtype == at::kFloat) {
+    attend<float>(query, keys, values, start, anc, scale, isa, out);
+  } else if (dtype == at::kBFloat16) {
+    attend<c10::BFloat16>(query, keys, values, start, anc, scale, isa, out);
+  } else {
+    attend<double>(query, keys, values, start, anc, scale, isa, out);
+  }
+  return out;
+}
+
+}  // namespace specdec_cpu_kernels

@@ -1,0 +1,266 @@
+"""specdec's own forward of a Llama-family decoder, over the model's own modules and weights.
+
+Why not the model's ``forward``: a Hugging Face forward is written for every use at once,
+and verification pays for that on the CPU at every step: per-layer wrappers (keyword
+deprecation, output capture), a mask built per call, grouped KV heads repeated to the
+query heads whenever a mask is passed (a copy of the whole cache per layer: every tree
+verification), the cache as one concatenation per layer per step (``DynamicCache``), and
+linear layers that stream their weights at about a third of the machine's bandwidth.
+Switching pieces of the model in and out around each forward (what specdec did before)
+changes the user's model while it runs, which another thread can see.
+
+:class:`DecoderRunner` is the forward of the architectures whose decoder layer is Llama's
+(:data:`ARCHITECTURES`: Llama, Mistral, Qwen2 with its biases, Qwen3 with its per-head
+norms), written out: the model's own embedding, norms, rotary embedding, activation and
+``apply_rotary_pos_emb`` are called as they are (so their numerics are the model's), the
+linear layers' weights are read in place through the verifier's linear kernel (e.g.
+:func:`specdec.backends.skinny.skinny_linear`), attention is one
+``scaled_dot_product_attention`` per layer over the grouped heads as they are (no repeat),
+and keys and values go straight into a :class:`~specdec.backends.static_cache.StaticKVCache`
+at the tree's slots. Nothing of the model is changed or wrapped; a runner holds references
+only, so many verifiers (and threads) can share one.
+
+Numerics: with ``torch.nn.functional.linear`` as the kernel, the runner performs the
+model's ``sdpa`` forward operation for operation (the tests compare logits on tiny fp64
+models of each architecture). With the skinny kernels, whose rows are batch-invariant, a
+tree node's logits equal the same token's logits from a one-token forward bit for bit on
+the linear layers; attention over a masked tree is the one place rows meet.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specdec.backends.static_cache import StaticKVCache
+
+# model_type values whose decoder layer is Llama's (norm -> attention -> residual -> norm -> MLP -> residual).
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (query [1, Hq, T, D], keys, values [1, Hkv, S, D], start, ancestors [T, T] | None, scale) -> [1, T, Hq * D]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None", float], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's pieces: the model's own modules and weight tensors (references, no copies)."""
+
+    input_norm: Any
+    post_norm: Any
+    q_norm: Any  # per-head norm of the queries (Qwen3), else None
+    k_norm: Any
+    q: tuple[torch.Tensor, torch.Tensor | None]  # (weight [Hq*D, E], bias [Hq*D] or None)
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+    act: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's part of a forward: ``T`` new tokens written after ``start`` committed ones.
+
+    ``tokens``, ``positions`` int64 ``[1, T]``; the new keys and values go to slots
+    ``start .. start+T-1`` of ``cache`` and attention reads its slots ``0 .. start+T-1``: every
+    row sees the committed slots ``[0, start)`` and, of the new ones, those of its tree
+    ancestors and itself (``ancestors`` bool ``[T, T]``), or with ``ancestors=None`` those at
+    or before it (a causal pass: a prefill, a plain step, a chain). ``last_only``: only the
+    last row's logits.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache: StaticKVCache
+    start: int
+    ancestors: torch.Tensor | None = None
+    last_only: bool = False
+
+    def mask(self) -> torch.Tensor | None:
+        """The bool attention mask ``[1, 1, T, start+T]`` for ``scaled_dot_product_attention``.
+
+        None where SDPA's own causal flag says the same: one row (it sees everything), or a
+        causal pass from slot 0 (a prefill). SDPA aligns its causal mask to the top left, so a
+        causal pass after committed slots needs the mask written out.
+        """
+        rows = self.tokens.shape[1]
+        visible = self.ancestors
+        if visible is None:
+            if rows == 1 or self.start == 0:
+                return None
+            visible = torch.ones((rows, rows), dtype=torch.bool, device=self.tokens.device).tril()
+        committed = visible.new_ones((rows, self.start))
+        return torch.cat([committed, visible], dim=1)[None, None]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How a forward computes: ``linear(x, weight, bias)`` for every linear layer, and
+    ``attention`` (:func:`specdec.backends.cpu_kernels.tree_attention`'s signature) for the
+    attention of each segment, or None for ``torch.nn.functional.scaled_dot_product_attention``."""
+
+    linear: Linear
+    attention: Attention | None = None
+
+
+def _weights(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return linear.weight, linear.bias
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why :class:`DecoderRunner` cannot run ``model``, or None when it can."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        return f"architecture {model_type!r} (the runner knows {', '.join(ARCHITECTURES)})"
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (the runner is sdpa's)"
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if base is None or layers is None or not hasattr(base, "rotary_emb") or not hasattr(model, "lm_head"):
+        return "the module layout is not Llama's (model.model.layers, rotary_emb, lm_head)"
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "layers other than full attention"
+    for layer in layers:
+        attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if attention is None or mlp is None or not all(hasattr(attention, name) for name in names):
+            return "a decoder layer without Llama's attention and MLP"
+        modules = [getattr(attention, name) for name in names]
+        modules += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+        if any(type(m) is not torch.nn.Linear or "forward" in m.__dict__ for m in modules):
+            return "linear layers that are not plain torch.nn.Linear (quantized, adapted or hooked)"
+    if type(model.lm_head) is not torch.nn.Linear:
+        return "an output head that is not a plain torch.nn.Linear"
+    return None
+
+
+class DecoderRunner:
+    """The forward of a Llama-family decoder over a :class:`StaticKVCache` (module docstring).
+
+    ``model``: a model :func:`unsupported_reason` accepts (it raises ``ValueError`` naming the
+    reason otherwise). The runner reads the model's tensors at every call, so an in-place
+    weight update is seen at the next forward.
+    """
+
+    def __init__(self, model: Any) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the decoder runner cannot run this model: {reason}")
+        base = model.model
+        config = model.config
+        self.embed = base.embed_tokens
+        self.rotary = base.rotary_emb
+        self.final_norm = base.norm
+        self.head = _weights(model.lm_head)
+        first = base.layers[0].self_attn
+        self.head_dim: int = first.head_dim
+        self.scaling: float = first.scaling
+        self.query_heads: int = config.num_attention_heads
+        self.kv_heads: int = config.num_key_value_heads
+        # The model's own rotary function (a module-level function of its modeling file).
+        self.apply_rotary = sys.modules[type(first).__module__].apply_rotary_pos_emb
+        self.layers = [
+            _Layer(
+                layer.input_layernorm,
+                layer.post_attention_layernorm,
+                getattr(layer.self_attn, "q_norm", None),
+                getattr(layer.self_attn, "k_norm", None),
+                _weights(layer.self_attn.q_proj),
+                _weights(layer.self_attn.k_proj),
+                _weights(layer.self_attn.v_proj),
+                _weights(layer.self_attn.o_proj),
+                _weights(layer.mlp.gate_proj),
+                _weights(layer.mlp.up_proj),
+                _weights(layer.mlp.down_proj),
+                layer.mlp.act_fn,
+            )
+            for layer in base.layers
+        ]
+        self.num_layers = len(self.layers)
+
+    def forward(self, segments: Sequence[Segment], kernels: Kernels) -> list[torch.Tensor]:
+        """Logits for every segment: ``[T_s, V]`` each (``[1, V]`` with ``last_only``).
+
+        All segments' rows go through each linear layer together (one weight pass for the
+        whole batch: ``R = sum T_s`` rows); attention runs per segment over its own cache.
+        """
+        linear = kernels.linear
+        masks = [None if kernels.attention is not None else segment.mask() for segment in segments]
+        rows = [segment.tokens.shape[1] for segment in segments]
+        total = sum(rows)
+        tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
+        positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
+        hidden = self.embed(tokens)  # [1, R, E]
+        cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
+        shape = (1, total, -1, self.head_dim)
+        grouped = self.kv_heads != self.query_heads
+        for index, layer in enumerate(self.layers):
+            residual = hidden
+            x = layer.input_norm(hidden)
+            query = linear(x, *layer.q).view(shape)
+            key = linear(x, *layer.k).view(shape)
+            if layer.q_norm is not None:
+                query, key = layer.q_norm(query), layer.k_norm(key)
+            query, key = query.transpose(1, 2), key.transpose(1, 2)  # [1, H, R, D]
+            value = linear(x, *layer.v).view(shape).transpose(1, 2)
+            query, key = self.apply_rotary(query, key, cos, sin)
+            outputs = []
+            offset = 0
+            for segment, mask, count in zip(segments, masks, rows, strict=True):
+                part = slice(offset, offset + count)
+                offset += count
+                width = segment.start + count
+                keys, values = segment.cache.ensure(index, key[:, :, part], value[:, :, part])  # [1, Hkv, S, D]
+                keys[:, :, segment.start : width] = key[:, :, part]
+                values[:, :, segment.start : width] = value[:, :, part]
+                if kernels.attention is not None:
+                    attended = kernels.attention(
+                        query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling
+                    )
+                    outputs.append(attended)  # [1, T_s, Hq * D]
+                    continue
+                attended = F.scaled_dot_product_attention(
+                    query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=mask,
+                    scale=self.scaling, is_causal=mask is None and count > 1, enable_gqa=grouped,  # count > 1: start 0
+                )  # fmt: skip
+                outputs.append(attended.transpose(1, 2).reshape(1, count, -1))  # [1, T_s, Hq * D]
+            attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+            hidden = residual + linear(attended, *layer.o)
+            residual = hidden
+            x = layer.post_norm(hidden)
+            hidden = residual + linear(layer.act(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
+        # The rows whose logits are wanted: all of a segment's, or its last.
+        keep = []
+        offset = 0
+        for segment, count in zip(segments, rows, strict=True):
+            keep.append((offset + count - 1, 1) if segment.last_only else (offset, count))
+            offset += count
+        if all(not segment.last_only for segment in segments):
+            hidden = self.final_norm(hidden)[0]
+        else:
+            hidden = self.final_norm(torch.cat([hidden[0, first : first + count] for first, count in keep]))
+        logits = linear(hidden, *self.head)  # [R', V]
+        return list(torch.split(logits, [count for _, count in keep]))
+
+
+def aten_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``torch.nn.functional.linear``: the model's own kernel."""
+    return F.linear(x, weight, bias)
+
+
+PLAIN = Kernels(aten_linear)  # the model's own kernels: linear and SDPA
+
+__all__: Sequence[str] = (
+    "ARCHITECTURES", "PLAIN", "DecoderRunner", "Kernels", "Segment", "aten_linear", "unsupported_reason",
+)  # fmt: skip

@@ -1,0 +1,237 @@
+"""specdec's CPU kernels (``specdec.backends.cpu_kernels``): one fixed order of operations each.
+
+Skinny linear: the op against ``torch.nn.functional.linear`` computed in float64 (random shapes
+and leading dimensions, tails of every length, with and without bias, float32 / bfloat16 /
+float64); the contract of ``csrc/skinny_linear.h``: every kernel path this CPU can run (AVX-512,
+AVX2, portable) gives bitwise the same result, and a row's result is bitwise the same whatever
+other rows come with it (batch invariance). Tree attention: against
+``scaled_dot_product_attention`` in float64 under the tree mask (random trees, contexts, head
+shapes), every path the same bits, and a tree row bitwise equal to the same query attending
+alone after its ancestors were committed (the contract of ``csrc/tree_attention.h``). Bad input
+raises naming the value; both ops trace into compiled graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import native_or_skip
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec.backends import cpu_kernels as skinny
+from specdec.backends.tree import ancestor_matrix
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> Iterator[Any]:
+    yield native_or_skip("cpu_kernels", skinny.load)
+
+
+def runnable_isas() -> list[str]:
+    """The kernel paths this CPU can run (the portable one always; AVX2 and AVX-512 where present)."""
+    order = ("portable", "avx2", "avx512")
+    best = skinny.cpu_isa()
+    return list(order[: order.index(best) + 1])
+
+
+# Relative error bound against a float64 reference: float32 and float64 accumulate in their own
+# precision (error ~ sqrt(K) * eps); bfloat16's result is rounded to bfloat16 at the end (eps 2^-8).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float64: 1e-13}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    lead=st.sampled_from([(), (1,), (3,)]),
+    fan_in=st.integers(1, 200),
+    fan_out=st.integers(1, 70),
+    bias=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 2**31),
+)
+def test_skinny_linear_is_linear_and_every_path_gives_the_same_bits(
+    rows: int, lead: tuple[int, ...], fan_in: int, fan_out: int, bias: bool, dtype: torch.dtype, seed: int
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, rows, fan_in, generator=generator, dtype=torch.float64).to(dtype)
+    weight = torch.randn(fan_out, fan_in, generator=generator, dtype=torch.float64).to(dtype)
+    b = torch.randn(fan_out, generator=generator, dtype=torch.float64).to(dtype) if bias else None
+    expected = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+    results = {isa: skinny.skinny_linear(x, weight, b, isa) for isa in runnable_isas()}
+    first = results["portable"]
+    assert first.shape == (*lead, rows, fan_out) and first.dtype == dtype
+    scale = expected.abs().max().item() + 1e-30
+    error = (first.double() - expected).abs().max().item() / scale
+    assert error < TOLERANCE[dtype], f"{dtype}: relative error {error:.3e}"
+    for isa, result in results.items():
+        assert torch.equal(result, first), f"isa {isa!r} differs from the portable path"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("fan_in", [576, 1536, 37, 16])
+def test_a_row_gives_the_same_bits_whatever_rows_come_with_it(dtype: torch.dtype, fan_in: int) -> None:
+    generator = torch.Generator().manual_seed(fan_in)
+    x = torch.randn(33, fan_in, generator=generator).to(dtype)
+    weight = torch.randn(100, fan_in, generator=generator).to(dtype)
+    together = skinny.skinny_linear(x, weight)
+    for count in (1, 2, 3, 4, 5, 8, 16, 33):
+        for start in (0, 33 - count):
+            alone = skinny.skinny_linear(x[start : start + count], weight)
+            assert torch.equal(alone, together[start : start + count]), (count, start)
+
+
+def test_the_real_shapes_of_the_default_model() -> None:
+    """Every linear shape of SmolLM2-135M (and its 49,152-row head), 1 to 16 rows, against linear."""
+    generator = torch.Generator().manual_seed(0)
+    for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)):
+        weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+        for rows in (1, 2, 3, 8, 16):
+            x = torch.randn(rows, in_features, generator=generator)
+            expected = torch.nn.functional.linear(x.double(), weight.double())
+            got = skinny.skinny_linear(x, weight)
+            torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: (torch.randn(2, 5), torch.randn(3, 4), None), "last dimension is 5"),
+        (lambda: (torch.randn(2, 4), torch.randn(3, 4, dtype=torch.float64), None), "x is Float, the weight is Double"),
+        (lambda: (torch.randn(2, 4).half(), torch.randn(3, 4).half(), None), "got Half"),
+        (lambda: (torch.randn(2, 4), torch.randn(4, 3).t(), None), "must be contiguous"),
+        (lambda: (torch.randn(2, 4), torch.randn(3, 4, 1), None), "must be [out, in]"),
+        (lambda: (torch.randn(2, 4), torch.randn(3, 4), torch.randn(5)), "bias must be [3]"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_value(make: Any, message: str) -> None:
+    x, weight, b = make()
+    with pytest.raises(RuntimeError) as raised:
+        skinny.skinny_linear(x, weight, b)
+    assert message in str(raised.value)
+
+
+def test_an_unknown_or_missing_instruction_set_is_refused() -> None:
+    x, weight = torch.randn(2, 4), torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="unknown isa 'sse9'"):
+        skinny.skinny_linear(x, weight, None, "sse9")
+    missing = [isa for isa in ("avx2", "avx512") if isa not in runnable_isas()]
+    for isa in missing:  # on a CPU without it, forcing it must fail, not run a wrong kernel
+        with pytest.raises(RuntimeError, match="not supported by this CPU"):
+            skinny.skinny_linear(x, weight, None, isa)
+
+
+def test_it_traces_into_a_compiled_graph() -> None:
+    weight = torch.randn(24, 16)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(skinny.skinny_linear(x, weight)) * 2.0
+
+    compiled = torch.compile(forward, fullgraph=True, backend="eager")
+    x = torch.randn(3, 16)
+    assert torch.equal(compiled(x), forward(x))
+
+
+@st.composite
+def trees(draw: st.DrawFn, max_nodes: int = 20) -> tuple[int, ...]:
+    """Random parents arrays: node 0 the root, every parent before its child."""
+    size = draw(st.integers(1, max_nodes))
+    return (-1, *(draw(st.integers(0, i - 1)) for i in range(1, size)))
+
+
+def sdpa_reference(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` in float64 with ``visible`` bool ``[T, T]`` over the tree part."""
+    rows = query.shape[2]
+    mask = torch.ones(rows, start + rows, dtype=torch.bool)
+    mask[:, start:] = visible
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), keys[:, :, : start + rows].double(), values[:, :, : start + rows].double(),
+        attn_mask=mask[None, None], scale=scale, enable_gqa=True,
+    )  # fmt: skip
+    return out.transpose(1, 2).reshape(1, rows, -1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    parents=trees(),
+    causal=st.booleans(),
+    start=st.integers(0, 90),
+    spare=st.integers(0, 10),
+    heads=st.sampled_from([(1, 1), (4, 2), (9, 3), (2, 2)]),
+    head_dim=st.sampled_from([8, 16, 20, 64]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 2**31),
+)
+def test_tree_attention_is_masked_attention_and_every_path_gives_the_same_bits(
+    parents: tuple[int, ...], causal: bool, start: int, spare: int, heads: tuple[int, int], head_dim: int,
+    dtype: torch.dtype, seed: int,
+) -> None:
+    rows = len(parents)
+    query_heads, kv_heads = heads
+    generator = torch.Generator().manual_seed(seed)
+    slots = start + rows + spare
+    keys = torch.randn(1, kv_heads, slots, head_dim, generator=generator).to(dtype)
+    values = torch.randn(1, kv_heads, slots, head_dim, generator=generator).to(dtype)
+    # The query in the layout the runner hands over: [1, T, Hq, D] memory, viewed as [1, Hq, T, D].
+    query = torch.randn(1, rows, query_heads, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    ancestors = None if causal else torch.from_numpy(ancestor_matrix(parents))
+    visible = torch.ones(rows, rows, dtype=torch.bool).tril() if ancestors is None else ancestors
+    scale = head_dim**-0.5
+    results = {isa: skinny.tree_attention(query, keys, values, start, ancestors, scale, isa) for isa in runnable_isas()}
+    first = results["portable"]
+    assert first.shape == (1, rows, query_heads * head_dim) and first.dtype == dtype
+    expected = sdpa_reference(query, keys, values, start, visible, scale)
+    error = (first.double() - expected).abs().max().item()
+    assert error < {torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float64: 1e-13}[dtype], error
+    for isa, result in results.items():
+        assert torch.equal(result, first), f"isa {isa!r} differs from the portable path"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_tree_row_equals_the_same_query_after_its_ancestors_were_committed(dtype: torch.dtype) -> None:
+    parents = (-1, 0, 0, 1, 1, 3, 2, 5, 0)
+    rows, start, head_dim = len(parents), 57, 64
+    generator = torch.Generator().manual_seed(1)
+    keys = torch.randn(1, 3, 100, head_dim, generator=generator).to(dtype)
+    values = torch.randn(1, 3, 100, head_dim, generator=generator).to(dtype)
+    query = torch.randn(1, 9, rows, head_dim, generator=generator).to(dtype)
+    ancestors = ancestor_matrix(parents)
+    tree = skinny.tree_attention(query, keys, values, start, torch.from_numpy(ancestors), 0.125)
+    for node in range(rows):
+        path = [a for a in range(rows) if ancestors[node, a]]  # the root .. node, in slot order
+        committed_keys, committed_values = keys.clone(), values.clone()
+        for depth, a in enumerate(path):  # plain decoding would have these at consecutive slots
+            committed_keys[:, :, start + depth] = keys[:, :, start + a]
+            committed_values[:, :, start + depth] = values[:, :, start + a]
+        alone = skinny.tree_attention(
+            query[:, :, node : node + 1], committed_keys, committed_values, start + len(path) - 1, None, 0.125
+        )
+        assert torch.equal(alone[0, 0], tree[0, node]), f"node {node}"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"start": 99}, "slots 99..101 outside the 100 slots"),
+        ({"keys": torch.randn(1, 3, 100, 32), "values": torch.randn(1, 3, 100, 32)}, "head dim 64 of the queries, 32"),
+        ({"keys": torch.randn(1, 3, 100, 32)}, "keys [1, 3, 100, 32] and values [1, 3, 100, 64] differ"),
+        ({"query": torch.randn(1, 4, 3, 64)}, "4 query heads over 3 KV heads"),
+        ({"ancestors": torch.ones(2, 2, dtype=torch.bool)}, "ancestors must be bool [3, 3]"),
+        ({"values": torch.randn(1, 3, 100, 64).double()}, "must share a dtype"),
+        ({"keys": torch.randn(1, 3, 64, 100).transpose(2, 3)}, "must be contiguous"),
+    ],
+)
+def test_tree_attention_refuses_bad_input_naming_the_value(change: dict[str, Any], message: str) -> None:
+    arguments: dict[str, Any] = {
+        "query": torch.randn(1, 9, 3, 64), "keys": torch.randn(1, 3, 100, 64), "values": torch.randn(1, 3, 100, 64),
+        "start": 10, "ancestors": None, "scale": 0.125,
+    }  # fmt: skip
+    arguments.update(change)
+    with pytest.raises(RuntimeError) as raised:
+        skinny.tree_attention(**arguments)
+    assert message in str(raised.value)
