@@ -342,15 +342,16 @@ class KernelChoice:
     tokens (one tree's nodes; a batched verifier's rows of all its trees) runs the variant of
     the first range with ``rows <= up_to``, and ``beyond`` past the last range. Variants are
     names a verifier offers (:meth:`Verifier.kernel_variants`): ``"default"`` the model's own
-    layers, ``"narrow"`` its linear layers as narrow products (:mod:`specdec.backends.narrow`).
+    forward's kernels, ``"cpu"`` specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`, on
+    ``cache="native"``).
     A new kind of kernel is a new name, not a new field: the value and the protocol stay.
     Calibration decides the choice where it measured each variant (:mod:`specdec.budget.calibration`).
 
-    >>> choice = KernelChoice(((1, "narrow"), (4, "default"), (32, "narrow")))
+    >>> choice = KernelChoice(((1, "cpu"), (4, "default"), (32, "cpu")))
     >>> [choice.variant_for(rows) for rows in (1, 3, 5, 33)]
-    ['narrow', 'default', 'narrow', 'default']
-    >>> KernelChoice.uniform("narrow").variant_for(4096)
-    'narrow'
+    ['cpu', 'default', 'cpu', 'default']
+    >>> KernelChoice.uniform("cpu").variant_for(4096)
+    'cpu'
     """
 
     ranges: tuple[tuple[int, str], ...] = ()

@@ -728,7 +728,7 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     from specdec.bench.curves import make_variants, measure, ratio_table, write
 
     model = tiny_model("llama")
-    report = measure(model, "plain=torch,wide=torch:kernels=narrow", (1, 3), (8,), 1)
+    report = measure(model, "plain=torch,wide=torch:cache=native:kernels=cpu", (1, 3), (8,), 1)
     assert set(report["ms"]) == {"plain", "wide"} and all(len(v["8"]) == 2 for v in report["ms"].values())
     table = write(report, str(tmp_path / "curves"))
     assert "| 8       | wide" in table and (tmp_path / "curves" / "curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -150,12 +150,12 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("specdec.budget.calibration_cache.busy_reason", lambda table: None)
     forget_cost_models()
-    model = copy.deepcopy(tiny_model("llama")).to(torch.float32)  # narrow products need fp32
-    narrow_single = KernelChoice(((1, "narrow"),))  # say the padded product wins at one node
-    monkeypatch.setattr("specdec.budget.calibration.choose_kernels", lambda sizes, seconds: narrow_single)
-    generators = {name: specdec.Generator(model, drafter=name) for name in ("none", "pld")}
-    assert generators["none"].verifier.kernels == KernelChoice()  # nothing calibrated yet
+    model = copy.deepcopy(tiny_model("llama")).to(torch.float32)
+    cpu_single = KernelChoice(((1, "cpu"),))  # say specdec's CPU kernels win at one node only
+    monkeypatch.setattr("specdec.budget.calibration.choose_kernels", lambda sizes, seconds: cpu_single)
+    generators = {name: specdec.Generator(model, drafter=name, cache="native") for name in ("none", "pld")}
+    assert generators["none"].verifier.kernels != cpu_single  # nothing calibrated yet: the verifier's own
     prompt = [5, 6, 7, 5, 6, 7, 5]
     _warm_up(generators, [DemoPrompt("chat", prompt, 8)], [prompt])  # type: ignore[arg-type]  # ids, no tokenizer
-    assert generators["none"].verifier.kernels == generators["pld"].verifier.kernels == narrow_single
+    assert generators["none"].verifier.kernels == generators["pld"].verifier.kernels == cpu_single
     forget_cost_models()

@@ -28,7 +28,7 @@ from specdec.budget.calibration import calibrate
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree, KernelChoice
+from specdec.types import DraftTree
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -66,27 +66,6 @@ def test_static_eager_drafters_match_plain_greedy(arch: str, drafter: str) -> No
         result = specdec.run(model, prompt, drafter, max_new_tokens=max_new, cache="static-eager", budget="full")
         assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
         IDENTITY_COUNTS[f"{arch}/{drafter}/static-eager"] += 1
-
-
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_static_eager_with_narrow_products_matches_plain_greedy(arch: str) -> None:
-    """Narrow products per bucket (one node padded, trees up to 8 nodes; larger buckets keep ``linear``)."""
-    model = tiny_model(arch)
-    verifier = StaticVerifier(model, mode="eager")
-    assert verifier.narrow is not None
-    verifier.use_kernels(KernelChoice(((8, "narrow"),)))
-    rng = random.Random(f"static-narrow-{arch}")
-    used: set[int] = set()
-    for seed in range(3):
-        prompt = random_prompt(rng)
-        truth = hf_greedy(model, prompt, 40)
-        drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=5)
-        result = decode(verifier, drafter, prompt, DecodingConfig(StopRules(40)))
-        assert result.tokens == truth
-        used |= set(verifier._runners)
-        IDENTITY_COUNTS[f"{arch}/oracle-tree/static-eager+narrow"] += 1
-    assert 8 in used and any(bucket > 8 for bucket in used)  # narrow and plain buckets both ran
-    assert not any("forward" in m.__dict__ for m in model.modules())  # the products were switched off after
 
 
 def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
@@ -146,25 +125,21 @@ def test_calibration_inside_a_sequence_leaves_it_intact() -> None:
     assert out[:40] == truth
 
 
-@pytest.mark.parametrize("narrow", [False, True], ids=["mkl-linear", "narrow-products"])
-def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone(narrow: bool) -> None:
-    """With ``narrow``, both buckets are traced with the narrow products (weight on the left) inside the graph."""
+def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None:
     model = tiny_model("llama")
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     implementation = model.config._attn_implementation
     verifier = StaticVerifier(model, mode="inductor", buckets=(1, 8))
-    assert verifier.narrow is not None  # fp64 on the CPU: offered
-    verifier.use_kernels(KernelChoice(((8, "narrow"),)) if narrow else KernelChoice())
     rng = random.Random(3)
     for drafter in ("none", "recycling"):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 30)
         result = decode(verifier, specdec.make_factory(drafter).create(), prompt, DecodingConfig(StopRules(30)))
         assert result.tokens == truth, drafter
-        IDENTITY_COUNTS[f"llama/{drafter}/static-inductor{'+narrow' if narrow else ''}"] += 1
+        IDENTITY_COUNTS[f"llama/{drafter}/static-inductor"] += 1
     assert set(verifier._runners) == {1, 8}
     assert all(runner._compiled is not None for runner in verifier._runners.values())
-    # Compiled once per bucket: later steps (new narrow-product switches each time) reuse it.
+    # Compiled once per bucket: later steps reuse it.
     prompt = random_prompt(rng)
     with torch._dynamo.config.patch(error_on_recompile=True):
         recycling = specdec.make_factory("recycling").create()
@@ -240,7 +215,7 @@ def test_a_later_prefill_takes_the_cache() -> None:
 
 def test_cache_names_and_modes_are_checked() -> None:
     model = tiny_model("llama")
-    with pytest.raises(SpecDecError, match="unknown cache 'stattic'.*valid names: auto, dynamic, static"):
+    with pytest.raises(SpecDecError, match="unknown cache 'stattic'.*valid names: auto, dynamic, native, static"):
         make_verifier(model, cache="stattic")
     with pytest.raises(SpecDecError, match="unknown cache"):
         specdec.run(model, [1, 2, 3], "pld", cache="static-turbo", max_new_tokens=2)
@@ -248,8 +223,9 @@ def test_cache_names_and_modes_are_checked() -> None:
         make_verifier(model, cache="static-cudagraphs")
     with pytest.raises(SpecDecError, match="buckets must include 1"):
         StaticVerifier(model, mode="eager", buckets=(2, 4))
-    assert resolve_cache("auto", torch.device("cpu")) == ("dynamic", None)
-    assert resolve_cache("auto", torch.device("cuda")) == ("static", None)
+    assert resolve_cache("auto", torch.device("cpu"), model) == ("native", None)  # specdec's own forward runs llama
+    assert resolve_cache("auto", torch.device("cpu"), tiny_model("gpt2")) == ("dynamic", None)  # it does not run gpt2
+    assert resolve_cache("auto", torch.device("cuda"), model) == ("static", None)
     assert resolve_cache("static", torch.device("cpu")) == ("static", None)
     with pytest.raises(SpecDecError, match="exceeds the largest bucket"):
         bucket_for(BUCKETS[-1] + 1)

@@ -1,12 +1,14 @@
 """Verification backends: the model-running verifier with a choice of tree operations.
 
 ``cache`` picks the KV cache and how the model's forward runs (:data:`CACHES`):
-``"dynamic"`` is Hugging Face's ``DynamicCache`` with eager forwards
-(:class:`~specdec.backends.verifier.ModelVerifier`); ``"static"`` is specdec's static cache
-with one fixed-shape forward per tree-size bucket (:class:`~specdec.backends.static.StaticVerifier`),
-compiled with inductor on a CPU and replayed from CUDA graphs on a GPU;
-``"static-<mode>"`` names the mode (``eager``, ``inductor``, ``cudagraphs``,
-``inductor-cudagraphs``); ``"auto"`` is ``"static"`` on CUDA and ``"dynamic"`` elsewhere.
+``"native"`` is specdec's own forward of Llama-family decoders
+(:class:`~specdec.backends.runner_verifier.RunnerVerifier`: a cache per sequence, eager,
+specdec's CPU kernels); ``"dynamic"`` is Hugging Face's ``DynamicCache`` with the model's
+own forward (:class:`~specdec.backends.verifier.ModelVerifier`); ``"static"`` is specdec's
+static cache with one fixed-shape forward per tree-size bucket
+(:class:`~specdec.backends.static.StaticVerifier`), compiled with inductor on a CPU and
+replayed from CUDA graphs on a GPU; ``"static-<mode>"`` names the mode (``eager``,
+``inductor``, ``cudagraphs``, ``inductor-cudagraphs``). ``"auto"``: :func:`auto_cache`.
 
 ``backend="torch"`` uses :class:`~specdec.backends.verifier.TorchTreeOps`, the readable
 reference; ``backend="cuda_ext"`` the compiled kernels of :mod:`specdec.backends.cuda_ext`
@@ -23,6 +25,8 @@ from typing import Any
 import torch
 
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
+from specdec.backends.runner import unsupported_reason
+from specdec.backends.runner_verifier import RunnerVerifier
 from specdec.backends.static import MODES as STATIC_MODES
 from specdec.backends.static import StaticVerifier
 from specdec.backends.verifier import KVState, ModelVerifier, TorchTreeOps, TreeOps, check_model
@@ -60,16 +64,27 @@ def make_tree_ops(backend: str, device: torch.device) -> TreeOps:
         return TorchTreeOps()
 
 
-def resolve_cache(cache: str, device: torch.device) -> tuple[str, str | None]:
-    """``(kind, static mode)`` for a ``cache`` name on ``device``: ``("dynamic", None)`` or ``("static", mode)``.
+def auto_cache(model: Any, device: torch.device) -> str:
+    """What ``cache="auto"`` runs: ``"static"`` on CUDA (CUDA graphs); on a CPU ``"native"`` where
+    specdec's own forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`),
+    else ``"dynamic"``. Neither CPU choice compiles anything, so the first call is as fast as later
+    ones; docs/static-cache.md measures them against the compiled static cache."""
+    if device.type == "cuda":
+        return "static"
+    return "native" if unsupported_reason(model) is None else "dynamic"
 
-    >>> resolve_cache("auto", torch.device("cpu")), resolve_cache("static-eager", torch.device("cpu"))
+
+def resolve_cache(cache: str, device: torch.device, model: Any = None) -> tuple[str, str | None]:
+    """``(kind, static mode)`` for a ``cache`` name on ``device``: ``("dynamic" | "native", None)`` or
+    ``("static", mode)``; ``"auto"`` asks :func:`auto_cache` about ``model``.
+
+    >>> resolve_cache("dynamic", torch.device("cpu")), resolve_cache("static-eager", torch.device("cpu"))
     (('dynamic', None), ('static', 'eager'))
     """
     if not isinstance(cache, str) or cache not in CACHES:
         raise SpecDecError(f"unknown cache {cache!r}; valid names: {', '.join(CACHES)}")
     if cache == "auto":
-        cache = "static" if device.type == "cuda" else "dynamic"
+        cache = auto_cache(model, device)
     if cache in ("dynamic", "native"):
         return cache, None
     _, _, mode = cache.partition("-")
@@ -84,13 +99,11 @@ def make_verifier(
         raise SpecDecError(f"unknown backend {backend!r}; valid names: {', '.join(BACKENDS)}")
     check_model(model)  # a model we cannot serve is the first thing to report
     device = next(model.parameters()).device
-    kind, mode = resolve_cache(cache, device)
+    kind, mode = resolve_cache(cache, device, model)
     ops = make_tree_ops(backend, device)
     if kind == "static":
         return StaticVerifier(model, ops=ops, chooser=chooser, mode=mode)
     if kind == "native":
-        from specdec.backends.runner_verifier import RunnerVerifier
-
         return RunnerVerifier(model, ops=ops, chooser=chooser)
     return ModelVerifier(model, ops=ops, chooser=chooser)
 
@@ -100,9 +113,11 @@ __all__ = [
     "CACHES",
     "KVState",
     "ModelVerifier",
+    "RunnerVerifier",
     "StaticVerifier",
     "TorchTreeOps",
     "TreeOps",
+    "auto_cache",
     "make_tree_ops",
     "make_verifier",
     "resolve_cache",

@@ -5,9 +5,16 @@
 :class:`~specdec.backends.static_cache.StaticKVCache` sized for its prompt and its token
 budget (grown if it must), written in place at the tree's slots and compacted in place.
 No compilation and no warm-up: the first step of the first call is as fast as any later
-one. The linear layers run through the kernel the calibration chose for the tree's size
-(``skinny_rows``: trees of up to that many nodes take :mod:`specdec.backends.skinny`; the
-prompt takes ``torch.nn.functional.linear``, which wins on hundreds of rows).
+one.
+
+**Kernels**: two variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
+kernels (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention), the
+choice for forwards of up to :data:`CPU_KERNEL_MAX_ROWS` rows from the start, where they are
+available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_product_attention``
+(what the prompt's hundreds of rows take). The calibration times both at every tree size and
+the :class:`~specdec.Generator` passes its verdict on. While the CPU kernels serve both a
+plain step and a tree, a tree node's logits are bitwise those of the same token verified
+alone (their contracts), so speculative output is plain decoding's exactly.
 """
 
 from __future__ import annotations
@@ -24,26 +31,31 @@ from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree, TokenChooser
+from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser
 
 # The most nodes one verification may hold: the engine's own cap on tree size.
 MAX_NODES = 512
+CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
+CPU_KERNEL_MAX_ROWS = 64  # past this many rows a GEMM library's blocked products win: not worth timing
 
 
 class RunnerVerifier(ModelVerifier):
     """A :class:`ModelVerifier` whose forwards are a :class:`DecoderRunner` over a cache per sequence.
 
-    ``kernel_rows``: forwards of 1 to ``kernel_rows`` rows use specdec's CPU kernels
-    (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention; 0: never);
-    the calibration sets it where it measured them faster.
+    Kernels: module docstring. The CPU kernels serve forwards of up to
+    :data:`CPU_KERNEL_MAX_ROWS` rows from construction, where they build and serve the model
+    (:func:`specdec.backends.cpu_kernels.supports`); :meth:`use_kernels` changes that.
     """
+
+    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL)
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         super().__init__(model, ops, chooser)
         self.runner = DecoderRunner(model)
-        self.kernel_rows = 0
         self.cpu_kernels = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention)
         self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
+        if self.kernels_available:
+            self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
         self.max_tree_nodes = MAX_NODES
 
     @property
@@ -51,8 +63,14 @@ class RunnerVerifier(ModelVerifier):
         """``"native"``: specdec's own forward, a cache per sequence, eager."""
         return "native"
 
+    def kernel_variants(self, rows: int) -> tuple[str, ...]:
+        """``("default", "cpu")`` where the CPU kernels serve the model and ``rows`` is worth timing."""
+        if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
+            return self.KERNELS
+        return (DEFAULT_KERNEL,)
+
     def _kernels_for(self, rows: int) -> Kernels:
-        if self.kernels_available and 1 <= rows <= self.kernel_rows:
+        if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS and self._kernels.variant_for(rows) == CPU_KERNEL:
             return self.cpu_kernels
         return PLAIN
 

@@ -26,12 +26,7 @@ only tensor contents do. This module does that for tree verification:
 - the forward of a bucket is run as is (``eager``), compiled with inductor and frozen,
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
-  compiled forward), each compiled/captured lazily at its bucket's first use; where the
-  kernel choice names narrow products for a bucket's size (``kernels``:
-  :mod:`specdec.backends.narrow`), the bucket is traced with them, so
-  the compiled graph calls the weight-on-the-left GEMM and inductor fuses the rest
-  around it (on this project's CPU that is the fastest verification at every size:
-  docs/static-cache.md);
+  compiled forward), each compiled/captured lazily at its bucket's first use;
 - acceptance runs through the backend's tree ops, whose one host sync per step reads the
   chosen tokens (or, with ``cuda_ext``, the path); compaction of the accepted path is a
   gather and a scatter per layer's keys and values, in place (:meth:`StaticKVCache.compact`).
@@ -55,7 +50,7 @@ from __future__ import annotations
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -296,9 +291,6 @@ class StaticVerifier(ModelVerifier):
         self.buckets = buckets
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
-        # Narrow products (self.narrow, from ModelVerifier) apply per bucket: a compiled forward
-        # is traced with them where the kernel choice names them for the bucket's size, so
-        # inductor keeps the weight-on-the-left GEMM and fuses everything around it.
         # inductor folds the weights in as constants (prepacked GEMMs); False: weights stay inputs
         self.freezing = True
         self._runners: dict[int, BucketRunner] = {}
@@ -308,9 +300,6 @@ class StaticVerifier(ModelVerifier):
         self._weights_version = self._parameter_versions()
         self._graph_pool: Any = None
         self._fallback_reason: str | None = None
-        # On a CPU, attention over grouped KV heads without copying the cache matters more here
-        # than on the eager path: every layer attends over a window of the static cache's slots.
-        self._attention = self.grouped.active if self.grouped is not None else nullcontext
 
     @property
     def cache_kind(self) -> str:
@@ -375,22 +364,21 @@ class StaticVerifier(ModelVerifier):
 
     def _run(self, runner: BucketRunner) -> torch.Tensor:
         """``runner.run()``; where compiling or capturing fails, say so once and run eagerly from then on."""
-        with self._attention(), self._narrow_for(runner.size):
-            if runner.mode == "eager" or runner._compiled is not None or runner._graph is not None:
-                return runner.run()
-            try:
-                return runner.run()
-            except Exception as error:  # any compiler or capture failure: fall back, loudly
-                self._fallback_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                warnings.warn(
-                    f"cache='static': {runner.mode} forwards are not possible for this model "
-                    f"({self._fallback_reason}); verifying with eager forwards on the static cache instead",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-                for bucket in list(self._runners):
-                    self._runners[bucket] = BucketRunner(self, bucket, "eager")
-                return self._runners[runner.size].run()
+        if runner.mode == "eager" or runner._compiled is not None or runner._graph is not None:
+            return runner.run()
+        try:
+            return runner.run()
+        except Exception as error:  # any compiler or capture failure: fall back, loudly
+            self._fallback_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            warnings.warn(
+                f"cache='static': {runner.mode} forwards are not possible for this model "
+                f"({self._fallback_reason}); verifying with eager forwards on the static cache instead",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            for bucket in list(self._runners):
+                self._runners[bucket] = BucketRunner(self, bucket, "eager")
+            return self._runners[runner.size].run()
 
     def warm_up(self, max_tokens: int) -> None:
         """Compile or capture every bucket's forward for sequences of up to ``max_tokens`` tokens.
@@ -419,11 +407,10 @@ class StaticVerifier(ModelVerifier):
         ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
         positions = slots.unsqueeze(0)
         self.cache.window = self._window_for(length, "eager")
-        with self._attention():
-            logits = tree_forward(
-                self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
-                0 if keep_all else 1,
-            )  # fmt: skip
+        logits = tree_forward(
+            self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
+            0 if keep_all else 1,
+        )  # fmt: skip
         self.cache.committed_len = length
         return self.cache, logits
 

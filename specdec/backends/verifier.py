@@ -8,17 +8,20 @@ table, so the compiled backend (``cuda_ext``) swaps them in while the model plum
 stays one piece of code. :class:`TorchTreeOps` is the readable reference those ops are
 diffed against.
 
-**Kernels**: the verifier offers, per forward size, the kernel variants of
-:data:`KERNEL_VARIANTS` it can run (narrow products only for CPU fp32/fp64 models and up
-to :data:`NARROW_MAX_ROWS` rows, where they are worth timing) and runs the
-:class:`~specdec.types.KernelChoice` it is given (:meth:`ModelVerifier.use_kernels`; the
-default kernels until then).
+**Kernels**: the verifier runs the model's own forward, so it offers one kernel variant,
+the default; a verifier with kernels of its own (:class:`~specdec.backends.runner_verifier.RunnerVerifier`)
+names more in :attr:`ModelVerifier.KERNELS` and runs the :class:`~specdec.types.KernelChoice`
+it is given (:meth:`ModelVerifier.use_kernels`).
+
+**The user's model is never changed**: no layer, attention function or config entry of it is
+swapped, not even for the length of one forward (another thread may be running the same
+model), and nothing of it is wrapped or written to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,19 +30,13 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specdec.backends.gqa import GroupedAttention, supports_grouped_attention
 from specdec.backends.identity import model_identity, weights_fingerprint
-from specdec.backends.narrow import NarrowLinears, supports_narrow
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.models import SUPPORTED_ATTENTION, context_length
 from specdec.sampling import Greedy, apply_repetition_penalty, penalty_mask
 from specdec.types import DEFAULT_KERNEL, DraftTree, Feedback, KernelChoice, TokenChooser, Verification
-
-NARROW_KERNEL = "narrow"  # the model's linear layers as narrow products (specdec.backends.narrow)
-KERNEL_VARIANTS = (DEFAULT_KERNEL, NARROW_KERNEL)
-NARROW_MAX_ROWS = 32  # narrow products are worth timing up to this many rows (past ~8 the usual GEMM wins)
 
 
 @dataclass
@@ -164,12 +161,10 @@ class ModelVerifier:
     ``chooser`` is the default way of deciding the model's token at each node (greedy);
     :meth:`prefill` can set another per sequence (sampling, a repetition penalty).
 
-    :attr:`kernels` says which forwards compute the model's linear layers as narrow products
-    (:mod:`specdec.backends.narrow`; a one-node forward uses the padded product): none until
-    :meth:`use_kernels` says so (the :class:`~specdec.Generator` passes what calibration
-    measured faster). On a CPU, trees of more than one node attend over grouped KV heads
-    without copying the cache (:mod:`specdec.backends.gqa`).
+    Its forwards are the model's own (``model(...)``), with the default kernels (:attr:`KERNELS`).
     """
+
+    KERNELS: tuple[str, ...] = (DEFAULT_KERNEL,)  # the kernel variants this verifier can run
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         check_model(model)
@@ -183,9 +178,7 @@ class ModelVerifier:
         implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         # Eager attention adds the mask to its scores, so it needs the additive form; sdpa takes bool.
         self.additive_dtype = self.dtype if implementation == "eager" else None
-        self.narrow: NarrowLinears | None = NarrowLinears(model) if supports_narrow(model) else None
         self._kernels = KernelChoice()  # the default kernels everywhere
-        self.grouped: GroupedAttention | None = GroupedAttention(model) if supports_grouped_attention(model) else None
         # The most nodes one verification takes (None: no limit of the verifier's own).
         self.max_tree_nodes: int | None = None
         self.buckets: tuple[int, ...] | None = None  # every tree size runs a forward of its own
@@ -215,19 +208,19 @@ class ModelVerifier:
         return self._kernels
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
-        """``("default", "narrow")`` where narrow products are offered and worth timing at ``rows``, else
-        ``("default",)``."""
-        return KERNEL_VARIANTS if self.narrow is not None and rows <= NARROW_MAX_ROWS else (DEFAULT_KERNEL,)
+        """The variants a forward over ``rows`` tokens can run: ``("default",)``, the model's own forward."""
+        del rows
+        return (DEFAULT_KERNEL,)
 
     def use_kernels(self, choice: KernelChoice) -> None:
         """Run each later forward with the variant ``choice`` names for its size.
 
-        A variant this verifier knows but does not offer (narrow products on a GPU, or in
-        half precision) runs the default kernels; a name it does not know is an error.
+        A variant this verifier knows (:attr:`KERNELS`) but does not offer for a size, or on
+        this model, runs the default kernels; a name it does not know is an error.
         """
-        unknown = [v for v in choice.variants() if v not in KERNEL_VARIANTS]
+        unknown = [v for v in choice.variants() if v not in self.KERNELS]
         if unknown:
-            known = ", ".join(KERNEL_VARIANTS)
+            known = ", ".join(self.KERNELS)
             raise SpecDecError(f"unknown kernel variant {unknown[0]!r}; this verifier runs {known}")
         self._kernels = choice
 
@@ -356,25 +349,18 @@ class ModelVerifier:
     def _on_new_state(self, state: KVState) -> None:
         """Called with every new sequence's state (a static cache records which sequence owns it)."""
 
-    def _narrow_for(self, size: int) -> AbstractContextManager[None]:
-        """Narrow products around a forward of ``size`` rows where :attr:`kernels` says so."""
-        use = self.narrow is not None and self._kernels.variant_for(size) == NARROW_KERNEL
-        return self.narrow.active() if self.narrow is not None and use else nullcontext()
-
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over ``tree``: its logits ``[N, V]`` and positions int64 ``[N]``; writes its KV."""
         committed = state.committed_len
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
         input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        grouped = self.grouped if self.grouped is not None and mask is not None else None
-        with self._narrow_for(tree.size), grouped.active() if grouped is not None else nullcontext():
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=state.cache,
-                use_cache=True,
-            )
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
         return out.logits[0], position_ids[0]
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:

@@ -2,16 +2,15 @@
 
 A **variant** is a verifier spec, ``label=backend[:key=value...]``: ``backend`` is a
 :func:`~specdec.backends.make_verifier` backend (``auto``, ``torch``, ``cuda_ext``); a key
-that ``make_verifier`` takes is passed to it (a ``cache`` option, where it exists), any
-other key sets that attribute of the verifier (``grouped=null`` turns grouped-query
-attention off), but ``kernels=VARIANT``, which runs that kernel variant at every size
-(:meth:`~specdec.types.Verifier.use_kernels`; ``kernels=narrow``: narrow products). The default
-variants are the CPU fast paths' comparison (docs/budget.md):
+that ``make_verifier`` takes is passed to it (``cache``), any other key sets that attribute
+of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at every size
+(:meth:`~specdec.types.Verifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
+``cache=native``). The default variants are the CPU paths' comparison (docs/budget.md):
 
-- ``usual``: Hugging Face's ``sdpa`` attention as it comes and ``linear`` everywhere;
-- ``grouped``: attention over grouped heads without the KV copy (:mod:`specdec.backends.gqa`);
-- ``grouped+narrow``: that, plus narrow products for every tree, one node padded to two
-  (:mod:`specdec.backends.narrow`; calibration turns them on only where they win).
+- ``dynamic``: the model's own forward on Hugging Face's ``DynamicCache``;
+- ``native``: specdec's own forward (:mod:`specdec.backends.runner`) with torch's kernels;
+- ``native+cpu``: that, with specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`:
+  skinny linear layers and tree attention).
 
 All variants share one model and are timed in the same interleaved rounds (a drift of the
 machine's load hits all alike); round 0 warms up and the fastest of ``repeats`` rounds is
@@ -40,7 +39,9 @@ from specdec.bench.results import write_json_atomic
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, KernelChoice
 
-DEFAULT_VARIANTS = "usual=auto:grouped=null,grouped=auto,grouped+narrow=auto:kernels=narrow"
+DEFAULT_VARIANTS = (
+    "dynamic=auto:cache=dynamic,native=auto:cache=native:kernels=default,native+cpu=auto:cache=native:kernels=cpu"
+)
 
 
 def make_variants(model: Any, specs: str | None) -> dict[str, Any]:

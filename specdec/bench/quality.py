@@ -39,8 +39,8 @@ from specdec.testing import compare_outputs
 MAX_NEW_TOKENS = 32
 # Nodes each step verifies: a fixed budget does not depend on timings (the planner's ``auto``
 # learns from measured costs, which differ between machines) and 16 nodes keep the check near
-# a minute of CPU. (The kernels do: calibration may pick narrow products on one machine and
-# not another; their rounding can flip a near-tie, which TOLERANCE covers.)
+# a minute of CPU. (The kernels do: calibration may pick specdec's CPU kernels on one machine
+# and not another; their rounding can flip a near-tie, which TOLERANCE covers.)
 BUDGET = 16
 # Relative MAT drop that fails the check: well above the drift a near-tie flip on another
 # CPU can cause on these prompts, well below what a worse drafter setting costs.

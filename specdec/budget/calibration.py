@@ -13,8 +13,8 @@ model, ~1 s on a GPU. How busy the machine was meanwhile is recorded with the ta
 (:mod:`specdec.budget.machine_load`).
 
 **Kernel choice**: every size is also timed with each other kernel variant the verifier
-offers for it (:meth:`~specdec.types.Verifier.kernel_variants`: narrow products,
-:mod:`specdec.backends.narrow`, on CPU fp32/fp64 models up to 32 rows), in the same
+offers for it (:meth:`~specdec.types.Verifier.kernel_variants`: specdec's CPU kernels,
+:mod:`specdec.backends.cpu_kernels`, on ``cache="native"`` up to 64 rows), in the same
 rounds. :func:`choose_kernels` turns the timings into a :class:`~specdec.types.KernelChoice`:
 one node runs the variant that was fastest there; from two nodes up each calibrated size
 runs its fastest variant, up to the first size where the default kernels win, and every
@@ -163,8 +163,8 @@ def choose_kernels(sizes: Sequence[int], seconds: Mapping[str, FloatArray]) -> K
     size only when it is strictly faster than the default and every variant listed before it.
 
     >>> plain = np.array([[1.0, 2.0, 3.0]])
-    >>> choose_kernels((1, 2, 4), {"default": plain, "narrow": np.array([[1.1, 1.5, 3.5]])})
-    KernelChoice(ranges=((1, 'default'), (2, 'narrow')), beyond='default')
+    >>> choose_kernels((1, 2, 4), {"default": plain, "cpu": np.array([[1.1, 1.5, 3.5]])})
+    KernelChoice(ranges=((1, 'default'), (2, 'cpu')), beyond='default')
     """
     totals = {name: np.asarray(table, dtype=np.float64).sum(axis=0) for name, table in seconds.items()}  # [S] each
 

@@ -41,7 +41,9 @@ from specdec.types import DEFAULT_KERNEL, KernelChoice
 FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
-CALIBRATION_VERSION = 7  # 6: static buckets compile narrow products; 7: they attend over a window of the cache
+# 6: static buckets compile narrow products; 7: they attend over a window of the cache; 8: kernel choice as
+# one value, the narrow products gone, specdec's CPU kernels ("cpu") on cache="native"
+CALIBRATION_VERSION = 8
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
 RATIO_CLIP = 5.0
 SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
@@ -89,9 +91,6 @@ class CostTable:
             "contexts": list(self.contexts),
             "seconds": [list(row) for row in self.seconds],
             "kernels": {"ranges": [list(r) for r in self.kernels.ranges], "beyond": self.kernels.beyond},
-            # What specdec before the kernel choice value read (the same cache directory may serve both).
-            "narrow_rows": _narrow_rows(self.kernels),
-            "narrow_single": self.kernels.variant_for(1) == NARROW,
             "bucketed": self.bucketed,
             "spread": self.spread,
             "others_share": self.others_share,
@@ -113,42 +112,15 @@ class CostTable:
         )
 
 
-NARROW = "narrow"  # the one non-default variant tables without a "kernels" entry know
-
-
-def _narrow_rows(choice: KernelChoice) -> int:
-    """The largest row count up to which ``choice`` runs narrow products at every size from 2 (0: none)."""
-    rows = 0
-    for up_to, variant in choice.ranges:
-        if up_to < 2:
-            continue
-        if variant != NARROW:
-            break
-        rows = up_to
-    return rows
-
-
 def _kernels_from_json(data: dict[str, Any]) -> KernelChoice:
-    """A table's kernel choice: its ``kernels`` entry, or the ``narrow_rows``/``narrow_single`` of older tables."""
-    if "kernels" in data:
-        entry = data["kernels"]
-        ranges = entry.get("ranges") if isinstance(entry, dict) else None
-        if not isinstance(ranges, list) or not all(isinstance(r, list) and len(r) == 2 for r in ranges):
-            raise SpecDecError(f"calibration kernels must be {{'ranges': [[rows, variant], ...]}}, got {entry!r}")
-        return KernelChoice(tuple((r[0], r[1]) for r in entry["ranges"]), entry.get("beyond", DEFAULT_KERNEL))
-    return legacy_kernels(data.get("narrow_rows", 0), data.get("narrow_single", False))
-
-
-def legacy_kernels(narrow_rows: Any, narrow_single: Any) -> KernelChoice:
-    """The choice of narrow products on ``2..narrow_rows`` rows and, with ``narrow_single``, on one."""
-    if isinstance(narrow_rows, bool) or not isinstance(narrow_rows, int) or narrow_rows < 0:
-        raise SpecDecError(f"narrow_rows must be a non-negative int, got {narrow_rows!r}")
-    if not isinstance(narrow_single, bool):
-        raise SpecDecError(f"narrow_single must be a bool, got {narrow_single!r}")
-    ranges = [(1, NARROW if narrow_single else DEFAULT_KERNEL)]
-    if narrow_rows >= 2:
-        ranges.append((narrow_rows, NARROW))
-    return KernelChoice(tuple(ranges))
+    """A table's kernel choice, from its ``kernels`` entry."""
+    entry = data.get("kernels")
+    ranges = entry.get("ranges") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not isinstance(ranges, list) or not all(
+        isinstance(r, list) and len(r) == 2 for r in ranges
+    ):
+        raise SpecDecError(f"calibration kernels must be {{'ranges': [[rows, variant], ...]}}, got {entry!r}")
+    return KernelChoice(tuple((r[0], r[1]) for r in ranges), entry.get("beyond", DEFAULT_KERNEL))
 
 
 class VerifyCostModel:
