@@ -4,7 +4,7 @@ Checked: the runner's logits equal the model's own ``sdpa`` forward on tiny fp64
 architecture it knows (prefill and a tree step after it), and it refuses the others naming why;
 with specdec's CPU kernels, segments verified together give bitwise the logits they give alone,
 and a tree node's logits are bitwise those of the same token in a plain step after its
-ancestors (float32 and float64); whole generations through ``cache="native"`` are
+ancestors (float64, float32 and bfloat16); whole generations through ``cache="native"`` are
 token-identical to Hugging Face's greedy ``generate`` with random trees around the truth and
 with real drafters, with the CPU kernels and without; and the user's model is not touched
 while it runs.
@@ -25,9 +25,10 @@ import specdec
 from specdec.backends import cpu_kernels
 from specdec.backends.runner import ARCHITECTURES as RUNNER_ARCHITECTURES
 from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, unsupported_reason
+from specdec.backends.runner_verifier import RunnerVerifier
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
-from specdec.types import DraftTree
+from specdec.types import DraftTree, KernelChoice
 
 CPU = torch.device("cpu")
 KNOWN = [arch for arch in ARCHITECTURES if arch in RUNNER_ARCHITECTURES]
@@ -88,7 +89,7 @@ def test_logits_equal_the_models_own_forward(arch: str) -> None:
         torch.testing.assert_close(ours_tree, theirs_tree, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", KNOWN)
 def test_segments_together_give_the_bits_they_give_alone(arch: str, dtype: torch.dtype, kernels: Kernels) -> None:
     model = tiny_model(arch).to(dtype)
@@ -111,7 +112,7 @@ def test_segments_together_give_the_bits_they_give_alone(arch: str, dtype: torch
         model.to(torch.float64)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", KNOWN)
 def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtype, kernels: Kernels) -> None:
     """Batch invariance end to end: node 3 of the tree (path 0 -> 1 -> 3) against plain steps 0, 1, 3."""
@@ -135,20 +136,24 @@ def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("arch", KNOWN)
-@pytest.mark.parametrize("rows", [0, 128])
-def test_native_generations_equal_plain_greedy(arch: str, rows: int, kernels: Kernels) -> None:
+@pytest.mark.parametrize("variant", ["default", "cpu"])
+def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels: Kernels) -> None:
     model = tiny_model(arch)
-    rng = random.Random(f"native-{arch}-{rows}")
+    rng = random.Random(f"native-{arch}-{variant}")
     for seed in range(3):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 40)
         oracle = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=7)
         for drafter in (oracle, "none", "pld", "sam+recycling"):
             generator = specdec.Generator(model, drafter=drafter, cache="native", budget="full")
-            generator.verifier.kernel_rows = rows  # type: ignore[attr-defined]
+            verifier = generator.verifier
+            assert isinstance(verifier, RunnerVerifier)
+            verifier.use_kernels(KernelChoice.uniform(variant))
+            expected = verifier.cpu_kernels if variant == "cpu" else PLAIN
+            assert all(verifier._kernels_for(rows) is expected for rows in (1, 7, 40))  # the variant runs
             result = generator.generate(prompt, max_new_tokens=40)
             assert result.tokens == truth, f"{arch}/{drafter}: prompt {prompt}"
-            IDENTITY_COUNTS[f"{arch}/native/{'cpu-kernels' if rows else 'torch'}"] += 1
+            IDENTITY_COUNTS[f"{arch}/native/{'cpu-kernels' if variant == 'cpu' else 'torch'}"] += 1
         assert result.stats.steps < 39  # sam+recycling's trees were accepted: speculation happened
 
 
@@ -163,7 +168,7 @@ def test_the_users_model_is_untouched(kernels: Kernels) -> None:
         assert model.config._attn_implementation == implementation
 
     generator = specdec.Generator(model, drafter="pld", cache="native", budget="full")
-    generator.verifier.kernel_rows = 128  # type: ignore[attr-defined]
+    generator.verifier.use_kernels(KernelChoice.uniform("cpu"))
     generator.generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=20, on_tokens=watch)
     assert seen and not any(seen)
     assert [p._version for p in model.parameters()] == versions
