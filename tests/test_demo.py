@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from specdec.commands import main
 from specdec.commands.coldstart import coldstart_prompts, summarize
@@ -114,6 +115,19 @@ def test_the_demo_runs_on_the_default_model(default_model: Any, capsys: pytest.C
     assert "Speculation" in out.out
     for method in ("none", "pld", "sam+recycling"):
         assert f"{method}" in out.err and "4/4" in out.err  # a progress line per method
+    assert "cache='auto' runs 'native': a CPU and a Llama-family model" in out.err  # which path, and why
+
+
+def test_auto_cache_says_why() -> None:
+    from tiny_models import tiny_model
+
+    from specdec.backends import auto_cache, auto_cache_reason
+
+    cpu = torch.device("cpu")
+    llama, gpt2 = tiny_model("llama"), tiny_model("gpt2")
+    assert auto_cache(llama, cpu) == "native" and "Llama-family" in auto_cache_reason(llama, cpu)
+    assert auto_cache(gpt2, cpu) == "dynamic" and "'gpt2'" in auto_cache_reason(gpt2, cpu)
+    assert "CUDA graphs" in auto_cache_reason(llama, torch.device("cuda"))
 
 
 @pytest.mark.slow

@@ -74,6 +74,16 @@ def auto_cache(model: Any, device: torch.device) -> str:
     return "native" if unsupported_reason(model) is None else "dynamic"
 
 
+def auto_cache_reason(model: Any, device: torch.device) -> str:
+    """Why :func:`auto_cache` picks what it picks for ``model`` on ``device``, in a few words (the demo prints it)."""
+    if device.type == "cuda":
+        return "a CUDA device: the static cache with CUDA graphs"
+    reason = unsupported_reason(model)
+    if reason is None:
+        return "a CPU and a Llama-family model: specdec's own forward, nothing compiled"
+    return f"a CPU, and specdec's own forward does not run this model ({reason}): Hugging Face's forward"
+
+
 def resolve_cache(cache: str, device: torch.device, model: Any = None) -> tuple[str, str | None]:
     """``(kind, static mode)`` for a ``cache`` name on ``device``: ``("dynamic" | "native", None)`` or
     ``("static", mode)``; ``"auto"`` asks :func:`auto_cache` about ``model``.
@@ -118,6 +128,7 @@ __all__ = [
     "TorchTreeOps",
     "TreeOps",
     "auto_cache",
+    "auto_cache_reason",
     "make_tree_ops",
     "make_verifier",
     "resolve_cache",

@@ -12,8 +12,9 @@ One-time costs are paid before the clock starts: the verification cost calibrati
 run on a machine, ~10 s on a CPU; cached), one short generation per method, and on a static
 KV cache (``--cache static``, the default on a GPU) one verification per tree-size bucket,
 so compiled forwards and CUDA graphs are made outside the timed runs. The demo keeps
-``cache="auto"``: the dynamic cache on a CPU, the static cache with CUDA graphs on a GPU
-(``specdec demo --device cuda``). Each method's ``Generator`` loads the planner statistics
+``cache="auto"`` and says what it picked and why: specdec's own forward (``"native"``) for a
+Llama-family model on a CPU (else the dynamic cache), the static cache with CUDA graphs on a
+GPU (``specdec demo --device cuda``). Each method's ``Generator`` loads the planner statistics
 earlier runs saved (and saves its own), as :func:`specdec.run` does.
 """
 
@@ -32,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.api import Generator
+from specdec.backends import auto_cache_reason
 from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.machine_load import BUSY_SHARE, MachineWatch
@@ -230,6 +232,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     plain = generators["none"]
     print(f"Device: {_device_text(plain.verifier)}; KV cache {plain.verifier.cache_kind} (cache={args.cache!r}); "
           f"backend {plain.verifier.name}; budget {args.budget}", file=sys.stderr)
+    if args.cache == "auto":
+        print(f"cache='auto' runs {plain.verifier.cache_kind!r}: "
+              f"{auto_cache_reason(plain.model, plain.verifier.device)}", file=sys.stderr)
     saved = [f"{name}: {g.planner_stats.runs} earlier runs" if g.planner_stats and g.planner_stats.runs
              else f"{name}: none yet" for name, g in generators.items() if name != "none"]
     print("Planner statistics: " + ("; ".join(saved) if generators[drafters[0]].planner_stats else "off"),
