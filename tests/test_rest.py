@@ -39,7 +39,7 @@ from specdec.types import RetrievalDrafter
 
 @pytest.fixture(scope="session")
 def rest_native() -> Any:
-    """The compiled retrieval core; a build failure skips (fails in CI) with the compiler's output."""
+    """The compiled retrieval core; a build failure fails with the compiler's output."""
     from specdec.datastores.rest import native
 
     return native_or_skip("rest", native)

@@ -32,7 +32,7 @@ from specdec.errors import DatastoreError, SpecDecError
 from specdec.reference.suffix_automaton import SuffixAutomaton, sam_tree
 from specdec.types import DraftTree, RetrievalDrafter
 
-# Every test here needs the compiled automata (skipped, or failed in CI, without them).
+# Every test here needs the compiled automata (a failed build fails them: conftest.native_or_skip).
 pytestmark = pytest.mark.usefixtures("sam_native")
 
 LABELS = {3: SOURCE_DYNAMIC, 2: SOURCE_STORE, 1: SOURCE_STORE, 0: SOURCE_STATIC}

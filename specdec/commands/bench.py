@@ -42,6 +42,7 @@ from specdec.commands.arguments import MODEL_HELP
 from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, load_model, load_tokenizer
+from specdec.testing import near_tie_margin
 
 DEFAULT_METHODS = "none,hf-generate,hf-pld,pld"
 REPORT_FILE = "report.md"
@@ -164,7 +165,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     at = args.position if index is None else index
     if at is None:
         return 0
-    boundary = judge_sampled(methods[0], methods[1], prompt, runs[0], runs[1], args.max_new_tokens, at)
+    boundary = judge_sampled(methods[0], methods[1], prompt, runs[0], runs[1], args.max_new_tokens, at,
+                             near_tie_margin(next(model.parameters()).dtype))
     if index is None and boundary.shift is None:
         print(f"at output index {at}: a redo did not reproduce a run; no verdict")
     elif index is None:  # no difference here: how near a flip was this position?
