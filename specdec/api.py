@@ -7,6 +7,7 @@ token-in/token-out call with no tokenizer involved.
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 import time
@@ -114,8 +115,12 @@ def _prompt_ids(prompt: Any, tokenizer: Any, chat_template: bool | None) -> list
             raise SpecDecError("chat messages need a tokenizer")
         ids = encode_prompt(tokenizer, list(prompt), chat_template)
     elif isinstance(prompt, Sequence):
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
-            raise SpecDecError("a prompt list must hold token ids (ints) or chat messages (dicts)")
+        # Any integer type is a token id (NumPy's, torch's 0-d tensors are not: .tolist() them); bools are not.
+        bad = next(((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, numbers.Integral)),
+                   None)
+        if bad is not None:
+            raise SpecDecError(f"a prompt list must hold token ids (ints) or chat messages (dicts), got {bad[1]!r} "
+                               f"({type(bad[1]).__name__}) at index {bad[0]}")
         ids = [int(t) for t in prompt]
     else:
         raise SpecDecError(f"unsupported prompt type {type(prompt).__name__}: give text, token ids or chat messages")

@@ -440,6 +440,16 @@ def test_rest_matches_plain_greedy(rest_native: Any, tmp_path: Path, arch: str) 
     assert accepted > 10  # regression guard: the datastore's drafts were accepted
 
 
+def test_an_empty_datastore_drafts_nothing_and_loses_nothing(rest_native: Any, tmp_path: Path) -> None:
+    """A datastore of one empty document, end to end through the drafter: plain decoding's output."""
+    model = tiny_model("llama")
+    make_store(tmp_path, [[]], VOCAB, name="empty.rest")
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    result = specdec.run(model, prompt, "rest", datastore=tmp_path / "empty.rest", max_new_tokens=16, budget="full")
+    assert result.tokens == hf_greedy(model, prompt, 16)
+    assert sum(r.accepted for r in result.stats.records) == 0
+
+
 # -- the command line and the default model ---------------------------------------------------
 
 

@@ -305,6 +305,18 @@ def test_sam_matches_plain_greedy(arch: str, tmp_path: Path) -> None:
     assert accepted[SOURCE_STORE] > 15  # and so were the store's (the repeated prompt's answer)
 
 
+def test_an_empty_static_automaton_loses_nothing(tmp_path: Path) -> None:
+    """A static automaton of one empty document, end to end (the sequence's own text still drafts)."""
+    model = tiny_model("llama")
+    build([np.array([], dtype=np.int64)], tmp_path / "empty.sam", identity(VOCAB), progress=False)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    result = specdec.run(model, prompt, "sam", datastore=tmp_path / "empty.sam", max_new_tokens=16, budget="full")
+    truth = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+    assert result.tokens == truth
+    assert result.stats.accepted_by_source.get(SOURCE_STATIC, 0) == 0
+
+
 @pytest.mark.slow
 def test_default_model_with_a_gsm8k_automaton(
     tmp_path: Path, default_model: tuple[Any, Any], spec_bench_prompts: dict[str, list[list[int]]]
