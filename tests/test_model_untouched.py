@@ -146,3 +146,17 @@ def test_a_run_interrupted_mid_step_leaves_the_model_and_the_generator_sound(
     # The interrupted generator serves the next prompts as if nothing had happened.
     assert [generator.generate(p, max_new_tokens=NEW_TOKENS).tokens for p in PROMPTS[:3]] == truth[:3]
     assert_unchanged(model, before)
+
+
+def test_generate_from_its_own_callback_is_refused_and_the_generator_goes_on(model: Any) -> None:
+    """The lock is not re-entrant: a generate() from inside on_tokens would wait for itself; it raises instead."""
+    from specdec.errors import SpecDecError
+
+    generator = specdec.Generator(model, drafter="pld", budget="full")
+
+    def nested(tokens: list[int]) -> None:
+        generator.generate(PROMPTS[1], max_new_tokens=4)
+
+    with pytest.raises(SpecDecError, match="called while this thread is inside one of the generator's own calls"):
+        generator.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, on_tokens=nested)
+    assert generator.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS).tokens == hf_greedy(model, PROMPTS[0], NEW_TOKENS)

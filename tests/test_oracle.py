@@ -119,3 +119,19 @@ def test_near_ties_are_followed_down_the_branches_up_to_a_limit() -> None:
         assert MAX_NEAR_TIES >= 2
     finally:
         del NEAR_TIES[9]
+
+
+def test_the_margin_measurement_covers_every_verifier_and_size() -> None:
+    """specdec.bench.margins on a tiny fp64 model: every verifier variant and tree size measured, the rows
+    counted, and the differences at fp64's rounding (far under fp64's margin), so its bound is a bound."""
+    from tiny_models import tiny_model
+
+    from specdec.bench.margins import margin_from, measure
+
+    model = tiny_model("llama")
+    report = measure(model, [[1, 2, 3, 4, 5, 1, 2, 3]], new_tokens=12, sizes=(1, 4), stride=4, progress=False)
+    assert report.prompts == 1 and set(report.worst) >= {"dynamic", "native"}
+    assert all(set(sizes) == {1, 4} for sizes in report.worst.values())
+    assert all(rows > 0 for rows in report.rows.values())
+    assert 0.0 <= report.largest() < 1e-9 and margin_from(report.largest()) < near_tie_margin(torch.float64)
+    assert report.to_json()["margin"] == 2 * report.largest()

@@ -11,6 +11,7 @@
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
+    specdec bench margins --dtype bfloat16          # logit gap of verification vs one-token forwards (near-tie margins)
     specdec bench ratios backend.json               # cuda_ext vs torch op ratios from pytest-benchmark
 """
 
@@ -209,6 +210,17 @@ def cmd_quality(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_margins(args: argparse.Namespace) -> int:
+    """How far verification forwards' logits lie from one-token forwards' (:mod:`specdec.bench.margins`)."""
+    from specdec.bench import margins
+
+    model, tokenizer = load(args)
+    prompts = [encode_prompt(tokenizer, p.text) for p in oneoff.heldout_prompts()[: args.prompts]]
+    report = margins.measure(model, prompts, new_tokens=args.new_tokens, stride=args.stride)
+    print(json.dumps({**report.to_json(), "new_tokens": args.new_tokens, "command": _command_line()}, indent=1))
+    return 0
+
+
 def cmd_costs(args: argparse.Namespace) -> int:
     report = measure_costs(args.kind, args.out, skip_build=args.skip_build, max_tokens=args.max_tokens)
     print(json.dumps(report, indent=1))
@@ -340,6 +352,15 @@ def register(sub: Any) -> None:
     quality.add_argument("--drafters", default=None, help="comma-separated method specs (default: the suite)")
     quality.add_argument("--corpus", default=None, help="GSM8K jsonl for the datastores (default: ../shared's)")
     quality.set_defaults(func=cmd_quality)
+
+    margins = commands.add_parser("margins", help="largest |logit difference| between verification forwards and "
+                                  "one-token forwards, per verifier and tree size: the measure behind a dtype's "
+                                  "near-tie margin (specdec.testing.near_tie_margin)")
+    _model_options(margins, sub=True)
+    margins.add_argument("--prompts", type=int, default=8, help="held-out prompts measured (default 8)")
+    margins.add_argument("--new-tokens", type=int, default=64, help="plain decoding's tokens per prompt")
+    margins.add_argument("--stride", type=int, default=8, help="a chain starts every this many output positions")
+    margins.set_defaults(func=cmd_margins)
 
     costs = commands.add_parser("costs", help="a datastore's build, size, load and per-step costs on a >10M-token "
                                 "corpus (GSM8K, the Python standard library, /usr/share/doc)")
