@@ -7,9 +7,12 @@ token-in/token-out call with no tokenizer involved.
 
 from __future__ import annotations
 
+import numbers
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypedDict
 
 from typing_extensions import Unpack
@@ -112,8 +115,12 @@ def _prompt_ids(prompt: Any, tokenizer: Any, chat_template: bool | None) -> list
             raise SpecDecError("chat messages need a tokenizer")
         ids = encode_prompt(tokenizer, list(prompt), chat_template)
     elif isinstance(prompt, Sequence):
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
-            raise SpecDecError("a prompt list must hold token ids (ints) or chat messages (dicts)")
+        # Any integer type is a token id (NumPy's, torch's 0-d tensors are not: .tolist() them); bools are not.
+        bad = next(((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, numbers.Integral)),
+                   None)
+        if bad is not None:
+            raise SpecDecError(f"a prompt list must hold token ids (ints) or chat messages (dicts), got {bad[1]!r} "
+                               f"({type(bad[1]).__name__}) at index {bad[0]}")
         ids = [int(t) for t in prompt]
     else:
         raise SpecDecError(f"unsupported prompt type {type(prompt).__name__}: give text, token ids or chat messages")
@@ -144,6 +151,15 @@ class Generator:
     (:class:`~specdec.datastores.shared_store.SharedStore`): True (default) keeps one for this
     generator's sequences, False none, an int sizes it (tokens), a ``SharedStore`` object is
     used as given (share one across generators and :func:`run` calls).
+
+    **Threads**: a ``Generator`` runs one generation at a time. Calls from several threads
+    (:meth:`generate`, :meth:`warm_up`, :meth:`cost_model`) take turns on a lock, each whole, so
+    they are safe and give the outputs they give alone; they do not run in parallel (its one
+    verifier, static cache and planner statistics serve one sequence at a time). For parallel
+    generations make one ``Generator`` per thread (they may share the model object, which none
+    of them changes, and a :class:`~specdec.datastores.shared_store.SharedStore`). Calling
+    :meth:`generate` again from inside its own ``on_tokens`` callback is refused with a
+    :class:`~specdec.errors.SpecDecError` (it would wait for itself).
     """
 
     def __init__(
@@ -162,6 +178,8 @@ class Generator:
         dtype: Any = None,
         planner_cache: bool | None = None,
     ) -> None:
+        self._lock = threading.Lock()  # one generation at a time (class docstring: threads)
+        self._holder: int | None = None  # the thread that holds it
         self.model, self.tokenizer = _resolve_model(model, tokenizer, device, dtype)
         self.verifier: Verifier[Any] = make_verifier(self.model, backend, cache=cache)
         table = calibration_cache.cached_table(self.verifier)  # nothing measured here
@@ -199,6 +217,22 @@ class Generator:
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
             self.planner_stats.load(self.acceptance, self.throughput)
 
+    @contextmanager
+    def _turn(self, what: str) -> Iterator[None]:
+        """Hold this generator's lock for ``what`` (class docstring: threads); a re-entrant call is an error."""
+        me = threading.get_ident()
+        if self._holder == me:
+            raise SpecDecError(
+                f"Generator.{what} was called while this thread is inside one of the generator's own calls "
+                "(e.g. from an on_tokens callback): a Generator runs one generation at a time"
+            )
+        with self._lock:
+            self._holder = me
+            try:
+                yield
+            finally:
+                self._holder = None
+
     def warm_up(self, max_tokens: int = 2048) -> float:
         """Pay the first-use costs now, not in the first :meth:`generate`; returns the seconds spent.
 
@@ -208,11 +242,12 @@ class Generator:
         cost is calibrated (cached per machine, so usually free). A server calls this once
         before taking requests. Nothing is generated and no sequence is disturbed.
         """
-        started = time.perf_counter()
-        if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
-            self.cost_model()
-        self.verifier.warm_up(max_tokens)
-        return time.perf_counter() - started
+        with self._turn("warm_up"):
+            started = time.perf_counter()
+            if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
+                self._cost_model()
+            self.verifier.warm_up(max_tokens)
+            return time.perf_counter() - started
 
     def cost_model(self) -> tuple[VerifyCostModel, float]:
         """The verifier's cost model and the seconds spent calibrating it (0.0: cached), its kernels in force.
@@ -222,6 +257,10 @@ class Generator:
         kernels the calibration chose (:meth:`~specdec.types.Verifier.use_kernels`). A
         generation calls it at its first draft, under any budget.
         """
+        with self._turn("cost_model"):
+            return self._cost_model()
+
+    def _cost_model(self) -> tuple[VerifyCostModel, float]:
         model, spent = calibration_cache.cost_model(self.verifier)
         self.verifier.use_kernels(model.table.kernels)
         return model, spent
@@ -251,20 +290,25 @@ class Generator:
         on_tokens: Callable[[list[int]], None] | None = None,
         **options: Unpack[DecodingOptions],
     ) -> GenerationResult:
-        """Generate a continuation of ``prompt``; see :func:`run` for the options."""
+        """Generate a continuation of ``prompt``; see :func:`run` for the options.
+
+        One generation at a time: a call from another thread waits for the running one to end
+        (class docstring: threads).
+        """
         config = self.decoding_config(**options)
         ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
-        planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
-                                load_cost=self.cost_model)
-        drafter = self.new_drafter()
-        result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
-        finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-        if self.planner_stats is not None and result.stats.steps:
-            self.planner_stats.save(self.acceptance, self.throughput)
-        if self.context.recycling is not None:
-            self.context.recycling.save()
-        if callable(finish):
-            finish()
+        with self._turn("generate"):
+            planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
+                                    load_cost=self._cost_model)
+            drafter = self.new_drafter()
+            result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
+            finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
+            if self.planner_stats is not None and result.stats.steps:
+                self.planner_stats.save(self.acceptance, self.throughput)
+            if self.context.recycling is not None:
+                self.context.recycling.save()
+            if callable(finish):
+                finish()
         if self._decode_text is not None:
             result.text = self._decode_text(result.tokens)
         return result

@@ -1,7 +1,11 @@
 """The ground room: the cache directory, atomic writes, checksums and the tokenizer identity.
 
 Everything specdec keeps between runs lies under :func:`cache_dir` (``$SPECDEC_CACHE_DIR``,
-default ``~/.cache/specdec``), one folder per kind (:data:`KINDS`). Every file is rebuilt
+default ``~/.cache/specdec``), one folder per kind (:data:`KINDS`). One kind's folder can be
+moved alone with ``$SPECDEC_<KIND>_DIR`` (``SPECDEC_MODELS_DIR``, ``SPECDEC_EXTENSIONS_DIR``,
+``SPECDEC_CALIBRATION_DIR``, ``SPECDEC_PLANNER_DIR``, ...: :attr:`Kind.env`): the test suite
+keeps the slow-to-rebuild kinds (converted models, compiled extensions) in the user's cache
+and everything else in a fresh temporary one. Every file is rebuilt
 on demand, so clearing any kind is safe; it only costs the time to rebuild it. ``clear``
 removes only entries whose names specdec itself gives (hash-named files and folders), never
 anything else that may sit in a relocated cache directory (``specdec cache info|clear``).
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
-PLANNER_DIR_ENV = "SPECDEC_PLANNER_DIR"  # the planner statistics' folder alone
+PLANNER_DIR_ENV = "SPECDEC_PLANNER_DIR"  # the planner statistics' folder alone (Kind("planner").env)
 
 _HASH16 = r"[0-9a-f]{16}"
 _HASH_JSON = re.compile(rf"(\.)?{_HASH16}(\.json|-.*)$")  # a hash-named file, or its staging leftover
@@ -49,10 +53,16 @@ class Kind:
     pattern: re.Pattern[str]
     about: str
 
+    @property
+    def env(self) -> str:
+        """The variable that moves this kind's folder alone: ``SPECDEC_<NAME>_DIR`` (``SPECDEC_MODELS_DIR``)."""
+        return f"SPECDEC_{self.name.upper()}_DIR"
+
     def folder(self) -> Path:
-        """Where this kind's entries live: ``<cache_dir>/<name>`` (planner statistics: ``$SPECDEC_PLANNER_DIR`` too)."""
-        if self.name == "planner" and os.environ.get(PLANNER_DIR_ENV):
-            return Path(os.environ[PLANNER_DIR_ENV]).expanduser()
+        """Where this kind's entries live: ``$SPECDEC_<NAME>_DIR`` when set, else ``<cache_dir>/<name>``."""
+        moved = os.environ.get(self.env)
+        if moved:
+            return Path(moved).expanduser()
         return cache_dir() / self.name
 
     def entries(self) -> list[Path]:

@@ -134,8 +134,17 @@ class PositionKeyedSampler:
         """``logits`` float ``[N, V]``, ``positions`` int64 ``[N]`` (of the chosen tokens) -> int64 ``[N]``."""
         probs = process_logits(logits, self.params).softmax(dim=-1).double()  # [N, V]; float64 sums
         cdf = probs.cumsum(dim=-1)  # [N, V]
+        total = cdf[:, -1]
+        # NaN or +inf in a row (or every entry -inf) leaves no distribution: say so rather than pick a token.
+        broken = ~(total.isfinite() & (total > 0))
+        if bool(broken.any()):  # host sync (one per step, as the positions below)
+            rows = broken.nonzero().flatten().tolist()
+            raise SpecDecError(
+                f"sampling needs finite logits, got NaN or inf (no distribution) for the tokens at positions "
+                f"{[int(positions[r]) for r in rows]}: the model's output is broken (its weights or dtype)"
+            )
         u = self.uniforms(positions.tolist()).to(cdf.device)  # host sync: positions are tiny
-        target = (u * cdf[:, -1]).unsqueeze(-1)  # [N, 1]
+        target = (u * total).unsqueeze(-1)  # [N, 1]
         tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
         return tokens.clamp_(max=cdf.shape[-1] - 1)  # u * total < total, the clamp only guards rounding
 

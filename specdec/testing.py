@@ -2,8 +2,24 @@
 
 A batched tree forward and a one-token forward round differently (~1e-5 in fp32), so a
 reference implementation (``model.generate``) may pick another token where the model's
-top two logits nearly tie. :func:`compare_outputs` tells the two cases apart: identical
-outputs, or a first difference sitting on such a near-tie, with the margin measured.
+top two logits nearly tie. :func:`compare_outputs` tells that case apart from a bug, and it
+is strict about it:
+
+1. **the first difference must be a tie of the model's top two**: the two outputs' tokens
+   there are exactly the model's two best tokens after the common prefix (one plain forward
+   of the model over it), and their logits are within the near-tie margin of the model's
+   dtype (:func:`near_tie_margin`). A token that is not one of the two, or a pair farther
+   apart than the margin, is a real difference, however small the top-two margin is;
+2. **after it, each output must be plain decoding of its own branch**: from the prefix plus
+   each output's own token at the difference, plain greedy decoding is run again (the
+   model's own forward, one token at a time: :func:`plain_continuation`) for as many tokens
+   as that output has left, and the output's remaining tokens are compared with it, by the
+   same rules (a later difference must again be a tie of the top two, checked the same way,
+   up to :data:`MAX_NEAR_TIES` of them). An output that takes the runner-up at a near-tie and
+   then goes on as if it had taken the top token is caught here.
+
+Both outputs must have the same length unless one ends at an end-of-sequence token the other
+has not reached; a prefix (a stop rule that differs) is not acceptable.
 """
 
 from __future__ import annotations
@@ -14,12 +30,19 @@ from typing import Any
 
 import torch
 
-# The largest top-two logit margin at which a differing token still counts as a near-tie (fp32).
+# The largest top-two logit margin at which a differing token still counts as a near-tie (fp32):
+# ~100x the measured gap between a tree forward and one-token forwards of the default model (~1e-5).
 NEAR_TIE_MARGIN = 1e-3
 # Half precisions round logits far more coarsely: bf16 keeps 8 significant bits, so two forwards
-# of different shapes differ by ~2e-2 in logits of magnitude ~10 (measured on an H100,
-# design.md section 6), and a margin below a few of those steps is still a near-tie.
+# of different shapes differ by ~2e-2 in logits of magnitude ~10 on an H100 (design.md section 6),
+# and a margin below a few of those steps is still a near-tie. On the CPU, bf16 forwards of the
+# default model differ far more (largest |logit difference| 1.5 between a verification forward and
+# a one-token forward, over 3 x 1,260 rows: `specdec bench margins --dtype bfloat16`,
+# docs/benchmarks.md "Near-tie margins"), so there a bf16 comparison with `generate` can fail on
+# rounding alone; no CPU test makes one. float16: 0.05, from bf16's 8 bits vs fp16's 11.
 _MARGINS = {"float64": 1e-6, "float32": NEAR_TIE_MARGIN, "float16": 0.05, "bfloat16": 0.25}
+# Near-ties one comparison follows down its branches before it gives up (and fails).
+MAX_NEAR_TIES = 4
 
 
 def near_tie_margin(dtype: torch.dtype) -> float:
@@ -33,57 +56,145 @@ def near_tie_margin(dtype: torch.dtype) -> float:
 
 @dataclass(frozen=True)
 class Comparison:
-    """How two outputs for the same prompt relate.
+    """How two outputs for the same prompt relate (module docstring: the rules).
 
-    ``first_difference`` is the index of the first differing token (None when identical,
-    or when one output is a prefix of the other, which is reported as ``prefix``).
-    ``margin`` is the top-two logit margin the model gives at that position after the
-    common prefix; ``near_tie`` says whether it is under ``limit``, the near-tie margin of
-    the model's dtype (:func:`near_tie_margin`: :data:`NEAR_TIE_MARGIN` in fp32).
+    ``first_difference``: the index of the first differing token (None when identical, or
+    when one output is a prefix of the other: ``prefix``). ``tokens``: (ours, theirs) there;
+    ``top_two``: the model's two best tokens after the common prefix, best first; ``margin``:
+    their logit gap; ``limit``: the dtype's near-tie margin. ``branches``: each output's
+    remainder compared with plain decoding from its own token at the difference (ours,
+    theirs); None when not followed (not a tie of the top two, or :data:`MAX_NEAR_TIES` spent).
     """
 
     identical: bool
     first_difference: int | None = None
     margin: float | None = None
     prefix: bool = False
-    limit: float = NEAR_TIE_MARGIN  # the near-tie margin for the model's dtype (near_tie_margin)
+    limit: float = NEAR_TIE_MARGIN
+    tokens: tuple[int, int] | None = None
+    top_two: tuple[int, int] | None = None
+    branches: tuple[Comparison, Comparison] | None = None
+
+    @property
+    def tied_pair(self) -> bool:
+        """The two differing tokens are the model's top two there."""
+        return self.tokens is not None and self.top_two is not None and set(self.tokens) == set(self.top_two)
 
     @property
     def near_tie(self) -> bool:
-        return self.margin is not None and self.margin < self.limit
+        """The first difference is a tie of the model's top two within the margin."""
+        return self.tied_pair and self.margin is not None and self.margin < self.limit
 
     @property
     def acceptable(self) -> bool:
-        """Identical, or differing first on a near-tie."""
-        return self.identical or self.near_tie
+        """Identical; or a near-tie at the first difference, after which each output is plain decoding of its branch."""
+        if self.identical:
+            return True
+        return self.near_tie and self.branches is not None and all(b.acceptable for b in self.branches)
+
+    @property
+    def agreement(self) -> tuple[int, int] | None:
+        """Tokens after the first difference that agree with plain decoding of their own branch (ours, theirs)."""
+        if self.branches is None:
+            return None
+        return (self.branches[0].agreeing, self.branches[1].agreeing)
+
+    @property
+    def agreeing(self) -> int:
+        """Leading tokens the two outputs share (all of them when identical)."""
+        if self.first_difference is not None:
+            return self.first_difference
+        return self.length
+
+    length: int = 0  # tokens compared (the shorter output's length)
 
     def describe(self) -> str:
         if self.identical:
             return "identical"
         if self.first_difference is None:
             return "one output is a prefix of the other (a stop rule differs)"
-        return (
-            f"first difference at new token {self.first_difference}, top-two logit margin there {self.margin:.3g} "
-            f"({'a near-tie' if self.near_tie else 'NOT a near-tie'})"
-        )
+        assert self.tokens is not None and self.top_two is not None and self.margin is not None
+        ours, theirs = self.tokens
+        where = f"first difference at new token {self.first_difference} (ours {ours}, theirs {theirs})"
+        if not self.tied_pair:
+            return f"{where}: NOT the model's top two there ({self.top_two[0]}, {self.top_two[1]})"
+        if not self.near_tie:
+            return f"{where}: the model's top two, margin {self.margin:.3g}: NOT a near-tie (limit {self.limit:.3g})"
+        head = f"{where}: a near-tie of the model's top two (margin {self.margin:.3g}, limit {self.limit:.3g})"
+        if self.branches is None:
+            return f"{head}; more than {MAX_NEAR_TIES} near-ties in a row: NOT followed further"
+        parts = []
+        for name, branch in zip(("ours", "theirs"), self.branches, strict=True):
+            if branch.identical:
+                parts.append(f"{name} then is plain decoding of its branch ({branch.length} tokens)")
+            else:
+                parts.append(f"{name} after it: {branch.describe()}")
+        return f"{head}; " + "; ".join(parts)
+
+
+def top_two(model: Any, ids: Sequence[int]) -> tuple[tuple[int, int], float]:
+    """The model's two best next tokens after ``ids`` (best first, ties to the lower id) and their logit gap."""
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([list(ids)], device=device), logits_to_keep=1).logits[0, -1]
+    values, indices = logits.float().topk(2)
+    first, second = int(indices[0]), int(indices[1])
+    if values[0] == values[1] and second < first:  # an exact tie: the lower id is greedy's choice
+        first, second = second, first
+    return (first, second), float(values[0] - values[1])
 
 
 def top_two_margin(model: Any, ids: Sequence[int]) -> float:
     """The gap between the two largest next-token logits after ``ids`` (one plain forward)."""
+    return top_two(model, ids)[1]
+
+
+def plain_continuation(model: Any, ids: Sequence[int], count: int) -> list[int]:
+    """``count`` tokens of plain greedy decoding after ``ids``: the model's own forward, one token at a time.
+
+    Argmax with ties to the lowest id, half-precision logits decided in float32 (as
+    ``generate`` does); no stop rule (the caller compares as many tokens as it has).
+    """
+    if count <= 0:
+        return []
     device = next(model.parameters()).device
+    tokens: list[int] = []
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([list(ids)], device=device), logits_to_keep=1).logits[0, -1]
-    top = logits.float().topk(2).values
-    return float(top[0] - top[1])
+        out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
+        while True:
+            tokens.append(int(out.logits[0, -1].float().argmax()))
+            if len(tokens) == count:
+                return tokens
+            out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), past_key_values=out.past_key_values,
+                        use_cache=True)
 
 
-def compare_outputs(model: Any, prompt: Sequence[int], ours: Sequence[int], theirs: Sequence[int]) -> Comparison:
-    """Compare two continuations of ``prompt``; measure the margin at the first difference."""
+def compare_outputs(model: Any, prompt: Sequence[int], ours: Sequence[int], theirs: Sequence[int], *,
+                    near_ties: int = MAX_NEAR_TIES) -> Comparison:
+    """Compare two greedy continuations of ``prompt`` by the rules of the module docstring.
+
+    ``near_ties``: how many more near-ties may be followed down the branches (each one costs
+    a forward over the prefix and plain decoding of both branches' remaining tokens).
+    """
     ours, theirs = list(ours), list(theirs)
+    length = min(len(ours), len(theirs))
+    limit = near_tie_margin(next(model.parameters()).dtype)
     if ours == theirs:
-        return Comparison(True)
+        return Comparison(True, limit=limit, length=length)
     index = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
     if index is None:
-        return Comparison(False, prefix=True)
-    margin = top_two_margin(model, list(prompt) + ours[:index])
-    return Comparison(False, index, margin, limit=near_tie_margin(next(model.parameters()).dtype))
+        return Comparison(False, prefix=True, limit=limit, length=length)
+    prefix = list(prompt) + ours[:index]
+    best, margin = top_two(model, prefix)
+    pair = (ours[index], theirs[index])
+    comparison = Comparison(False, index, margin, limit=limit, tokens=pair, top_two=best, length=length)
+    if not comparison.near_tie or near_ties <= 0:
+        return comparison
+    branches = []
+    for output in (ours, theirs):
+        branch = [*prefix, output[index]]
+        rest = output[index + 1 :]
+        plain = plain_continuation(model, branch, len(rest))
+        branches.append(compare_outputs(model, branch, rest, plain, near_ties=near_ties - 1))
+    return Comparison(False, index, margin, limit=limit, tokens=pair, top_two=best, length=length,
+                      branches=(branches[0], branches[1]))

@@ -17,7 +17,6 @@ Layers of tests:
 
 from __future__ import annotations
 
-import os
 import random
 import warnings
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import IDENTITY_COUNTS
+from conftest import IDENTITY_COUNTS, native_or_skip, use_private_cache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle_drafter import OracleTreeDrafter, random_tree
@@ -52,15 +51,10 @@ from specdec.types import DraftTree
 
 @pytest.fixture(scope="session")
 def ext() -> Any:
-    """The built extension, once per test session; a build failure skips here and fails in CI."""
+    """The built extension, once per test session; a build failure fails (conftest.native_or_skip)."""
     from specdec.backends.cuda_ext import load
 
-    try:
-        return load()
-    except NativeBuildError as error:
-        if os.environ.get("CI"):
-            pytest.fail(f"the cuda_ext extension must build in CI: {error}")
-        pytest.skip(f"the cuda_ext extension did not build here: {error}")
+    return native_or_skip("cuda_ext", load)
 
 
 def _cuda_ready() -> bool:
@@ -582,7 +576,7 @@ def test_auto_falls_back_once_with_the_reason(ext: Any, monkeypatch: pytest.Monk
 def test_build_failure_carries_the_compiler_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specdec.native import load_extension
 
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    use_private_cache(monkeypatch, tmp_path / "cache")
     source = tmp_path / "broken.cpp"
     source.write_text("int broken( { return 0; }\n")
     with pytest.raises(NativeBuildError, match=r"building extension 'broken' failed(.|\n)*broken\.cpp"):

@@ -40,9 +40,10 @@ def test_default_model_matches_generate(
     default_model: tuple[Any, Any], reference_outputs: dict[str, Any], drafter: str
 ) -> None:
     model, tokenizer = default_model
-    report = []
+    report, accepted = [], 0
     for category, (prompt, expected) in reference_outputs.items():
         result = specdec.run(model, prompt, drafter, tokenizer=tokenizer, max_new_tokens=MAX_NEW)
+        accepted += sum(r.accepted for r in result.stats.records)
         comparison = compare_outputs(model, prompt, result.tokens, expected)
         report.append(f"{category}: {comparison.describe()}")
         assert comparison.acceptable, f"{drafter} on {category}: {comparison.describe()}"
@@ -50,6 +51,8 @@ def test_default_model_matches_generate(
             IDENTITY_COUNTS[f"smollm2/{drafter}"] += 1
         else:
             IDENTITY_COUNTS[f"smollm2/{drafter} (near-tie)"] += 1
+    # Speculation happened (budget="auto" may choose plain steps; not on every prompt of every category).
+    assert accepted > 0 if drafter != "none" else accepted == 0, f"{drafter}: {accepted} draft tokens accepted"
     print(f"\n{drafter} vs generate: " + "; ".join(report))
 
 
@@ -59,12 +62,13 @@ def test_default_model_native_path_matches_generate(
 ) -> None:
     """specdec's own forward (cache="native") with each kernel variant on every step, one-node steps included."""
     model, tokenizer = default_model
-    report, trees, single = [], 0, 0
+    report, trees, single, accepted = [], 0, 0, 0
     for category, (prompt, expected) in reference_outputs.items():
         generator = specdec.Generator(model, tokenizer, drafter="pld", budget="full", cache="native")
         generator.verifier.use_kernels(KernelChoice.uniform(kernels))
         result = generator.generate(prompt, max_new_tokens=MAX_NEW)
         assert result.stats.cache == "native"
+        accepted += sum(r.accepted for r in result.stats.records)
         trees += sum(r.tree_size > 1 for r in result.stats.records)
         single += sum(r.tree_size == 1 for r in result.stats.records)
         comparison = compare_outputs(model, prompt, result.tokens, expected)
@@ -72,7 +76,7 @@ def test_default_model_native_path_matches_generate(
         assert comparison.acceptable, f"native {kernels} pld on {category}: {comparison.describe()}"
         IDENTITY_COUNTS[f"smollm2/pld native {kernels}" + ("" if comparison.identical else " (near-tie)")] += 1
     assert not any("forward" in m.__dict__ for m in model.modules())  # the user's model is never changed
-    assert trees > 0 and single > 0
+    assert trees > 0 and single > 0 and accepted > 0
     print(f"\nnative {kernels} pld vs generate: " + "; ".join(report))
 
 
@@ -96,3 +100,25 @@ def test_eos_ends_a_chat_answer(default_model: tuple[Any, Any]) -> None:
     result = specdec.run(model, "Reply with just the word yes.", "pld", tokenizer=tokenizer, max_new_tokens=64)
     assert result.stats.stop_reason == "eos"
     assert result.tokens[-1] == tokenizer.eos_token_id
+
+
+def test_generate_command_streams_plain_decodings_text(
+    default_model: tuple[Any, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``specdec generate`` end to end: the streamed text is plain decoding's, the stats JSON on stderr."""
+    import json
+
+    from specdec.commands import main
+
+    model, tokenizer = default_model
+    prompt = "Repeat this line twice: the quick brown fox jumps over the lazy dog."
+    plain = specdec.run(model, prompt, "none", tokenizer=tokenizer, max_new_tokens=32)
+    assert main(["generate", prompt, "--drafter", "pld", "--max-new-tokens", "32", "--budget", "full", "--json"]) == 0
+    out, err = capsys.readouterr()
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert out == plain.text + "\n"
+    assert stats["new_tokens"] == len(plain.tokens) and stats["stop_reason"] == plain.stats.stop_reason
+    assert stats["mat"] > 1.0  # the repeated line was drafted
+    assert main(["generate", prompt, "--max-new-tokens", "32", "--quiet", "--stop", "fox"]) == 0
+    quiet = capsys.readouterr().out
+    assert quiet.rstrip("\n").endswith("fox") and plain.text.startswith(quiet.rstrip("\n"))

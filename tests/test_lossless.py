@@ -42,6 +42,7 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
 def test_drafters_match_plain_greedy(arch: str, drafter: str) -> None:
     model = tiny_model(arch)
     rng = random.Random(f"{arch}-{drafter}")
+    accepted = 0
     for _ in range(PROMPTS_PER_CASE):
         prompt = random_prompt(rng)
         max_new = rng.randrange(1, 60)
@@ -50,7 +51,11 @@ def test_drafters_match_plain_greedy(arch: str, drafter: str) -> None:
         assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
         assert result.stats.new_tokens == max_new
         IDENTITY_COUNTS[f"{arch}/{drafter}"] += 1
-    assert result.stats.mat >= 1.0
+        accepted += sum(r.accepted for r in result.stats.records)
+    if drafter == "none":
+        assert accepted == 0  # one-node trees: nothing drafted
+    else:  # the identity above is worth something only if drafts were taken (prompts built to repeat)
+        assert accepted > 0, f"{arch}/{drafter}: no draft token was accepted"
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

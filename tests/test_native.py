@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ALLOW_NO_COMPILER, native_or_skip, use_private_cache
 
 from specdec import native
 from specdec.native import NativeBuildError, load_extension
@@ -41,7 +42,7 @@ def _source(tmp_path: Path) -> Path:
 def test_hardened_link_keeps_numbers_in_messages_under_a_static_libstdcxx(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    use_private_cache(monkeypatch, tmp_path / "cache")
     module = load_extension("canary_hardened", [_source(tmp_path)], extra_ldflags=("-static-libstdc++",))
     with pytest.raises(RuntimeError, match=r"got -42 \(shape \[-42, 2\]\)"):
         module.reject(-42)
@@ -52,7 +53,7 @@ def test_hardened_link_keeps_numbers_in_messages_under_a_static_libstdcxx(
 def test_unhardened_static_libstdcxx_build_is_refused_by_the_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    use_private_cache(monkeypatch, tmp_path / "cache")
     monkeypatch.setattr(native, "HARDENING_LDFLAGS", ())
     with pytest.raises(NativeBuildError, match="libstdc\\+\\+") as caught:
         load_extension("canary_unhardened", [_source(tmp_path)], extra_ldflags=("-static-libstdc++",))
@@ -73,3 +74,20 @@ def test_check_names_a_library_that_cannot_load(tmp_path: Path) -> None:
     bogus.write_bytes(b"\x7fELF broken")
     with pytest.raises(NativeBuildError, match="error-formatting check of not_a_library.so failed"):
         native.check_error_formatting(bogus)
+
+
+def test_a_failed_build_fails_its_tests_unless_the_machine_says_it_has_no_compiler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scripts/test.sh and CI fail when an extension cannot be built, the compiler's message in the failure."""
+
+    def broken() -> None:
+        raise NativeBuildError("building extension 'demo' failed\n--- build output ---\nc++: command not found")
+
+    monkeypatch.delenv(ALLOW_NO_COMPILER, raising=False)
+    with pytest.raises(pytest.fail.Exception, match="(?s)the demo extension did not build.*c\\+\\+: command not found"):
+        native_or_skip("demo", broken)
+    monkeypatch.setenv(ALLOW_NO_COMPILER, "1")
+    with pytest.raises(pytest.skip.Exception, match="(?s)SPECDEC_ALLOW_NO_COMPILER=1.*command not found"):
+        native_or_skip("demo", broken)
+    assert native_or_skip("demo", lambda: "built") == "built"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import use_private_cache
 from test_lossless import hf_greedy
 from tiny_models import tiny_model
 
@@ -301,8 +302,10 @@ def test_store_read_names_what_is_wrong(tmp_path: Path) -> None:
 # -- specdec cache info | clear ----------------------------------------------------------
 
 
-def test_cache_info_and_clear(planner_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_info_and_clear(planner_cache: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
     saved_file(tiny_model("llama"))
+    use_private_cache(monkeypatch, planner_cache.parent)  # `clear` below clears every kind: none of the user's
     user_file = planner_cache / "notes.txt"  # not specdec's: clear leaves it
     user_file.write_text("mine")
     (planner_cache.parent / "calibration").mkdir(exist_ok=True)

@@ -39,7 +39,7 @@ from specdec.types import RetrievalDrafter
 
 @pytest.fixture(scope="session")
 def rest_native() -> Any:
-    """The compiled retrieval core; a build failure skips (fails in CI) with the compiler's output."""
+    """The compiled retrieval core; a build failure fails with the compiler's output."""
     from specdec.datastores.rest import native
 
     return native_or_skip("rest", native)
@@ -438,6 +438,16 @@ def test_rest_matches_plain_greedy(rest_native: Any, tmp_path: Path, arch: str) 
         IDENTITY_COUNTS[f"{arch}/rest"] += 1
         accepted += sum(r.accepted for r in result.stats.records)
     assert accepted > 10  # regression guard: the datastore's drafts were accepted
+
+
+def test_an_empty_datastore_drafts_nothing_and_loses_nothing(rest_native: Any, tmp_path: Path) -> None:
+    """A datastore of one empty document, end to end through the drafter: plain decoding's output."""
+    model = tiny_model("llama")
+    make_store(tmp_path, [[]], VOCAB, name="empty.rest")
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    result = specdec.run(model, prompt, "rest", datastore=tmp_path / "empty.rest", max_new_tokens=16, budget="full")
+    assert result.tokens == hf_greedy(model, prompt, 16)
+    assert sum(r.accepted for r in result.stats.records) == 0
 
 
 # -- the command line and the default model ---------------------------------------------------

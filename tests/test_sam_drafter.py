@@ -32,7 +32,7 @@ from specdec.errors import DatastoreError, SpecDecError
 from specdec.reference.suffix_automaton import SuffixAutomaton, sam_tree
 from specdec.types import DraftTree, RetrievalDrafter
 
-# Every test here needs the compiled automata (skipped, or failed in CI, without them).
+# Every test here needs the compiled automata (a failed build fails them: conftest.native_or_skip).
 pytestmark = pytest.mark.usefixtures("sam_native")
 
 LABELS = {3: SOURCE_DYNAMIC, 2: SOURCE_STORE, 1: SOURCE_STORE, 0: SOURCE_STATIC}
@@ -303,6 +303,18 @@ def test_sam_matches_plain_greedy(arch: str, tmp_path: Path) -> None:
             accepted.update(result.stats.accepted_by_source)
     assert accepted[SOURCE_STATIC] > 15  # regression guards: static drafts were accepted,
     assert accepted[SOURCE_STORE] > 15  # and so were the store's (the repeated prompt's answer)
+
+
+def test_an_empty_static_automaton_loses_nothing(tmp_path: Path) -> None:
+    """A static automaton of one empty document, end to end (the sequence's own text still drafts)."""
+    model = tiny_model("llama")
+    build([np.array([], dtype=np.int64)], tmp_path / "empty.sam", identity(VOCAB), progress=False)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    result = specdec.run(model, prompt, "sam", datastore=tmp_path / "empty.sam", max_new_tokens=16, budget="full")
+    truth = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+    assert result.tokens == truth
+    assert result.stats.accepted_by_source.get(SOURCE_STATIC, 0) == 0
 
 
 @pytest.mark.slow

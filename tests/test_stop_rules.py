@@ -72,6 +72,32 @@ def test_stop_string_with_speculation_matches_plain() -> None:
     assert result.text is not None and result.text.endswith(stop)
 
 
+def test_stop_string_with_a_character_split_across_tokens() -> None:
+    """A byte-level tokenizer: the stop string's "é" is two tokens (0xC3, 0xA9). Half of it decodes to
+    U+FFFD, which matches nothing; the output ends at the token that completes the character, also
+    when that token arrives in the middle of an accepted draft."""
+    truth = greedy(60)
+    at = next(i for i in range(20, 59) if truth[i] != truth[i + 1] and truth[i] not in truth[:i])
+    table = {t: bytes([0x61 + t % 26]) for t in range(VOCAB)}  # ASCII letters
+    table[truth[at]], table[truth[at + 1]] = b"\xc3", b"\xa9"  # "é" = C3 A9 in UTF-8
+
+    class Bytes:
+        eos_token_id = None
+        chat_template = None
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return b"".join(table[t] for t in ids).decode("utf-8", errors="replace")
+
+    stop = table[truth[at - 1]].decode() + "é"
+    assert stop not in Bytes().decode(truth[: at + 1]) and Bytes().decode(truth[: at + 1]).endswith("\ufffd")
+    expected_end = next(i for i in range(len(truth)) if stop in Bytes().decode(truth[: i + 1])) + 1
+    assert expected_end == at + 2
+    for drafter in ("none", OracleTreeDrafter(truth, VOCAB, size=12, depth=8)):
+        result = specdec.run(tiny_model("llama"), PROMPT, drafter, tokenizer=Bytes(), max_new_tokens=60, stop=stop)
+        assert result.tokens == truth[:expected_end] and result.stats.stop_reason == "stop_string"
+        assert result.text is not None and result.text.endswith(stop)
+
+
 def test_streaming_delivers_exactly_the_output() -> None:
     truth = greedy(50)
     seen: list[list[int]] = []

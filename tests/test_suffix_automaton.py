@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import shared_file
+from conftest import native_or_skip, shared_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,16 +37,10 @@ Documents = list[list[int]]
 
 @pytest.fixture(scope="session")
 def sam_native() -> Any:
-    """The compiled automata; a build failure skips (fails in CI) with the compiler's output."""
+    """The compiled automata; a build failure fails with the compiler's output (conftest.native_or_skip)."""
     from specdec.datastores.sam import native
-    from specdec.native import NativeBuildError
 
-    try:
-        return native()
-    except NativeBuildError as error:
-        if os.environ.get("CI"):
-            pytest.fail(f"the sam extension must build in CI: {error}")
-        pytest.skip(f"the sam extension did not build here: {error}")
+    return native_or_skip("sam", native)
 
 
 def identity(vocab: int) -> TokenizerIdentity:

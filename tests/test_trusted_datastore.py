@@ -63,15 +63,32 @@ def test_a_verified_file_loads_on_its_stamp_next_time(stamps: list[int], tmp_pat
     assert second["tokens"].tolist() == first["tokens"].tolist()
 
 
+def timestamps_moved(path: Path, before: os.stat_result) -> None:
+    """Touch ``path`` until its modification and change times differ from ``before``'s.
+
+    However coarse the file system's timestamps (1 s, 2 s), the change is then one a stamp can
+    see; no fixed sleep is assumed to be long enough. Gives up, failing, after 10 s.
+    """
+    deadline = time.monotonic() + 10.0
+    while True:
+        now = path.stat()
+        if now.st_mtime_ns != before.st_mtime_ns and now.st_ctime_ns != before.st_ctime_ns:
+            return
+        assert time.monotonic() < deadline, "the file system's timestamps did not move in 10 s"
+        time.sleep(0.01)
+        os.utime(path)  # modification and change time: now
+
+
 def flip_in_place(path: Path) -> None:
-    """Change one payload byte through the same inode, after the timestamps' tick has passed."""
-    time.sleep(0.05)
+    """Change one payload byte through the same inode, its timestamps moved on (:func:`timestamps_moved`)."""
+    before = path.stat()
     offset = next(s["offset"] for s in read_header(path)["sections"] if s["name"] == "tokens")
     with open(path, "r+b") as handle:
         handle.seek(offset + 101)
         byte = handle.read(1)
         handle.seek(offset + 101)
         handle.write(bytes([byte[0] ^ 0xFF]))
+    timestamps_moved(path, before)
 
 
 def test_a_file_changed_in_place_is_verified_and_refused(stamps: list[int], tmp_path: Path) -> None:
@@ -90,8 +107,9 @@ def test_a_truncated_or_replaced_file_is_not_trusted(stamps: list[int], tmp_path
     path = make(tmp_path)
     load(path)
     data = path.read_bytes()
-    time.sleep(0.05)
+    before = path.stat()
     path.write_bytes(data[:-64])
+    timestamps_moved(path, before)
     with pytest.raises(DatastoreError, match="truncated"):
         load(path)
     make(tmp_path, first=7)  # rebuilt: a new file (another inode) under the same name

@@ -42,7 +42,7 @@ from specdec.integrations.vllm import (
 from specdec.integrations.vllm_replay import BatchReplay
 from specdec.types import DraftTree
 
-# The compiled automata (sam is the default drafter): a build failure skips here, fails in CI.
+# The compiled automata (sam is the default drafter): a build failure fails (conftest.native_or_skip).
 pytestmark = pytest.mark.usefixtures("sam_native")
 
 K = 6

@@ -4,8 +4,11 @@ A lossless method's output equals plain decoding's, except where rounding decide
 forward and one-token forwards round differently (~1e-5 in fp32), so a token can flip
 only where the decision is on a knife's edge:
 
-- **greedy**: the first difference sits where the model's top two logits nearly tie, the
-  margin under :data:`specdec.testing.NEAR_TIE_MARGIN` (a **near-tie**);
+- **greedy**: the two differing tokens are the model's top two at the first difference,
+  their logits within the near-tie margin of the model's dtype
+  (:func:`specdec.testing.near_tie_margin`), and after it each output is plain decoding of
+  its own branch (re-run from the divergence on both branches; a later difference is held to
+  the same rules): a **near-tie** (:func:`specdec.testing.compare_outputs`);
 - **sampling** (position-keyed, :mod:`specdec.sampling`): the token at position ``p`` is
   the inverse CDF at ``u(seed, p) * total``, so a flip needs the draw to lie within the
   rounding of a bucket boundary (a **near-boundary** draw). The judge redoes both runs'
@@ -30,12 +33,12 @@ from typing import Any
 import torch
 
 from specdec.sampling import PositionKeyedSampler, SamplingParams, position_uniform, process_logits, resolve_decision
-from specdec.testing import NEAR_TIE_MARGIN, compare_outputs
+from specdec.testing import NEAR_TIE_MARGIN, compare_outputs, near_tie_margin
 
 
-def near_boundary_limit(temperature: float) -> float:
-    """The largest CDF move logits within the greedy near-tie margin can cause at ``temperature``."""
-    return 2 * NEAR_TIE_MARGIN / temperature
+def near_boundary_limit(temperature: float, margin: float = NEAR_TIE_MARGIN) -> float:
+    """The largest CDF move logits within the greedy near-tie ``margin`` can cause at ``temperature``."""
+    return 2 * margin / temperature
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,12 @@ def sampling_params(options: dict[str, Any]) -> SamplingParams:
 
 
 def judge_sampled(reference: Any, ours: Any, prompt: Sequence[int], reference_run: Any, our_run: Any,
-                  max_new_tokens: int, index: int) -> Boundary:
-    """Redo both sampled runs' forwards and locate the draw at output ``index`` under each."""
+                  max_new_tokens: int, index: int, margin: float = NEAR_TIE_MARGIN) -> Boundary:
+    """Redo both sampled runs' forwards and locate the draw at output ``index`` under each.
+
+    ``margin``: the greedy near-tie margin of the model's dtype, which bounds how far rounding
+    moves a logit (:func:`near_boundary_limit`).
+    """
     params = sampling_params(ours.spec.sampling)
     position = len(prompt) + index
     rows = [method.redo(prompt, run, max_new_tokens, position)
@@ -128,7 +135,7 @@ def judge_sampled(reference: Any, ours: Any, prompt: Sequence[int], reference_ru
     shift = None
     if rows[0] is not None and rows[1] is not None:
         shift = float((cumulative(rows[0], params) - cumulative(rows[1], params)).abs().max())
-    return Boundary(position, index, draws[0], draws[1], near_boundary_limit(params.temperature), shift)
+    return Boundary(position, index, draws[0], draws[1], near_boundary_limit(params.temperature, margin), shift)
 
 
 class Judge:
@@ -149,11 +156,14 @@ class Judge:
         if not our_method.spec.sampling:
             comparison = compare_outputs(self._model, prompt, ours.tokens, reference.tokens)
             margin = None if comparison.margin is None else round(comparison.margin, 6)
-            return {**verdict, "near_tie": comparison.near_tie, "first_difference": comparison.first_difference,
-                    "margin": margin}
+            return {**verdict, "near_tie": comparison.acceptable, "first_difference": comparison.first_difference,
+                    "margin": margin, "tokens": comparison.tokens, "top_two": comparison.top_two,
+                    "agreement": comparison.agreement, "finding": comparison.describe()}
         index = next((i for i, (a, b) in enumerate(zip(ours.tokens, reference.tokens, strict=False)) if a != b), None)
         if index is None:  # one is a prefix of the other: a stop rule differs
             return verdict
-        boundary = judge_sampled(reference_method, our_method, prompt, reference, ours, self._max_new_tokens, index)
+        margin_limit = near_tie_margin(next(self._model.parameters()).dtype)
+        boundary = judge_sampled(reference_method, our_method, prompt, reference, ours, self._max_new_tokens, index,
+                                 margin_limit)
         return {**verdict, "near_boundary": boundary.near_boundary, "first_difference": index,
                 "boundary": boundary.to_json()}

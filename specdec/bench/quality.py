@@ -48,6 +48,7 @@ TOLERANCE = 0.03
 # Composites worth guarding, when both parts are registered.
 FEATURED_COMPOSITES = ("sam+recycling",)
 REFRESH = "specdec bench quality --write tests/data/quality_baseline.json"
+PLAIN = "hf-generate"  # the reference every drafter's output is checked against: plain greedy decoding
 
 PROMPTS: dict[str, str] = {
     "code_edit": (
@@ -80,19 +81,19 @@ PROMPTS: dict[str, str] = {
 }
 
 
-def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """``(specs, left_out)``: registered drafters and featured composites, labelled by name.
 
     Each spec runs the drafter with its default options and a fixed budget of
     :data:`BUDGET` nodes. ``context`` is the target's :class:`~specdec.drafters.DrafterContext`. A
     drafter that cannot be built without a datastore gets ``datastores[name]`` (a datastore
-    of the kind named like it), or is left out (its name returned in ``left_out``) when there
+    of the kind named like it), or is left out (``left_out[name]``: the reason) when there
     is none; any other error building one is raised.
     """
     datastores = datastores or {}
     names = [n for n in available_drafters() if n != "none"]
     names += [c for c in FEATURED_COMPOSITES if all(p in names for p in c.split("+"))]
-    specs, left_out = [], []
+    specs, left_out = [], {}
     for name in names:
         options = f":budget={BUDGET}"
         try:
@@ -101,10 +102,12 @@ def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[li
             if "datastore" not in str(error):
                 raise
             if name not in datastores:
-                left_out.append(name)
+                left_out[name] = "no corpus for its datastore (GSM8K's training problems, ../shared/data)"
                 continue
             options += f":datastore={datastores[name]}"
         specs.append(f"{name}={name}{options}")
+    if "arctic" not in names:
+        left_out["arctic"] = "not registered here: Arctic Inference (a peer) is not installed"
     return specs, left_out
 
 
@@ -127,26 +130,23 @@ def measure(model: Any, tokenizer: Any, specs: Sequence[str], *, prompts: Mappin
             max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Any]:
     """``{label: {"mat", "steps", "prompts": {name: {...}}}}`` for every spec.
 
-    The outputs are also checked against each other (the first spec's output is the
-    reference; a difference must sit on a near-tie): a figure measured on a wrong output
-    would be no guard at all, and every drafter's output equal to another's is as good as
-    equal to plain decoding's, which each drafter's own lossless tests demand, without
-    paying for plain decoding here.
+    Every output is also checked against plain decoding's (``model.generate``, greedy: the
+    ``hf-generate`` peer) by :func:`specdec.testing.compare_outputs`: a figure measured on a
+    wrong output would be no guard at all.
     """
     meter = ForwardMeter(model)
     try:
-        methods = build_methods(parse_methods(specs), model, tokenizer, meter)
+        plain, *methods = build_methods(parse_methods([PLAIN, *specs]), model, tokenizer, meter)
         encoded = {name: encode_prompt(tokenizer, text) for name, text in prompts.items()}
-        reference: dict[str, list[int]] = {}
+        reference = {name: plain.generate(ids, max_new_tokens).tokens for name, ids in encoded.items()}
         figures: dict[str, Any] = {}
         for method in methods:
             per_prompt: dict[str, Any] = {}
             for name, ids in encoded.items():
                 measurement = method.generate(ids, max_new_tokens)
-                expected = reference.setdefault(name, measurement.tokens)
-                comparison = compare_outputs(model, ids, measurement.tokens, expected)
+                comparison = compare_outputs(model, ids, measurement.tokens, reference[name])
                 if not comparison.acceptable:
-                    raise SpecDecError(f"{method.spec.label} on prompt {name!r}, against {methods[0].spec.label}: "
+                    raise SpecDecError(f"{method.spec.label} on prompt {name!r}, against plain decoding ({PLAIN}): "
                                        f"{comparison.describe()}")
                 per_prompt[name] = {"mat": round(measurement.emitted_by_steps / max(1, measurement.steps), 4),
                                     "steps": measurement.steps, "emitted": measurement.emitted_by_steps,
@@ -160,29 +160,42 @@ def measure(model: Any, tokenizer: Any, specs: Sequence[str], *, prompts: Mappin
     return figures
 
 
-def check(measured: Mapping[str, Any], saved: Mapping[str, Any], tolerance: float = TOLERANCE) -> list[str]:
+def check(measured: Mapping[str, Any], saved: Mapping[str, Any], tolerance: float = TOLERANCE,
+          left_out: Mapping[str, str] | None = None) -> list[str]:
     """Problems with ``measured`` against ``saved`` (empty: all is well).
 
-    A drafter fails when its MAT over the prompts fell by more than ``tolerance`` (relative)
-    or its steps rose by more than that; a drafter with no saved figures fails too, so a new
-    drafter is guarded from the day it lands (refresh the file to add it).
+    A drafter fails when, on any prompt, its MAT fell by more than ``tolerance`` (relative)
+    or its steps rose by more than that, or a saved prompt was not measured; a drafter with
+    no saved figures fails too, so a new drafter is guarded from the day it lands (refresh
+    the file to add it); and so does a saved drafter that was not measured, unless
+    ``left_out`` gives the reason (:func:`not_measured` says them).
     """
+    left_out = left_out or {}
     problems = []
+    for label in saved:
+        if label not in measured and label not in left_out:
+            problems.append(f"{label}: saved but not measured, and no reason given")
     for label, figures in measured.items():
         if label not in saved:
             problems.append(f"{label}: no saved figures; refresh them with `{REFRESH}`")
             continue
-        before = saved[label]
-        if figures["mat"] < before["mat"] * (1 - tolerance) or figures["steps"] > before["steps"] * (1 + tolerance):
-            per_prompt = ", ".join(
-                f"{name} {p['mat']:.3f} (saved {before['prompts'].get(name, {}).get('mat', float('nan')):.3f})"
-                for name, p in figures["prompts"].items()
-            )
-            problems.append(
-                f"{label}: MAT {figures['mat']:.3f} in {figures['steps']} steps, saved {before['mat']:.3f} in "
-                f"{before['steps']} steps (tolerance {tolerance:.0%}); per prompt: {per_prompt}"
-            )
+        before = saved[label]["prompts"]
+        worse = []
+        for name, was in before.items():
+            now = figures["prompts"].get(name)
+            if now is None:
+                worse.append(f"{name} not measured")
+            elif now["mat"] < was["mat"] * (1 - tolerance) or now["steps"] > was["steps"] * (1 + tolerance):
+                worse.append(f"{name} MAT {now['mat']:.3f} in {now['steps']} steps (saved {was['mat']:.3f} in "
+                             f"{was['steps']})")
+        if worse:
+            problems.append(f"{label} (tolerance {tolerance:.0%} per prompt): " + "; ".join(worse))
     return problems
+
+
+def not_measured(saved: Mapping[str, Any], measured: Mapping[str, Any], left_out: Mapping[str, str]) -> list[str]:
+    """Saved drafters this run did not measure, each with its reason."""
+    return [f"{label}: {left_out.get(label, 'no reason given')}" for label in saved if label not in measured]
 
 
 def improvements(measured: Mapping[str, Any], saved: Mapping[str, Any], tolerance: float = TOLERANCE) -> list[str]:
@@ -200,15 +213,15 @@ def load_saved(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def measure_suite(model: Any, tokenizer: Any, corpus: Path, drafters: Sequence[str] | None = None) -> tuple[
-        dict[str, Any], list[str]]:
+        dict[str, Any], dict[str, str]]:
     """``(figures, left out)``: :func:`measure` over ``drafters`` (default: :func:`suite`), datastores over ``corpus``.
 
     The datastores are built in a temporary directory (when ``corpus`` exists) and removed
-    after; the suite's drafters that need one are left out, and named, where it does not.
+    after; the suite's drafters that need one are left out, with the reason, where it does not.
     """
     with tempfile.TemporaryDirectory() as directory:
         datastores = build_datastores(tokenizer, corpus, directory) if corpus.is_file() else {}
-        left_out: list[str] = []
+        left_out: dict[str, str] = {}
         if drafters:
             specs = list(drafters)
         else:

@@ -190,7 +190,10 @@ def differences_table(results: dict[str, Any]) -> str:
                 finding = ("no verdict (a redo did not reproduce the run)" if boundary["distance"] is None else
                            f"draw {boundary['distance']:.2e} from a bucket boundary (limit {boundary['limit']:.1e})")
                 kind = "near-boundary" if record.get("near_boundary") else "different"
-            elif record.get("margin") is not None:
+            elif record.get("finding"):  # the judge's own account (tokens, top two, margin, the branches)
+                finding = record["finding"]
+                kind = "near-tie" if record["near_tie"] else "different"
+            elif record.get("margin") is not None:  # a run saved before the judge wrote its finding
                 finding = f"top-two logit margin {record['margin']:.2e}"
                 kind = "near-tie" if record["near_tie"] else "different"
             else:

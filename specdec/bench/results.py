@@ -20,8 +20,10 @@ forwards cannot be hooked: a compiled peer), prefill/draft/verify/other seconds 
 methods), mean_tree_size, sources (steps and accepted tokens per drafter source: which part
 of a composite served), stop_reason and output_sha1 per turn, and the judge's verdict
 (:mod:`specdec.bench.judge`): identical, near_tie, near_boundary, first_difference, margin,
-boundary, difference_turn. ``--keep-outputs`` adds ``prompts`` and ``outputs`` (token ids
-per turn), which ``specdec bench replay`` reads.
+boundary, difference_turn, and for a greedy difference tokens (ours, the reference's),
+top_two, agreement (tokens after it that are plain decoding of each branch) and finding.
+``--keep-outputs`` adds ``prompts`` and ``outputs`` (token ids per turn), which ``specdec
+bench replay`` reads.
 
 This module imports nothing else of :mod:`specdec.bench`: the runner writes through it and
 the report, the plot, the regression check and the replay read through it.

@@ -11,6 +11,7 @@
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
+    specdec bench margins --dtype bfloat16          # logit gap of verification vs one-token forwards (near-tie margins)
     specdec bench ratios backend.json               # cuda_ext vs torch op ratios from pytest-benchmark
 """
 
@@ -44,6 +45,7 @@ from specdec.commands.arguments import MODEL_HELP
 from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, load_model, load_tokenizer
+from specdec.testing import near_tie_margin
 
 DEFAULT_METHODS = "none,hf-generate,hf-pld,pld"
 REPORT_FILE = "report.md"
@@ -166,7 +168,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     at = args.position if index is None else index
     if at is None:
         return 0
-    boundary = judge_sampled(methods[0], methods[1], prompt, runs[0], runs[1], args.max_new_tokens, at)
+    boundary = judge_sampled(methods[0], methods[1], prompt, runs[0], runs[1], args.max_new_tokens, at,
+                             near_tie_margin(next(model.parameters()).dtype))
     if index is None and boundary.shift is None:
         print(f"at output index {at}: a redo did not reproduce a run; no verdict")
     elif index is None:  # no difference here: how near a flip was this position?
@@ -188,11 +191,14 @@ def cmd_quality(args: argparse.Namespace) -> int:
     corpus = Path(args.corpus or GSM8K)
     figures, left_out = quality.measure_suite(model, tokenizer, corpus, args.drafters.split(",") if args.drafters
                                               else None)
-    if left_out:
-        print(f"left out (no corpus at {corpus} for their datastore): {', '.join(left_out)}", file=sys.stderr)
+    for label, reason in left_out.items():
+        print(f"not measured: {label}: {reason}", file=sys.stderr)
     print(json.dumps({label: {"mat": f["mat"], "steps": f["steps"]} for label, f in figures.items()}, indent=1))
     if args.check:
-        problems = quality.check(figures, quality.load_saved(args.check)["drafters"])
+        saved = quality.load_saved(args.check)["drafters"]
+        if args.drafters:  # the saved drafters not named in --drafters were not asked for
+            left_out = {**{label: "not in --drafters" for label in saved}, **left_out}
+        problems = quality.check(figures, saved, left_out=left_out)
         print("\n".join(problems) or "no regression", file=sys.stderr)
         if problems:
             return 1
@@ -201,6 +207,17 @@ def cmd_quality(args: argparse.Namespace) -> int:
         Path(args.write).write_text(json.dumps(quality.baseline_document(figures), indent=1) + "\n",
                                     encoding="utf-8")
         print(f"wrote {args.write}", file=sys.stderr)
+    return 0
+
+
+def cmd_margins(args: argparse.Namespace) -> int:
+    """How far verification forwards' logits lie from one-token forwards' (:mod:`specdec.bench.margins`)."""
+    from specdec.bench import margins
+
+    model, tokenizer = load(args)
+    prompts = [encode_prompt(tokenizer, p.text) for p in oneoff.heldout_prompts()[: args.prompts]]
+    report = margins.measure(model, prompts, new_tokens=args.new_tokens, stride=args.stride)
+    print(json.dumps({**report.to_json(), "new_tokens": args.new_tokens, "command": _command_line()}, indent=1))
     return 0
 
 
@@ -335,6 +352,15 @@ def register(sub: Any) -> None:
     quality.add_argument("--drafters", default=None, help="comma-separated method specs (default: the suite)")
     quality.add_argument("--corpus", default=None, help="GSM8K jsonl for the datastores (default: ../shared's)")
     quality.set_defaults(func=cmd_quality)
+
+    margins = commands.add_parser("margins", help="largest |logit difference| between verification forwards and "
+                                  "one-token forwards, per verifier and tree size: the measure behind a dtype's "
+                                  "near-tie margin (specdec.testing.near_tie_margin)")
+    _model_options(margins, sub=True)
+    margins.add_argument("--prompts", type=int, default=8, help="held-out prompts measured (default 8)")
+    margins.add_argument("--new-tokens", type=int, default=64, help="plain decoding's tokens per prompt")
+    margins.add_argument("--stride", type=int, default=8, help="a chain starts every this many output positions")
+    margins.set_defaults(func=cmd_margins)
 
     costs = commands.add_parser("costs", help="a datastore's build, size, load and per-step costs on a >10M-token "
                                 "corpus (GSM8K, the Python standard library, /usr/share/doc)")

@@ -32,8 +32,15 @@ tokens (~10 us) instead of trusting its cursors. Matches longer than that are cu
 which leaves the occurrence they point to, and so the draft, the same in practice.
 
 Memory: ~100 bytes per stored token at most (automaton with counts, the tokens); the
-default budget of 1M tokens is ~100 MB when full. Thread safety: every method holds one
-lock; the compiled calls hold the GIL except while a sequence is added.
+default budget of 1M tokens is ~100 MB when full.
+
+**Threads.** One store may serve generators in several threads. Every method holds the
+store's lock, and every compiled call (an add, a reader's step or draft) holds the GIL from
+start to end, so a reader never sees an automaton half-way through an add; a reader takes
+the version and the generations together (:meth:`SharedStore.snapshot`), so it never pairs
+one version with another state of the generations. A reader's cursors may be a sequence
+behind (the version tells it to re-match); drafts are verified by the model, so that only
+ever costs speed.
 """
 
 from __future__ import annotations
@@ -107,8 +114,12 @@ class SharedStore:
 
     def generations(self) -> list[Any]:
         """The compiled automata, oldest first (one or two ``SharedSam``)."""
+        return self.snapshot()[1]
+
+    def snapshot(self) -> tuple[int, list[Any]]:
+        """``(version, generations)`` read together: the generations as they are at that version."""
         with self._lock:
-            return [g for g in (self._old, self._young) if g is not None]
+            return self._version, [g for g in (self._old, self._young) if g is not None]
 
     @property
     def num_tokens(self) -> int:

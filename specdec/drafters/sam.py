@@ -217,11 +217,11 @@ class SamDrafter:
         assert store is not None
         if store.version != self._store_version:
             tail = self._dynamic.tail(REMATCH_TOKENS)
-            generations = store.generations()
+            version, generations = store.snapshot()  # together: another thread may add meanwhile
             ranks = (RANK_STORE_YOUNG,) if len(generations) == 1 else (RANK_STORE_OLD, RANK_STORE_YOUNG)
             self._store_cursors = [(g, g.advance((0, 0), tail), rank) for g, rank in zip(generations, ranks,
                                                                                           strict=True)]
-            self._store_version = store.version
+            self._store_version = version
         sources = []
         for generation, cursor, rank in self._store_cursors:
             state, length = generation.step(cursor, pending)

@@ -403,7 +403,7 @@ class DynamicSam : public CountedText {
 // (`version` counts them).
 class SharedSam : public CountedText {
  public:
-  // Appends one document (its tokens in order); the GIL is released while it works.
+  // Appends one document (its tokens in order), holding the GIL: no reader sees it half done.
   void add_document(const std::vector<int64_t>& document);
 
   Cursor step(Cursor cursor, int64_t token) const;

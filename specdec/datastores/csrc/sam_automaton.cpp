@@ -347,7 +347,8 @@ void SharedSam::add_document(const std::vector<int64_t>& document) {
   for (int64_t raw : document) checked_tokens.push_back(checked_token(raw));
   if (int64_t(tokens_.size()) + int64_t(checked_tokens.size()) > std::numeric_limits<int32_t>::max() - 1)
     throw py::value_error("a shared automaton holds fewer than 2^31 tokens");
-  py::gil_scoped_release release;
+  // The GIL stays held: readers (drafters in other threads) call into this automaton holding it,
+  // so no read can see the states and tokens mid-append (a reallocation under a reader).
   sam_.start_document();
   for (int32_t token : checked_tokens) {
     sam_.extend(token, int32_t(tokens_.size()));
