@@ -351,13 +351,15 @@ def run(
         backend: ``"auto"`` (the compiled ``"cuda_ext"`` kernels when they build, else ``"torch"``),
             ``"cuda_ext"`` or ``"torch"`` (the reference); see ``docs/backends.md``.
         cache: the KV cache and how verification forwards run. ``"auto"`` (default):
-            ``"static"`` on a CUDA device, ``"dynamic"`` elsewhere. ``"dynamic"``: Hugging
-            Face's ``DynamicCache``, eager forwards. ``"static"``: specdec's static cache, one
+            ``"static"`` on a CUDA device; on a CPU ``"native"`` (specdec's own forward) for
+            Llama-family models, else ``"dynamic"``. ``"dynamic"``: Hugging Face's
+            ``DynamicCache``, eager forwards. ``"static"``: specdec's static cache, one
             fixed-shape forward per tree-size bucket, replayed from CUDA graphs on a GPU and
-            compiled with inductor (frozen weights) on a CPU, each at its first use;
-            ``"static-eager"``, ``"static-inductor"``, ``"static-cudagraphs"`` and
-            ``"static-inductor-cudagraphs"`` name the mode. A ``Generator`` keeps its
-            compiled forwards and graphs across prompts; see ``docs/backends.md``.
+            compiled with inductor (frozen weights) on a CPU, each at its first use and
+            checked then against the eager forward; ``"static-eager"``,
+            ``"static-inductor"``, ``"static-cudagraphs"`` and ``"static-inductor-cudagraphs"``
+            name the mode. Compiled forwards are shared by every call on the same model
+            object in the process (a second call compiles nothing); see ``docs/static-cache.md``.
         device, dtype: where a model that specdec loads (a path or ``"default"``) lives,
             e.g. ``device="cuda", dtype="bfloat16"``; a model object stays where it is.
         drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
@@ -376,6 +378,8 @@ def run(
         store: a :class:`~specdec.datastores.shared_store.SharedStore` that ``sam`` drafts from and
             adds this generation to: pass one object to many calls to share what they
             generate (default: a fresh store per call, i.e. nothing shared; False: none).
+            Sharing outputs across calls is opt-in: a shared store lets response times reveal
+            what other calls generated.
         planner_cache: start from what earlier runs of this model learned, in this process or
             any earlier one, and keep what this run adds: the budget planner's statistics (per
             model, tokenizer, drafter and device) and Token Recycling's matrix (per model: the

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +166,29 @@ def spec_bench_prompts(default_model: tuple[Any, Any]) -> dict[str, list[list[in
         category = "mt_bench" if question["question_id"] <= 160 else question["category"]
         by_category.setdefault(category, []).append(encode_prompt(tokenizer, question["turns"][0]))
     return by_category
+
+
+@pytest.fixture
+def planner_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """Learned state on (planner statistics, Token Recycling's matrix) in a private cache directory, with
+    a synthetic, quiet calibration instead of a measured one (no test may depend on this machine's speed).
+    Yields the planner statistics' folder; the process's shared matrices are forgotten before and after."""
+    from specdec.budget import CostTable
+    from specdec.budget.calibration import calibration_identity
+    from specdec.budget.calibration_cache import forget_cost_models
+    from specdec.drafters.recycling_state import forget_shared
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECDEC_PLANNER_DIR", raising=False)
+    monkeypatch.setenv("SPECDEC_PLANNER_CACHE", "1")
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
+    row = tuple(1.0 + 0.01 * s for s in sizes)  # nearly flat: drafts pay, so steps verify and learn
+    monkeypatch.setattr(
+        "specdec.budget.calibration_cache.calibrate", lambda verifier, **_: CostTable(sizes, (1, 1000), (row, row),
+                                                                          calibration_identity(verifier))
+    )
+    forget_cost_models()
+    forget_shared()
+    yield tmp_path / "planner"
+    forget_cost_models()
+    forget_shared()

@@ -23,10 +23,8 @@ from test_lossless import hf_greedy
 from tiny_models import tiny_model
 
 import specdec
-from specdec.budget import AcceptanceModel, CostTable, Throughput
+from specdec.budget import AcceptanceModel, Throughput
 from specdec.budget.acceptance import node_keys
-from specdec.budget.calibration import calibration_identity
-from specdec.budget.calibration_cache import forget_cost_models
 from specdec.budget.planner_stats import VERSION, PlannerStatsFile, drafter_label, enabled, stats_dir
 from specdec.cachefiles import checksum
 from specdec.commands import main
@@ -37,23 +35,6 @@ PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]  # repeats: pld drafts,
 NEW_TOKENS = 24
 # The torch backend: a private cache directory would otherwise build the compiled one again (a minute).
 Generator = functools.partial(specdec.Generator, backend="torch")
-
-
-@pytest.fixture
-def planner_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Statistics on, in a private cache directory; a synthetic quiet calibration instead of a measured one."""
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("SPECDEC_PLANNER_DIR", raising=False)
-    monkeypatch.setenv("SPECDEC_PLANNER_CACHE", "1")
-    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
-    row = tuple(1.0 + 0.01 * s for s in sizes)  # nearly flat: drafts pay, so steps verify and learn
-    monkeypatch.setattr(
-        "specdec.budget.calibration_cache.calibrate", lambda verifier, **_: CostTable(sizes, (1, 1000), (row, row),
-                                                                          calibration_identity(verifier))
-    )
-    forget_cost_models()
-    yield tmp_path / "planner"
-    forget_cost_models()
 
 
 def learned_model(steps: int = 30) -> AcceptanceModel:

@@ -26,16 +26,20 @@ only tensor contents do. This module does that for tree verification:
 - the forward of a bucket is run as is (``eager``), compiled with inductor and frozen,
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
-  compiled forward), each compiled/captured lazily at its bucket's first use;
+  compiled forward), each compiled/captured lazily at its bucket's first use, compiled
+  functions shared by every verifier of the model (:mod:`specdec.backends.static_shared`),
+  and each checked at its first use against the eager forward on the same inputs (a
+  mismatch: eager forwards from then on, with one warning);
 - acceptance runs through the backend's tree ops, whose one host sync per step reads the
   chosen tokens (or, with ``cuda_ext``, the path); compaction of the accepted path is a
   gather and a scatter per layer's keys and values, in place (:meth:`StaticKVCache.compact`).
 
-The user's model is never changed: compiled functions and captured graphs live in the
-verifier (the model's ``forward``, modules and parameters are untouched; ``model(...)``
-and ``model.generate(...)`` behave as before). Compiled forwards use the weights they were
-compiled with (freezing folds them in), so the verifier checks the parameters' version
-counters at every prefill and recompiles after an in-place weight update.
+The user's model is never changed: captured graphs live in the verifier, compiled
+functions in a table keyed weakly by the model (the model's ``forward``, modules and
+parameters are untouched; ``model(...)`` and ``model.generate(...)`` behave as before).
+Compiled forwards use the weights they were compiled with (freezing folds them in), so the
+verifier checks the parameters' version counters and addresses at every prefill and
+recompiles after an in-place weight update.
 
 Numerics: a bucket's forward is one fixed kernel sequence, so the same tree at the same
 place gives bitwise the same logits every time; but a node's logits in a 16-node bucket
@@ -47,6 +51,7 @@ benchmark's judge report), exactly as for the eager path.
 
 from __future__ import annotations
 
+import itertools
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +62,7 @@ import numpy as np
 import torch
 
 from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
 from specdec.errors import SpecDecError, UnsupportedModelError
@@ -64,6 +70,7 @@ from specdec.types import DraftTree, TokenChooser
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("eager", "inductor", "cudagraphs", "inductor-cudagraphs")
+_CODE_TAGS = itertools.count()  # makes each compiled function's code object name unique
 WINDOW_STEP = 64  # attention windows are multiples of this many slots (module docstring)
 MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
 
@@ -154,6 +161,11 @@ def _fresh_code(function: Callable[..., Any], tag: str) -> Callable[..., Any]:
     return fresh
 
 
+def compile_forward(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``torch.compile`` of a bucket's forward (compiled at its first call; the one place specdec compiles)."""
+    return torch.compile(function, dynamic=False)
+
+
 class BucketRunner:
     """The device buffers and the forward of one bucket of ``size`` nodes.
 
@@ -178,6 +190,11 @@ class BucketRunner:
             self._staging_ancestors = self._staging_ancestors.pin_memory()
         self.writer = verifier.cache.writer(self.slots)
         self.generation = verifier.cache.generation
+        self.filled = size  # nodes of the tree in the buffers (the rest is padding)
+        # The compiled function is the model's, shared with every verifier of it (static_shared).
+        self.shared: SharedForward | None = verifier.shared_forward(size, mode) if "inductor" in mode else None
+        # Whether this forward's output is known to agree with the eager forward's (StaticVerifier._run).
+        self.checked = mode == "eager" or (mode == "inductor" and self.shared is not None and self.shared.checked)
         self._compiled: Callable[..., torch.Tensor] | None = None
         self._graph: Any = None
         self._output: torch.Tensor | None = None
@@ -185,6 +202,7 @@ class BucketRunner:
     def load(self, tree: DraftTree, committed_len: int) -> None:
         """Write ``tree`` (padded to the bucket) after ``committed_len`` committed tokens into the buffers."""
         n, size = tree.size, self.size
+        self.filled = n
         staging = self._staging.numpy()  # [3, T] int64: tokens, positions, slots
         staging[0, :n] = tree.tokens
         staging[0, n:] = 0  # padding nodes carry token 0 and see only themselves
@@ -201,7 +219,8 @@ class BucketRunner:
         self.slots.copy_(self._staging[2], non_blocking=not blocking)
         self.ancestors.copy_(self._staging_ancestors, non_blocking=not blocking)
 
-    def _eager(self) -> torch.Tensor:
+    def eager(self) -> torch.Tensor:
+        """The eager forward on the buffers' inputs (what every other mode must agree with)."""
         verifier = self.verifier
         return tree_forward(
             verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
@@ -210,7 +229,8 @@ class BucketRunner:
 
     def _compiled_forward(self) -> torch.Tensor:
         if self._compiled is None:
-            self._compiled = torch.compile(_fresh_code(tree_forward, f"t{self.size}_{id(self)}"), dynamic=False)
+            assert self.shared is not None
+            self._compiled = self.shared.function
         verifier = self.verifier
         # Freezing folds the weights in as constants, so inductor prepacks them for the CPU's
         # GEMM (MKL/oneDNN layouts, per bucket size). It is read where compilation starts, which
@@ -238,11 +258,11 @@ class BucketRunner:
     def run(self) -> torch.Tensor:
         """The bucket's logits ``[T, V]`` for the inputs in the buffers (KV written at ``slots``)."""
         if self.mode == "eager":
-            return self._eager()
+            return self.eager()
         if self.mode == "inductor":
             return self._compiled_forward()
         if self._graph is None:
-            self._capture(self._compiled_forward if self.mode == "inductor-cudagraphs" else self._eager)
+            self._capture(self._compiled_forward if self.mode == "inductor-cudagraphs" else self.eager)
         self._graph.replay()
         assert self._output is not None
         return self._output
@@ -297,7 +317,7 @@ class StaticVerifier(ModelVerifier):
         self._windows: dict[int, torch.Tensor] = {}
         self._sequence = 0  # the sequence that owns the cache now
         self._sequences_made = 0
-        self._weights_version = self._parameter_versions()
+        self._weights = weights_signature(model)
         self._graph_pool: Any = None
         self._fallback_reason: str | None = None
 
@@ -312,9 +332,22 @@ class StaticVerifier(ModelVerifier):
             self._graph_pool = torch.cuda.graph_pool_handle()
         return self._graph_pool
 
-    def _parameter_versions(self) -> int:
-        """Sum of the parameters' in-place version counters: changes when any weight is updated in place."""
-        return sum(int(p._version) for p in self.model.parameters())
+    def shared_store(self) -> ForwardStore:
+        """The model's compiled forwards for this verifier's dtype, device, kernels and compile settings."""
+        kernels = tuple(self.kernels.variant_for(bucket) for bucket in self.buckets)  # what each bucket runs
+        setting = (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing)
+        return store_for(self.model, setting, self._weights)
+
+    def shared_forward(self, size: int, mode: str) -> SharedForward:
+        """The compiled forward of the ``size``-node bucket at this cache capacity, shared by the model's
+        verifiers (compiled at its first call, by whichever verifier makes it first)."""
+        capacity = self.cache.capacity
+
+        def build() -> Callable[..., torch.Tensor]:
+            tag = f"t{size}_s{capacity}_{mode.replace('-', '_')}_{next(_CODE_TAGS)}"
+            return compile_forward(_fresh_code(tree_forward, tag))
+
+        return self.shared_store().forward(mode, size, capacity, build)
 
     def _check_model_unchanged(self) -> None:
         parameter = next(self.model.parameters())
@@ -323,13 +356,20 @@ class StaticVerifier(ModelVerifier):
                 f"the model moved to {parameter.device}/{parameter.dtype} after its verifier was made on "
                 f"{self.device}/{self.dtype}; make a new Generator for it"
             )
-        version = self._parameter_versions()
-        if version != self._weights_version:  # compiled forwards hold the old weights as constants
-            self._weights_version = version
+        signature = weights_signature(self.model)
+        if signature != self._weights:  # compiled forwards hold the old weights as constants
+            self._weights = signature  # the shared store for the new weights starts empty
             self._runners.clear()
 
     def _reserve(self, needed: int) -> None:
-        """Make room for ``needed`` slots; a larger cache means new buffers, so new forwards."""
+        """Make room for ``needed`` slots; a larger cache means new buffers, so new forwards.
+
+        Compiled modes reserve at least the capacity the model's shared forwards were compiled
+        for (:meth:`~specdec.backends.static_shared.ForwardStore.reserved`): a few more idle slots
+        (attention reads only the window a sequence reached) instead of a compilation.
+        """
+        if "inductor" in self.mode and self._fallback_reason is None:
+            needed = max(needed, self.shared_store().reserved(self.mode))
         if needed > self.cache.capacity:
             self.cache.grow(capacity_for(needed))
         if any(runner.generation != self.cache.generation for runner in self._runners.values()):
@@ -358,27 +398,52 @@ class StaticVerifier(ModelVerifier):
         bucket = bucket_for(size, self.buckets)
         runner = self._runners.get(bucket)
         if runner is None:
+            failed = self.shared_store().failed.get(self.mode) if self.mode != "eager" else None
+            if failed is not None and self._fallback_reason is None:  # an earlier verifier of the model found it
+                self._fall_back(failed, "failed for this model earlier in this process")
             mode = self.mode if self._fallback_reason is None else "eager"
             runner = self._runners[bucket] = BucketRunner(self, bucket, mode)
         return runner
 
     def _run(self, runner: BucketRunner) -> torch.Tensor:
-        """``runner.run()``; where compiling or capturing fails, say so once and run eagerly from then on."""
-        if runner.mode == "eager" or runner._compiled is not None or runner._graph is not None:
+        """``runner.run()``, checked at its first use against the eager forward on the same inputs.
+
+        A compiled or captured forward that fails to build, or whose first output disagrees
+        with the eager forward's (:func:`~specdec.backends.static_shared.disagreement`), must not
+        emit a token: this step and every later one of this verifier (and of the model's later
+        verifiers) run eagerly, with one warning naming the mode. The eager forward runs first,
+        so the cache ends up holding what the checked forward wrote, as on any later step.
+        """
+        if runner.checked:
             return runner.run()
+        reference = runner.eager()
         try:
-            return runner.run()
+            logits = runner.run()
         except Exception as error:  # any compiler or capture failure: fall back, loudly
-            self._fallback_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            warnings.warn(
-                f"cache='static': {runner.mode} forwards are not possible for this model "
-                f"({self._fallback_reason}); verifying with eager forwards on the static cache instead",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            for bucket in list(self._runners):
-                self._runners[bucket] = BucketRunner(self, bucket, "eager")
-            return self._runners[runner.size].run()
+            first_line = str(error).splitlines()[0] if str(error) else ""
+            self._fall_back(f"{type(error).__name__}: {first_line}", "are not possible for this model")
+            return runner.eager()  # a failed forward may have written the slots: write them again
+        problem = disagreement(logits[: runner.filled], reference[: runner.filled])
+        if problem is not None:
+            self._fall_back(f"the {runner.size}-node bucket, {problem}", "disagree with the eager forward")
+            return runner.eager()  # the cache holds what the wrong forward wrote: write it again
+        runner.checked = True
+        if runner.shared is not None and runner.mode == "inductor":  # later verifiers take it as checked
+            runner.shared.checked = True
+        return logits
+
+    def _fall_back(self, reason: str, what: str) -> None:
+        """Run eager forwards from now on (this verifier, and the model's later ones in this mode), saying why."""
+        self._fallback_reason = reason
+        self.shared_store().failed.setdefault(self.mode, reason)
+        warnings.warn(
+            f"cache='static': static-{self.mode} forwards {what} ({reason}); verifying with eager forwards "
+            "on the static cache instead",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        for bucket in list(self._runners):
+            self._runners[bucket] = BucketRunner(self, bucket, "eager")
 
     def warm_up(self, max_tokens: int) -> None:
         """Compile or capture every bucket's forward for sequences of up to ``max_tokens`` tokens.

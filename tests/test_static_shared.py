@@ -1,0 +1,251 @@
+"""Compiled forwards shared per model (specdec.backends.static_shared) and the self-check at first use (issue 30).
+
+Compiles are counted, not timed: ``static_shared.COMPILED`` (compiled functions specdec
+built) and dynamo's own count of graphs it compiled. The self-check tests replace the
+compiler (``static.compile_forward``) by a wrapper of the eager forward that corrupts, jitters
+or refuses: what is under test is what the verifier does with a forward's output, and a real
+compilation per case would cost tens of seconds. The sharing test compiles for real (one
+bucket, twice: once before and once after an in-place weight update).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import random
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import IDENTITY_COUNTS
+from oracle_drafter import OracleTreeDrafter
+from test_lossless import hf_greedy, random_prompt
+from tiny_models import VOCAB, tiny_model
+from torch._dynamo.utils import counters
+
+import specdec
+from specdec.backends import static, static_shared
+from specdec.backends.static import StaticVerifier
+from specdec.decoding import DecodingConfig, StopRules
+from specdec.engine import decode
+from specdec.types import KernelChoice
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def private_model(arch: str = "llama", seed: int = 0) -> Any:
+    """A tiny fp64 model of its own (the cached tiny models must stay as they are, and alive)."""
+    return copy.deepcopy(tiny_model(arch, seed=seed))
+
+
+def compiled_count() -> tuple[int, int]:
+    """(compiled functions specdec built, graphs dynamo compiled) in this process so far."""
+    return static_shared.COMPILED, counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture
+def record() -> Iterator[list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def static_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "cache='static'" in str(w.message)]
+
+
+# -- sharing ------------------------------------------------------------------------------
+
+
+def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> None:
+    model = private_model()
+    rng = random.Random(30)
+    prompts = [random_prompt(rng)[:12] for _ in range(3)]
+    options: dict[str, Any] = {"max_new_tokens": 10, "cache": "static", "budget": "full"}
+    # drafter "none": only the one-node bucket runs, so one compilation is the whole cost
+    start = compiled_count()
+    assert specdec.run(model, prompts[0], "none", **options).tokens == hf_greedy(model, prompts[0], 10)
+    first = compiled_count()
+    assert first[0] == start[0] + 1 and first[1] > start[1]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert specdec.run(model, prompts[1], "none", **options).tokens == hf_greedy(model, prompts[1], 10)
+        generator = specdec.Generator(model, drafter="none", cache="static-inductor", budget="full")
+        assert generator.generate(prompts[2], max_new_tokens=10).tokens == hf_greedy(model, prompts[2], 10)
+    assert compiled_count() == first  # neither specdec nor dynamo compiled anything for the later calls
+    assert isinstance(generator.verifier, StaticVerifier) and generator.verifier._runners[1].checked
+    IDENTITY_COUNTS["llama/none/static-inductor (shared forwards)"] += 3
+
+    # Weights updated in place: frozen constants are stale, so the next call compiles afresh.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)
+    after_update = specdec.run(model, prompts[0], "none", **options).tokens
+    assert after_update == hf_greedy(model, prompts[0], 10)
+    assert compiled_count()[0] == first[0] + 1
+    (store,) = static_shared.stores_of(model).values()
+    assert store.signature == static_shared.weights_signature(model) and len(store.forwards) == 1
+
+    # Held weakly: dropping the model (and the generator that uses it) frees its compiled forwards.
+    alive = weakref.ref(model)
+    stores = len(static_shared._STORES)
+    del model, generator, store
+    gc.collect()
+    assert alive() is None and len(static_shared._STORES) == stores - 1
+
+
+def test_verifiers_of_other_settings_do_not_share() -> None:
+    model = private_model(seed=2)
+    eager = StaticVerifier(model, mode="eager", buckets=(1, 4))
+    compiled = StaticVerifier(model, mode="inductor", buckets=(1, 4))
+    assert eager.shared_store() is not None and eager.shared_store() is compiled.shared_store()  # same settings
+    compiled.use_kernels(KernelChoice.uniform("default"))  # what a calibration sets: the same forwards
+    assert compiled.shared_store() is eager.shared_store()
+    compiled.freezing = False  # weights as inputs: another compiled program
+    assert compiled.shared_store() is not eager.shared_store()
+    other = private_model(seed=2)
+    assert StaticVerifier(other, mode="inductor").shared_store() is not eager.shared_store()  # another model object
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert StaticVerifier(model, mode="inductor").shared_store() is not eager.shared_store()  # other weights
+
+
+def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward is specialised to its cache's capacity: a short request after a long one runs on the
+    long one's capacity (idle slots, no compilation), and forwards of a smaller capacity are dropped."""
+    compile_forward, built = fake_compiler(lambda logits: logits)
+    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    model = private_model("llama", seed=6)
+    short, long = [5, 6, 7, 8] * 3, [t % VOCAB for t in range(7, 157)]
+
+    def verify(prompt: list[int], new_tokens: int) -> StaticVerifier:
+        verifier = StaticVerifier(model, mode="inductor", buckets=(1, 128))  # the cache holds a 128-node tree more
+        result = decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(new_tokens)))
+        assert result.tokens == hf_greedy(model, prompt, new_tokens)
+        return verifier
+
+    assert verify(short, 10).cache.capacity == 256 and len(built) == 1
+    assert verify(long, 100).cache.capacity == 512 and len(built) == 2
+    (store,) = static_shared.stores_of(model).values()
+    assert list(store.forwards) == [("inductor", 1, 512)]  # the 256-slot forward is gone
+    assert verify(short, 10).cache.capacity == 512 and len(built) == 2
+    assert StaticVerifier(model, mode="eager").shared_store().reserved("eager") == 0  # eager compiles nothing
+    assert verify(short, 10).cache.capacity == 512
+
+
+# -- the self-check ------------------------------------------------------------------------
+
+
+def fake_compiler(change: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Callable[..., Any], list[int]]:
+    """A stand-in for ``static.compile_forward``: the eager forward with ``change`` applied to its logits."""
+    built: list[int] = []
+
+    def compile_forward(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        built.append(1)
+        return lambda *args: change(function(*args))
+
+    return compile_forward, built
+
+
+def oracle_run(model: Any, seed: int, cache: str = "static-inductor") -> tuple[list[int], list[int], Any]:
+    """(tokens, plain greedy's tokens, generator) for an oracle tree drafter (many buckets) on ``cache``."""
+    prompt = random_prompt(random.Random(seed))
+    truth = hf_greedy(model, prompt, 40)
+    generator = specdec.Generator(model, drafter="none", cache=cache, budget="full")
+    drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=12, depth=5)
+    result = decode(generator.verifier, drafter, prompt, DecodingConfig(StopRules(40)))
+    return result.tokens, truth, generator
+
+
+def test_a_wrong_compiled_forward_warns_once_and_the_tokens_stay_plain_greedys(
+    monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
+) -> None:
+    compile_forward, built = fake_compiler(lambda logits: torch.roll(logits, 1, dims=-1))  # every argmax moves
+    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    model = private_model("qwen2")
+    tokens, truth, generator = oracle_run(model, seed=1)
+    assert tokens == truth
+    (message,) = static_warnings(record)
+    assert "static-inductor forwards disagree with the eager forward" in message and "bucket" in message
+    assert all(runner.mode == "eager" for runner in generator.verifier._runners.values())
+    # The model's next verifier does not compile again: it runs eagerly, with its own warning.
+    compiled = len(built)
+    tokens, truth, _ = oracle_run(model, seed=2)
+    assert tokens == truth and len(built) == compiled
+    assert len(static_warnings(record)) == 2 and "failed for this model earlier" in static_warnings(record)[1]
+    IDENTITY_COUNTS["qwen2/oracle-tree/static-inductor (wrong forward, fallback)"] += 2
+
+
+def test_a_forward_that_agrees_within_rounding_passes(
+    monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
+) -> None:
+    compile_forward, built = fake_compiler(lambda logits: logits * (1.0 + 1e-9))  # far below fp64's tolerance
+    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    tokens, truth, generator = oracle_run(private_model("llama", seed=3), seed=3)
+    assert tokens == truth and not static_warnings(record)
+    runners = generator.verifier._runners.values()
+    assert len(runners) > 1 and all(r.mode == "inductor" and r.checked for r in runners) and len(built) == len(runners)
+
+
+def test_a_forward_that_fails_to_compile_falls_back_to_eager(
+    monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
+) -> None:
+    def refuse(logits: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the compiler gave up")
+
+    compile_forward, _ = fake_compiler(refuse)
+    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    tokens, truth, _ = oracle_run(private_model("llama", seed=4), seed=4)
+    assert tokens == truth
+    (message,) = static_warnings(record)
+    assert "static-inductor forwards are not possible" in message and "the compiler gave up" in message
+
+
+@cuda
+def test_a_wrong_cuda_graph_warns_and_the_tokens_stay_plain_greedys(
+    monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
+) -> None:
+    """The CUDA-graph path (the GPU default): a corrupted replay is caught at the bucket's first use."""
+    run = static.BucketRunner.run
+
+    def corrupted(self: static.BucketRunner) -> torch.Tensor:
+        logits = run(self)
+        return torch.roll(logits, 1, dims=-1) if self.mode == "cudagraphs" else logits
+
+    monkeypatch.setattr(static.BucketRunner, "run", corrupted)
+    model = private_model("llama", seed=5).to("cuda")
+    prompt = random_prompt(random.Random(5))
+    ids = torch.tensor([prompt], device="cuda")
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False)
+    truth = [int(t) for t in out[0, len(prompt) :]]
+    drafter = OracleTreeDrafter(truth, VOCAB, seed=5, size=12, depth=5)
+    assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full", cache="static").tokens == truth
+    (message,) = static_warnings(record)
+    assert "static-cudagraphs forwards disagree" in message
+
+
+# -- the comparison --------------------------------------------------------------------------
+
+
+def test_disagreement_tolerates_rounding_and_near_ties_only() -> None:
+    torch.manual_seed(0)
+    eager = torch.randn(4, 50, dtype=torch.float32) * 10
+    assert static_shared.disagreement(eager.clone(), eager) is None
+    assert static_shared.disagreement(eager + 1e-4, eager) is None  # another kernel order's rounding
+    assert "max |logit difference|" in str(static_shared.disagreement(eager + 1.0, eager))
+    wrong = eager.clone()
+    wrong[2, int(eager[2].argmin())] = eager[2].max() + 0.001  # a wrong token wins, its logit far off
+    assert str(static_shared.disagreement(wrong, eager)).startswith("node 2")
+    tie = eager.clone()
+    top = int(eager[1].argmax())
+    second = int(eager[1].topk(2).indices[1])
+    tie[1, second] = tie[1, top] = eager[1, top]  # a near-tie: either token is a rounding away
+    near = eager.clone()
+    near[1, second] = eager[1, top] - 1e-5
+    assert static_shared.disagreement(tie, near) is None
+    assert "shape" in str(static_shared.disagreement(eager[:3], eager))
+    assert static_shared.disagreement(eager.masked_fill(eager > 5, float("nan")), eager) is not None
+    half = eager.to(torch.bfloat16)
+    assert static_shared.disagreement(half + 0.25, half) is None  # bf16's tolerance is wider
+    assert static_shared.disagreement(eager.double() + 0.25, eager.double()) is not None  # fp64's is not
