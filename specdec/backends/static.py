@@ -109,6 +109,7 @@ def tree_forward(
     ancestors: torch.Tensor,
     additive_dtype: torch.dtype | None,
     logits_to_keep: int,
+    cache_keyword: str,
 ) -> torch.Tensor:
     """One forward of ``model`` over ``T`` nodes written at ``slots``; returns logits ``[T or keep, V]``.
 
@@ -118,6 +119,7 @@ def tree_forward(
     ancestors: ``mask[i, s] = s < C or ancestors[i, j]`` where ``s = slots[j]``, over the
     ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
     ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
+    ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
     """
     width = writer.owner.width
     columns = torch.arange(width, device=slots.device)  # [W]
@@ -133,9 +135,9 @@ def tree_forward(
         input_ids=tokens,
         position_ids=positions,
         attention_mask=mask,
-        past_key_values=writer,
         use_cache=True,
         logits_to_keep=logits_to_keep,
+        **{cache_keyword: writer},
     )
     logits: torch.Tensor = out.logits[0]
     return logits
@@ -205,7 +207,7 @@ class BucketRunner:
         verifier = self.verifier
         return tree_forward(
             verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-            verifier.additive_dtype, 0,
+            verifier.additive_dtype, 0, verifier.cache_keyword,
         )  # fmt: skip
 
     def _compiled_forward(self) -> torch.Tensor:
@@ -219,7 +221,7 @@ class BucketRunner:
         with torch._inductor.config.patch(freezing=verifier.freezing):
             return self._compiled(
                 verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-                verifier.additive_dtype, 0,
+                verifier.additive_dtype, 0, verifier.cache_keyword,
             )  # fmt: skip
 
     def _capture(self, forward: Callable[[], torch.Tensor]) -> None:
@@ -409,7 +411,7 @@ class StaticVerifier(ModelVerifier):
         self.cache.window = self._window_for(length, "eager")
         logits = tree_forward(
             self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
-            0 if keep_all else 1,
+            0 if keep_all else 1, self.cache_keyword,
         )  # fmt: skip
         self.cache.committed_len = length
         return self.cache, logits
