@@ -118,6 +118,7 @@ def decode(
     rules, decision, topk = config.rules, config.decision, drafter.feedback_topk
     cap = min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
     record = StepRecorder(len(prompt), planner)
+    record.stats.cache = verifier.cache_kind
     state, pending, prompt_feedback = verifier.prefill(
         prompt, prompt_topk=topk if config.prompt_feedback else 0, chooser=config.chooser(len(prompt)),
         repetition_penalty=decision.repetition_penalty, reserve=rules.max_new_tokens,

@@ -539,6 +539,7 @@ class GenerationStats:
     records: list[StepRecord] = field(default_factory=list)
     budget: str = ""  # "auto", "full" or a node count; "" when no budget planner ran
     calibration_s: float = 0.0  # one-time cost-model calibration inside this run (first use only)
+    cache: str = ""  # the verifier's cache kind: "native", "dynamic", "static-inductor", ...
 
     @property
     def mat(self) -> float:
@@ -623,6 +624,7 @@ class GenerationStats:
             "other_s": round(self.other_s, 4),
             "total_s": round(self.total_s, 4),
             "stop_reason": self.stop_reason,
+            "cache": self.cache,
             "accepted_histogram": self.accepted_histogram,
             "steps_by_source": self.steps_by_source,
             "accepted_by_source": self.accepted_by_source,

@@ -180,7 +180,9 @@ class ForwardMeter:
     """Counts the target model's forwards and the wall time spent inside them.
 
     Installs a pre-hook and a hook on the model's top-level module, which every caller
-    (specdec's verifier, ``model.generate``) runs through ``__call__``. On a GPU the hooks
+    (specdec's verifier, ``model.generate``) runs through ``__call__``; a verifier whose forwards
+    are specdec's own (``cache="native"``: they never call the model's ``__call__``) is watched
+    through :meth:`watch`. On a GPU the hooks
     synchronize, so the time is the kernels' and not the launch's; that sync is a cost
     every method pays alike. Hooks add ~2 us per forward.
     """
@@ -213,6 +215,26 @@ class ForwardMeter:
 
     def snapshot(self) -> tuple[int, float]:
         return self.forwards, self.forward_s
+
+    def watch(self, verifier: Any) -> None:
+        """Also count the forwards of ``verifier``'s own runner (``cache="native"``), if it has one.
+
+        The runner object is specdec's, not the user's model: its ``forward`` is wrapped in place.
+        """
+        runner = getattr(verifier, "runner", None)
+        if runner is None or getattr(runner, "metered", False):
+            return
+        inner = runner.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self._before(None, None)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._after(None, None, None)
+
+        runner.forward = forward
+        runner.metered = True
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -332,6 +354,7 @@ class SpecdecMethod:
         if spec.options.get(KEEP):
             self._kept = _Kept(make_factory(spec.name, options, self._generator.context))
             self._generator = Generator(model, tokenizer, drafter=self._kept, **built)
+        meter.watch(self._generator.verifier)
         self._trees: _TreeLog | None = None
         if spec.sampling:  # the judge redoes a sampled run's forwards from its trees
             self._trees = _TreeLog(self._generator.verifier)

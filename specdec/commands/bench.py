@@ -9,6 +9,8 @@
     specdec bench quality --check tests/data/quality_baseline.json     # MAT/steps on fixed prompts
     specdec bench costs --kind sam                  # a datastore's build, size, load and step costs
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
+    specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
+    specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
     specdec bench ratios backend.json               # cuda_ext vs torch op ratios from pytest-benchmark
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.bench import quality
+from specdec.bench import oneoff, quality
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
 from specdec.bench.curves import ratio_table
@@ -223,6 +225,29 @@ def cmd_ratios(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_oneoff(args: argparse.Namespace) -> int:
+    if args.oneoff_child is not None:
+        oneoff.child_main(args.oneoff_child)
+        return 0
+    model, tokenizer = load(args)
+    prompts = oneoff.heldout_prompts()[: args.prompts]
+    if args.fresh:
+        results = oneoff.measure_fresh(model, prompts, args.fresh, args.max_new_tokens, args.model, not args.quiet)
+    else:
+        results = oneoff.measure_in_process(model, tokenizer, prompts, args.drafters, args.max_new_tokens,
+                                            not args.quiet)  # fmt: skip
+    summary = oneoff.summarize(results)
+    text = oneoff.format_summary(summary)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        document = {"command": _command_line(), "summary": summary, "prompts": oneoff.to_json(results)}
+        write_json_atomic(out / "results.json", document)
+        (out / REPORT_FILE).write_text(f"`{_command_line()}`\n\n{text}\n", encoding="utf-8")
+    return 0
+
+
 def _model_options(parser: argparse.ArgumentParser, sub: bool) -> None:
     """``--model``, ``--device``, ``--dtype`` (on a subcommand, unset ones keep the ``bench`` level's value)."""
     default = argparse.SUPPRESS if sub else None
@@ -275,7 +300,7 @@ def register(sub: Any) -> None:
                        help="with --report A B: exit 1 where B's deterministic figures regressed from A's (MAT "
                        "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
-    commands = bench.add_subparsers(dest="bench_command", metavar="{replay,judge,quality,costs,curves,ratios}")
+    commands = bench.add_subparsers(dest="bench_command", metavar="{replay,judge,quality,costs,curves,oneoff,ratios}")
 
     replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
                                  "modelled speedup under frozen cost tables, no model, no clock")
@@ -330,6 +355,20 @@ def register(sub: Any) -> None:
     curves.add_argument("--repeats", type=int, default=5)
     curves.add_argument("--out", default=None, metavar="DIR", help="write curves.json, curves.md, curves.png here")
     curves.set_defaults(func=cmd_curves)
+
+    one = commands.add_parser("oneoff", help="what a user gets: specdec.run with default arguments, one call per "
+                              "held-out prompt (or one fresh process per prompt), against HF greedy generate")
+    _model_options(one, sub=True)
+    one.add_argument("--drafters", default="sam+recycling,none", metavar="SPECS",
+                     help="comma-separated specs, each timed as run:SPEC and generator:SPEC (default: %(default)s)")
+    one.add_argument("--fresh", default=None, metavar="SPEC",
+                     help="instead: one fresh process per prompt running specdec.run with SPEC once")
+    one.add_argument("--max-new-tokens", type=int, default=128)
+    one.add_argument("--prompts", type=int, default=None, help="the first N held-out prompts (default: all)")
+    one.add_argument("--out", default=None, metavar="DIR", help="where results.json and report.md go")
+    one.add_argument("--quiet", action="store_true", help="no progress bar")
+    one.add_argument(oneoff.CHILD_FLAG, dest="oneoff_child", default=None, help=argparse.SUPPRESS)
+    one.set_defaults(func=cmd_oneoff)
 
     ratios = commands.add_parser("ratios", help="the cuda_ext vs torch table from a pytest-benchmark JSON of "
                                  "benchmarks/test_bench_backend.py")

@@ -1,0 +1,269 @@
+"""What a user gets: ``specdec.run`` with default arguments, one call per prompt, against Hugging Face.
+
+The Spec-Bench runner (:mod:`specdec.bench.runner`) measures long-lived, warmed
+:class:`~specdec.Generator` objects. A user's first contact is different: one
+``specdec.run(model, prompt, drafter)`` call, in a process that may have done nothing else.
+This module measures that, on held-out prompts (``specdec/data/prompts.json``, key
+``heldout``: kinds like HumanEval, MBPP, GSM8K and code edits, written for specdec and never
+used to tune anything), against Hugging Face's greedy ``model.generate`` on the same token ids:
+
+- **in one process** (:func:`measure_in_process`): one untimed call of every arm first (what
+  "after one earlier call" means), then per prompt, interleaved: ``hf`` (``model.generate``,
+  greedy), ``run:SPEC`` (a ``specdec.run`` call, timed from call to return: the Generator it
+  builds included) and ``generator:SPEC`` (one warmed Generator per spec, reused for every
+  prompt: the figure the other benchmarks report, beside what ``run`` gets);
+- **in fresh processes** (:func:`measure_fresh`): per prompt a new Python process that imports
+  specdec, loads the model, calls ``specdec.run`` once (timed, and the time from the process's
+  start to its first token), then times ``model.generate`` on the same ids. One process runs
+  before the measured ones (untimed), since what the claim is about is a machine on which
+  specdec has run before (its calibration, compiled extensions and learned statistics cached).
+
+Speedup is the Spec-Bench definition: the mean over prompts of an arm's tokens/s over the
+same mean for ``hf``. Every output is compared with ``hf``'s by
+:func:`specdec.testing.compare_outputs` (identical, or first different at a judged near-tie).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from specdec.api import GENERATOR_OPTIONS, Generator, run
+from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.report import markdown_table
+from specdec.models import encode_prompt
+from specdec.testing import compare_outputs
+
+
+@dataclass(frozen=True)
+class Prompt:
+    kind: str
+    text: str
+
+
+def heldout_prompts() -> list[Prompt]:
+    """The held-out prompts shipped with specdec (module docstring)."""
+    data = json.loads(resources.files("specdec").joinpath("data/prompts.json").read_text(encoding="utf-8"))
+    return [Prompt(p["kind"], p["prompt"]) for p in data["heldout"]]
+
+
+@dataclass
+class Timing:
+    """One arm on one prompt: the new tokens, the seconds they took, and (specdec arms) the steps."""
+
+    tokens: list[int]
+    seconds: float
+    steps: int | None = None
+    first_token_s: float | None = None  # fresh processes: from the process's start to its first token
+    cache: str | None = None  # the verifier's cache kind (specdec arms)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PromptResult:
+    prompt: Prompt
+    ids: list[int]
+    arms: dict[str, Timing] = field(default_factory=dict)
+    verdicts: dict[str, str] = field(default_factory=dict)  # arm -> compare_outputs(...).describe()
+    acceptable: dict[str, bool] = field(default_factory=dict)
+
+
+def hf_greedy(model: Any, ids: Sequence[int], max_new_tokens: int) -> Timing:
+    """``model.generate`` greedy on ``ids`` (an all-ones attention mask), timed."""
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([list(ids)], device=device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False
+        )
+    seconds = time.perf_counter() - started
+    return Timing([int(t) for t in out[0, len(ids) :]], seconds)
+
+
+def timed_run(model: Any, tokenizer: Any, ids: Sequence[int], spec: MethodSpec, max_new_tokens: int) -> Timing:
+    """One ``specdec.run`` call, timed from the call to its return."""
+    started = time.perf_counter()
+    result = run(model, list(ids), spec.name, tokenizer=tokenizer, max_new_tokens=max_new_tokens, **spec.options)
+    seconds = time.perf_counter() - started
+    return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None)
+
+
+def timed_generate(generator: Generator, ids: Sequence[int], max_new_tokens: int) -> Timing:
+    started = time.perf_counter()
+    result = generator.generate(list(ids), max_new_tokens=max_new_tokens)
+    seconds = time.perf_counter() - started
+    return Timing(list(result.tokens), seconds, result.stats.steps, cache=generator.verifier.cache_kind)
+
+
+def _judge(model: Any, result: PromptResult) -> None:
+    reference = result.arms["hf"].tokens
+    for arm, timing in result.arms.items():
+        if arm == "hf":
+            continue
+        comparison = compare_outputs(model, result.ids, timing.tokens, reference)
+        result.verdicts[arm] = comparison.describe()
+        result.acceptable[arm] = comparison.acceptable
+
+
+def measure_in_process(
+    model: Any, tokenizer: Any, prompts: Sequence[Prompt], specs: str, max_new_tokens: int, progress: bool = True
+) -> list[PromptResult]:
+    """Every prompt through ``hf``, ``run:SPEC`` and ``generator:SPEC`` arms, interleaved (module docstring)."""
+    methods = parse_methods([specs])
+    generators = {
+        spec.label: Generator(model, tokenizer, drafter=spec.name, **_generator_options(spec)) for spec in methods
+    }
+    warm = encode_prompt(tokenizer, "Write one sentence about the sea.", None)
+    hf_greedy(model, warm, 8)  # the one earlier call of every arm: what a process has done before
+    for spec in methods:
+        timed_run(model, tokenizer, warm, spec, 8)
+        timed_generate(generators[spec.label], warm, 8)
+    results = []
+    for prompt in tqdm(prompts, desc="one-off calls", disable=not progress):
+        ids = encode_prompt(tokenizer, prompt.text, None)
+        result = PromptResult(prompt, ids)
+        result.arms["hf"] = hf_greedy(model, ids, max_new_tokens)
+        for spec in methods:
+            result.arms[f"run:{spec.label}"] = timed_run(model, tokenizer, ids, spec, max_new_tokens)
+            result.arms[f"generator:{spec.label}"] = timed_generate(generators[spec.label], ids, max_new_tokens)
+        _judge(model, result)
+        results.append(result)
+    return results
+
+
+def _generator_options(spec: MethodSpec) -> dict[str, Any]:
+    """A spec's options that a Generator takes at construction (the rest are decoding options)."""
+    return {k: v for k, v in spec.options.items() if k in GENERATOR_OPTIONS}
+
+
+CHILD_FLAG = "--oneoff-child"
+
+
+def child_main(payload: str) -> None:
+    """A fresh process's measurement (module docstring): prints one JSON line on stdout."""
+    spec_data = json.loads(payload)
+    started = float(spec_data["started"])  # the parent's wall clock when it spawned this process
+    from specdec.models import load_model
+
+    model, tokenizer = load_model(None if spec_data["model"] == "default" else spec_data["model"])
+    (spec,) = parse_methods([spec_data["spec"]])
+    ids = encode_prompt(tokenizer, spec_data["prompt"], None)
+    first: list[float] = []
+
+    def on_tokens(tokens: list[int]) -> None:
+        if not first:
+            first.append(time.time() - started)
+
+    call = time.perf_counter()
+    result = run(
+        model, ids, spec.name, tokenizer=tokenizer, max_new_tokens=spec_data["max_new_tokens"], on_tokens=on_tokens,
+        **spec.options,
+    )  # fmt: skip
+    seconds = time.perf_counter() - call
+    hf = hf_greedy(model, ids, spec_data["max_new_tokens"])
+    print(json.dumps({
+        "ids": ids, "run": {"tokens": result.tokens, "seconds": seconds, "steps": result.stats.steps,
+                            "first_token_s": first[0] if first else None},
+        "hf": {"tokens": hf.tokens, "seconds": hf.seconds},
+    }))  # fmt: skip
+
+
+def measure_fresh(
+    model: Any, prompts: Sequence[Prompt], spec: str, max_new_tokens: int, model_name: str = "default",
+    progress: bool = True,
+) -> list[PromptResult]:
+    """One fresh process per prompt, after one untimed process (module docstring)."""
+    results = []
+    for index, prompt in enumerate(tqdm([prompts[0], *prompts], desc="fresh processes", disable=not progress)):
+        payload = json.dumps({"model": model_name, "spec": spec, "prompt": prompt.text,
+                              "max_new_tokens": max_new_tokens, "started": time.time()})  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "specdec.commands", "bench", "oneoff", CHILD_FLAG, payload],
+            capture_output=True, text=True, check=False, env=dict(os.environ),
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the fresh process failed:\n{done.stderr[-4000:]}")
+        if index == 0:
+            continue  # the earlier process: it leaves what specdec caches on this machine
+        data = json.loads(done.stdout.strip().splitlines()[-1])
+        result = PromptResult(prompt, data["ids"])
+        result.arms["hf"] = Timing(data["hf"]["tokens"], data["hf"]["seconds"])
+        run_data = data["run"]
+        result.arms[f"run:{spec}"] = Timing(
+            run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"]
+        )
+        _judge(model, result)
+        results.append(result)
+    return results
+
+
+def summarize(results: Sequence[PromptResult]) -> dict[str, Any]:
+    """Per kind and overall: every arm's mean tokens/s, its speedup over ``hf`` and its MAT."""
+    arms = list(results[0].arms)
+    kinds = [*dict.fromkeys(r.prompt.kind for r in results), "overall"]
+    table: dict[str, Any] = {}
+    for kind in kinds:
+        chosen = [r for r in results if kind in ("overall", r.prompt.kind)]
+        hf = sum(r.arms["hf"].tokens_per_s for r in chosen) / len(chosen)
+        row = {}
+        for arm in arms:
+            mean = sum(r.arms[arm].tokens_per_s for r in chosen) / len(chosen)
+            tokens = sum(len(r.arms[arm].tokens) for r in chosen)
+            steps = sum(r.arms[arm].steps or 0 for r in chosen)
+            row[arm] = {"tokens_per_s": round(mean, 2), "speedup": round(mean / hf, 3) if hf else None,
+                        "mat": round(tokens / steps, 3) if steps else None}  # fmt: skip
+        table[kind] = row
+    first_tokens = sorted(t.first_token_s for r in results for t in r.arms.values() if t.first_token_s is not None)
+    return {
+        "table": table,
+        "identical": {arm: sum(r.verdicts.get(arm) == "identical" for r in results) for arm in arms if arm != "hf"},
+        "acceptable": {arm: sum(r.acceptable.get(arm, False) for r in results) for arm in arms if arm != "hf"},
+        "prompts": len(results),
+        "first_token_s": round(first_tokens[len(first_tokens) // 2], 3) if first_tokens else None,
+        "caches": sorted({t.cache for r in results for t in r.arms.values() if t.cache}),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Markdown: speedup over ``hf`` (tokens/s, MAT) per kind and arm."""
+    table = summary["table"]
+    arms = [arm for arm in next(iter(table.values())) if arm != "hf"]
+    rows = []
+    for kind, row in table.items():
+        cells = [kind, f"{row['hf']['tokens_per_s']:.1f}"]
+        for arm in arms:
+            mat = row[arm]["mat"]
+            detail = f"{row[arm]['tokens_per_s']:.1f}" + (f", MAT {mat:.2f}" if mat else "")
+            cells.append(f"{row[arm]['speedup']:.2f}x ({detail})")
+        rows.append(cells)
+    lines = [markdown_table(["kind", "hf tok/s", *arms], rows)]
+    lines.append(
+        f"\n{summary['prompts']} prompts; identical to hf: {summary['identical']}; identical or first different at "
+        f"a near-tie: {summary['acceptable']}; caches: {', '.join(summary['caches'])}"
+    )
+    if summary["first_token_s"] is not None:
+        lines.append(f"median time from process start to first token: {summary['first_token_s']:.2f} s")
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[PromptResult]) -> list[dict[str, Any]]:
+    return [
+        {"kind": r.prompt.kind, "prompt": r.prompt.text, "ids": r.ids, "verdicts": r.verdicts,
+         "arms": {arm: {"tokens": t.tokens, "seconds": t.seconds, "steps": t.steps, "first_token_s": t.first_token_s,
+                        "cache": t.cache} for arm, t in r.arms.items()}}
+        for r in results
+    ]  # fmt: skip
