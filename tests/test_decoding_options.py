@@ -58,7 +58,7 @@ def test_eos_suppressed_chooser() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
     chooser = EosSuppressed(Greedy(), [1], until=11)
     assert chooser.choose(logits, torch.tensor([9, 10, 11])).tolist() == [2, 2, 1]
-    assert chooser.choose(logits, torch.tensor([12])).tolist() == [1]
+    assert chooser.choose(logits[:1], torch.tensor([12])).tolist() == [1]  # past the minimum: EOS again
 
 
 def test_stop_when_ends_after_the_first_token_it_holds_for() -> None:

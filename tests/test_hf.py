@@ -35,6 +35,7 @@ from transformers.generation.streamers import BaseStreamer
 import specdec
 from specdec.hf import HFGenerate
 from specdec.models import cache_keyword
+from specdec.testing import compare_outputs
 
 
 def tiny_tokenizer() -> Any:
@@ -355,3 +356,30 @@ def test_hf_generate_options_are_checked() -> None:
     with pytest.raises(specdec.SpecDecError, match="unknown drafter"):
         model = tiny_model("llama")
         model.generate(torch.tensor([[3, 4]]), max_new_tokens=3, custom_generate=specdec.hf_generate("nope"))
+
+
+# -- the default model -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_default_model_equals_generate_with_a_streamer(
+    default_model: tuple[Any, Any], spec_bench_prompts: dict[str, list[list[int]]]
+) -> None:
+    """SmolLM2 in fp32, the default drafter, a streamer: identical to generate, or a first difference on a near-tie."""
+    model, tokenizer = default_model
+    hook = specdec.hf_generate("sam+recycling", tokenizer=tokenizer)
+    report = []
+    for category, prompts in sorted(spec_bench_prompts.items()):
+        prompt = prompts[2]
+        ids = torch.tensor([prompt])
+        theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False)
+        recorder = Recorder()
+        ours = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
+                              streamer=recorder, custom_generate=hook)  # fmt: skip
+        assert recorder.puts[0] == ids.tolist() and recorder.ends == 1
+        assert [t for step in recorder.puts[1:] for t in step[0]] == ours[0, len(prompt) :].tolist()  # type: ignore[union-attr]
+        comparison = compare_outputs(model, prompt, ours[0, len(prompt) :].tolist(), theirs[0, len(prompt) :].tolist())
+        report.append(f"{category}: {comparison.describe()}")
+        assert comparison.acceptable, f"{category}: {comparison.describe()}"
+        IDENTITY_COUNTS["smollm2/hf_generate sam+recycling" + ("" if comparison.identical else " (near-tie)")] += 1
+    print("\nhf_generate vs generate: " + "; ".join(report))

@@ -100,6 +100,20 @@ def bucket_for(size: int, buckets: Sequence[int] = BUCKETS) -> int:
     raise SpecDecError(f"a tree of {size} nodes exceeds the largest bucket ({buckets[-1]}) of the static cache")
 
 
+def _import_inductor_quietly() -> None:
+    """Import what inductor's freezing imports, minus torch's own deprecation warning.
+
+    Compiling with ``freezing`` imports ``torch.fx.experimental.optimization``, which imports
+    ``torch.utils.mkldnn``, whose classes decorate with ``torch.jit.script_method``: torch (2.13)
+    warns ``DeprecationWarning: torch.jit.script_method is deprecated`` 14 times, about its
+    own code, which no user can act on. Imported here first, that one warning is left out;
+    every other warning still shows.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit\.script_method` is deprecated", DeprecationWarning)
+        import torch.fx.experimental.optimization  # noqa: F401
+
+
 def tree_forward(
     model: Any,
     writer: Any,
@@ -212,6 +226,7 @@ class BucketRunner:
 
     def _compiled_forward(self) -> torch.Tensor:
         if self._compiled is None:
+            _import_inductor_quietly()
             self._compiled = torch.compile(_fresh_code(tree_forward, f"t{self.size}_{id(self)}"), dynamic=False)
         verifier = self.verifier
         # Freezing folds the weights in as constants, so inductor prepacks them for the CPU's
