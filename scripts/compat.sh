@@ -7,7 +7,8 @@
 # .venv-transformers-<version>, with the pinned CPU torch; a rerun with unchanged pins and
 # project dependencies skips the installation. Extra arguments go to pytest.
 #
-# Environment: SPECDEC_COMPAT_TRANSFORMERS (the versions, space-separated; default below).
+# Environment: SPECDEC_COMPAT_TRANSFORMERS (the versions, space-separated; default below),
+# SPECDEC_COMPAT_TESTS (the test files, space-separated; CI runs the two quickest: .ci/run).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,8 +16,8 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 TORCH_PIN="torch==2.13.0"          # the CPU build that lies on this machine's disk; a looser pin downloads GBs
 VERSIONS=${SPECDEC_COMPAT_TRANSFORMERS:-"5.0.0"}   # the oldest release pyproject claims
-TESTS=(tests/test_hf.py tests/test_transformers_compat.py tests/test_lossless.py tests/test_stop_rules.py
-       tests/test_runner.py tests/test_static.py)
+read -r -a TESTS <<< "${SPECDEC_COMPAT_TESTS:-tests/test_hf.py tests/test_transformers_compat.py \
+  tests/test_lossless.py tests/test_stop_rules.py tests/test_runner.py tests/test_static.py}"
 
 pip() {  # quiet pip that keeps its exit status, minus this machine's noise about absent local indexes
   local venv=$1 log status=0

@@ -52,7 +52,9 @@ def tiny_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="w0", eos_token="w1")
 
 
-HOOK = specdec.hf_generate("pld")  # one for the module: its Generators are made once per model
+# One for the module: its Generators are made once per model. budget="full" verifies every tree
+# the drafter offers (no calibration); the default budget runs in the sam+recycling test.
+HOOK = specdec.hf_generate("pld", budget="full")
 
 
 def both(model: Any, ids: torch.Tensor, hook: HFGenerate = HOOK, **kwargs: Any) -> tuple[Any, Any]:
