@@ -12,6 +12,7 @@ from specdec.datastores.shared_store import SharedStore
 from specdec.decoding import DecodingConfig, DecodingOptions, StopRules
 from specdec.drafters import available_drafters, make_factory
 from specdec.errors import DatastoreError, InvalidDraftTreeError, SpecDecError, UnsupportedModelError
+from specdec.hf import HFGenerate, hf_generate
 from specdec.models import load_model
 from specdec.types import (
     Drafter,
@@ -35,6 +36,7 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "Generator",
+    "HFGenerate",
     "InvalidDraftTreeError",
     "SharedStore",
     "SpecDecError",
@@ -45,6 +47,7 @@ __all__ = [
     "__version__",
     "available_drafters",
     "generate",
+    "hf_generate",
     "load_model",
     "make_factory",
     "run",

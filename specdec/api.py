@@ -366,6 +366,10 @@ def run(
         datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
         prompt_feedback: give learning drafters the model's predictions over the prompt too.
         on_tokens: called with each batch of new token ids as they are decided (streaming).
+        min_new_tokens: no EOS id is chosen before this many new tokens (``generate``'s
+            ``min_new_tokens``: the EOS logits are masked, on the plain and speculative path alike).
+        stop_when: a function of the new token ids so far, asked after every new token;
+            True ends the generation after that token (``stop_reason == "stop_when"``).
         do_sample, temperature, top_k, top_p: sampling as ``generate`` does it (temperature,
             then top-k, then top-p); giving any of them turns sampling on unless
             ``do_sample=False``. Speculative sampling emits exactly the tokens plain sampling

@@ -9,7 +9,9 @@ defaults, the tokenizer that reads stop strings). The value then goes whole to
 :func:`specdec.engine.decode`.
 
 :class:`StopRules` say when a generation ends: the first EOS, the first token that completes
-a stop string, or ``max_new_tokens``, whichever comes first.
+a stop string, the first token after which a ``stop_when`` check holds, or ``max_new_tokens``,
+whichever comes first. ``min_new_tokens`` keeps the EOS ids from being chosen before that many
+new tokens (:class:`~specdec.sampling.EosSuppressed`, on the plain and speculative path alike).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, TypedDict
 
 from specdec.budget.planner import Budget
 from specdec.errors import SpecDecError
-from specdec.sampling import Decision, Greedy, resolve_decision
+from specdec.sampling import Decision, EosSuppressed, Greedy, resolve_decision
+from specdec.types import TokenChooser
 
 DEFAULT_MAX_NEW_TOKENS = 256
 SAMPLING_OPTIONS = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
@@ -32,8 +35,10 @@ class DecodingOptions(TypedDict, total=False):
     """The decoding options of one generation, as keyword arguments (:func:`specdec.run` documents each)."""
 
     max_new_tokens: int
+    min_new_tokens: int
     chat_template: bool | None
     stop: str | Sequence[str] | None
+    stop_when: Callable[[Sequence[int]], bool] | None
     eos_token_id: int | Sequence[int] | None
     ignore_eos: bool
     max_nodes: int | None
@@ -53,12 +58,17 @@ DECODING_OPTIONS = frozenset(DecodingOptions.__optional_keys__)
 
 @dataclass(frozen=True)
 class StopRules:
-    """When generation ends. ``decode`` (token ids -> text) is needed only for stop strings."""
+    """When generation ends. ``decode`` (token ids -> text) is needed only for stop strings.
+
+    ``stop_when``: called with the new tokens so far after each new token; True ends the
+    generation after that token (e.g. Hugging Face stopping criteria, :mod:`specdec.hf`).
+    """
 
     max_new_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     decode: Callable[[list[int]], str] | None = field(default=None, compare=False)
+    stop_when: Callable[[Sequence[int]], bool] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -69,12 +79,15 @@ class StopRules:
             raise SpecDecError(f"stop strings must be non-empty strings, got {list(self.stop_strings)!r}")
         if self.stop_strings and self.decode is None:
             raise SpecDecError("stop strings need a tokenizer to decode the output")
+        if self.stop_when is not None and not callable(self.stop_when):
+            raise SpecDecError(f"stop_when must be a function of the new token ids, got {self.stop_when!r}")
 
     def cut(self, output: list[int], start: int) -> tuple[int, str] | None:
         """Where to end ``output`` given that ``output[start:]`` was just emitted.
 
         Returns ``(length, reason)`` for the earliest stop at or after ``start``, or None.
-        A stop string stops at the first token whose text completes it (that token is kept).
+        A stop string stops at the first token whose text completes it (that token is kept);
+        so does ``stop_when``, asked once per new token.
         """
         best: tuple[int, str] | None = None
         for i in range(start, len(output)):
@@ -90,6 +103,12 @@ class StopRules:
                     if any(s in self.decode(output[: i + 1]) for s in self.stop_strings):
                         best = (i + 1, "stop_string")
                         break
+        if self.stop_when is not None:
+            for i in range(start, best[0] if best else len(output)):
+                if self.stop_when(output[: i + 1]):
+                    if best is None or i + 1 < best[0]:
+                        best = (i + 1, "stop_when")
+                    break
         return best
 
 
@@ -121,6 +140,12 @@ def _eos_ids(value: Any) -> tuple[int, ...] | None:
     return tuple(int(t) for t in ids)
 
 
+def _min_new_tokens(value: Any) -> int:
+    if not _is_int(value) or value < 0:
+        raise SpecDecError(f"min_new_tokens must be an int >= 0, got {value!r}")
+    return int(value)
+
+
 def _max_nodes(value: Any) -> int | None:
     if value is not None and (not _is_int(value) or value < 1):
         raise SpecDecError(f"max_nodes must be a positive int (or None: the drafter decides), got {value!r}")
@@ -136,7 +161,8 @@ class DecodingConfig:
     repetition penalty); ``budget``: how many draft nodes each step verifies; ``max_nodes``:
     a cap on every draft tree (None: the drafter's own); ``prompt_feedback``: hand learning
     drafters the model's predictions over the prompt too; ``chat_template``: whether a text
-    prompt gets the tokenizer's chat template (None: when it has one).
+    prompt gets the tokenizer's chat template (None: when it has one); ``min_new_tokens``: no
+    EOS id of ``rules`` is chosen before this many new tokens (:meth:`chooser`).
     """
 
     rules: StopRules
@@ -145,6 +171,7 @@ class DecodingConfig:
     max_nodes: int | None = None
     prompt_feedback: bool = False
     chat_template: bool | None = None
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, StopRules):
@@ -153,10 +180,23 @@ class DecodingConfig:
         if not isinstance(self.prompt_feedback, bool):
             raise SpecDecError(f"prompt_feedback must be True or False, got {self.prompt_feedback!r}")
         _optional_bool("chat_template", self.chat_template)
+        _min_new_tokens(self.min_new_tokens)
 
     @property
     def max_new_tokens(self) -> int:
         return self.rules.max_new_tokens
+
+    def chooser(self, prompt_length: int) -> TokenChooser:
+        """The token chooser of a sequence whose prompt has ``prompt_length`` tokens.
+
+        The decision's own, or, with ``min_new_tokens``, one that cannot choose an EOS id at
+        the positions of the first ``min_new_tokens`` new tokens (``generate``'s
+        ``min_new_tokens``: the EOS logits set to -inf before the choice).
+        """
+        if self.min_new_tokens == 0 or not self.rules.eos_token_ids:
+            return self.decision.chooser
+        return EosSuppressed(self.decision.chooser, sorted(self.rules.eos_token_ids),
+                             prompt_length + self.min_new_tokens)
 
     @classmethod
     def build(
@@ -191,6 +231,7 @@ class DecodingConfig:
             frozenset(eos_token_ids if eos is None else eos),
             _stop_strings(options.get("stop")),
             decode_text,
+            options.get("stop_when"),
         )
         sampling = {name: options[name] for name in SAMPLING_OPTIONS if name in options}
         use_generation_config = sampling.pop("use_generation_config", False)
@@ -208,4 +249,5 @@ class DecodingConfig:
             max_nodes=max_nodes,
             prompt_feedback=options.get("prompt_feedback", False),
             chat_template=options.get("chat_template"),
+            min_new_tokens=_min_new_tokens(options.get("min_new_tokens", 0)),
         )

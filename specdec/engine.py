@@ -120,7 +120,7 @@ def decode(
     record = StepRecorder(len(prompt), planner)
     record.stats.cache = verifier.cache_kind
     state, pending, prompt_feedback = verifier.prefill(
-        prompt, prompt_topk=topk if config.prompt_feedback else 0, chooser=decision.chooser,
+        prompt, prompt_topk=topk if config.prompt_feedback else 0, chooser=config.chooser(len(prompt)),
         repetition_penalty=decision.repetition_penalty, reserve=rules.max_new_tokens,
     )  # fmt: skip
     record.prefilled()

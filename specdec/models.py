@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -201,6 +202,18 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
     if not local.exists():
         raise SpecDecError(f"no tokenizer at {str(path)!r}: pass a local checkpoint directory or 'default'")
     return AutoTokenizer.from_pretrained(local, local_files_only=True)
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword under which ``model``'s forward takes its KV cache: ``"cache"`` or ``"past_key_values"``.
+
+    transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name still works there,
+    with a FutureWarning, and goes in 5.40); 5.0-5.23 know only ``past_key_values``. The
+    forward's own signature says which one it takes (its deprecation wrapper keeps the
+    signature), so every supported release gets the name it wants, with no warning.
+    """
+    parameters = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def context_length(model: PreTrainedModel) -> int | None:

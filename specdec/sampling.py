@@ -35,11 +35,13 @@ import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.types import TokenChooser
 
 _MASK64 = (1 << 64) - 1
 
@@ -147,6 +149,32 @@ class PositionKeyedSampler:
         target = (u * total).unsqueeze(-1)  # [N, 1]
         tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
         return tokens.clamp_(max=cdf.shape[-1] - 1)  # u * total < total, the clamp only guards rounding
+
+
+class EosSuppressed:
+    """A chooser that cannot choose an end-of-sequence id at a position before ``until``.
+
+    ``generate``'s ``min_new_tokens`` and ``min_length``: the EOS logits are set to -inf where
+    a token is chosen too early, then ``inner`` (greedy or sampling) chooses. Like every
+    chooser it depends only on the logits and the position, so plain and speculative steps
+    choose the same tokens. Masking commutes with the repetition penalty (applied before)
+    and with temperature (-inf stays -inf), so the order is ``generate``'s.
+    """
+
+    def __init__(self, inner: TokenChooser, eos_token_ids: Sequence[int], until: int) -> None:
+        self.inner = inner
+        self.name = f"{getattr(inner, 'name', type(inner).__name__)}, no EOS before position {until}"
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self.until = int(until)
+
+    def choose(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``logits`` float ``[N, V]``, ``positions`` int64 ``[N]`` (of the chosen tokens) -> int64 ``[N]``."""
+        early = positions < self.until  # [N]
+        if bool(early.any()):  # host sync, until the first min_new_tokens positions are behind
+            eos = torch.tensor(self.eos_token_ids, device=logits.device)
+            blocked = logits.index_fill(1, eos, -math.inf)
+            logits = torch.where(early.to(logits.device).unsqueeze(1), blocked, logits)
+        return cast(torch.Tensor, self.inner.choose(logits, positions))
 
 
 def penalty_mask(

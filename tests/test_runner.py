@@ -28,6 +28,7 @@ from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, unsu
 from specdec.backends.runner_verifier import RunnerVerifier
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
+from specdec.models import cache_keyword
 from specdec.types import DraftTree, KernelChoice
 
 CPU = torch.device("cpu")
@@ -77,14 +78,14 @@ def test_logits_equal_the_models_own_forward(arch: str) -> None:
         ids = torch.tensor([prompt])
         (ours,) = runner.forward([Segment(ids, torch.arange(len(prompt)).unsqueeze(0), cache, 0)], PLAIN)
         theirs_cache = DynamicCache(config=model.config)
-        theirs = model(input_ids=ids, past_key_values=theirs_cache, use_cache=True).logits[0]
+        theirs = model(input_ids=ids, use_cache=True, **{cache_keyword(model): theirs_cache}).logits[0]
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
         segment = tree_segment(cache, len(prompt), tree)
         (ours_tree,) = runner.forward([segment], PLAIN)
         mask, positions = segment.mask(), segment.positions
         theirs_tree = model(
             input_ids=torch.tensor([tree.tokens]), attention_mask=mask, position_ids=positions,
-            past_key_values=theirs_cache, use_cache=True,
+            use_cache=True, **{cache_keyword(model): theirs_cache},
         ).logits[0]  # fmt: skip
         torch.testing.assert_close(ours_tree, theirs_tree, rtol=1e-12, atol=1e-12)
 

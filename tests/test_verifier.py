@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.backends.verifier import ModelVerifier, TorchTreeOps
+from specdec.models import cache_keyword
 from specdec.types import DraftTree
 
 
@@ -32,7 +33,7 @@ def plain_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 def plain_cache(model: torch.nn.Module, ids: list[int]) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids]), use_cache=True, **{cache_keyword(model): cache})
     return cache
 
 
@@ -79,7 +80,7 @@ def test_tree_forward_equals_path_by_path(arch: str, attn: str, seed: int) -> No
     with torch.inference_mode():
         logits = model(
             input_ids=torch.tensor([tree.tokens]), attention_mask=mask, position_ids=positions,
-            past_key_values=state.cache, use_cache=True,
+            use_cache=True, **{cache_keyword(model): state.cache},
         ).logits[0]
     # Eager attention takes its softmax in fp32 even in an fp64 model, so it rounds at ~1e-7.
     atol = 1e-9 if attn == "sdpa" else 1e-5

@@ -107,6 +107,20 @@ def bucket_for(size: int, buckets: Sequence[int] = BUCKETS) -> int:
     raise SpecDecError(f"a tree of {size} nodes exceeds the largest bucket ({buckets[-1]}) of the static cache")
 
 
+def _import_inductor_quietly() -> None:
+    """Import what inductor's freezing imports, minus torch's own deprecation warning.
+
+    Compiling with ``freezing`` imports ``torch.fx.experimental.optimization``, which imports
+    ``torch.utils.mkldnn``, whose classes decorate with ``torch.jit.script_method``: torch (2.13)
+    warns ``DeprecationWarning: torch.jit.script_method is deprecated`` 14 times, about its
+    own code, which no user can act on. Imported here first, that one warning is left out;
+    every other warning still shows.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit\.script_method` is deprecated", DeprecationWarning)
+        import torch.fx.experimental.optimization  # noqa: F401
+
+
 def tree_forward(
     model: Any,
     writer: Any,
@@ -116,6 +130,7 @@ def tree_forward(
     ancestors: torch.Tensor,
     additive_dtype: torch.dtype | None,
     logits_to_keep: int,
+    cache_keyword: str,
 ) -> torch.Tensor:
     """One forward of ``model`` over ``T`` nodes written at ``slots``; returns logits ``[T or keep, V]``.
 
@@ -125,6 +140,7 @@ def tree_forward(
     ancestors: ``mask[i, s] = s < C or ancestors[i, j]`` where ``s = slots[j]``, over the
     ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
     ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
+    ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
     """
     width = writer.owner.width
     columns = torch.arange(width, device=slots.device)  # [W]
@@ -140,9 +156,9 @@ def tree_forward(
         input_ids=tokens,
         position_ids=positions,
         attention_mask=mask,
-        past_key_values=writer,
         use_cache=True,
         logits_to_keep=logits_to_keep,
+        **{cache_keyword: writer},
     )
     logits: torch.Tensor = out.logits[0]
     return logits
@@ -163,6 +179,7 @@ def _fresh_code(function: Callable[..., Any], tag: str) -> Callable[..., Any]:
 
 def compile_forward(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """``torch.compile`` of a bucket's forward (compiled at its first call; the one place specdec compiles)."""
+    _import_inductor_quietly()
     return torch.compile(function, dynamic=False)
 
 
@@ -224,7 +241,7 @@ class BucketRunner:
         verifier = self.verifier
         return tree_forward(
             verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-            verifier.additive_dtype, 0,
+            verifier.additive_dtype, 0, verifier.cache_keyword,
         )  # fmt: skip
 
     def _compiled_forward(self) -> torch.Tensor:
@@ -239,7 +256,7 @@ class BucketRunner:
         with torch._inductor.config.patch(freezing=verifier.freezing):
             return self._compiled(
                 verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-                verifier.additive_dtype, 0,
+                verifier.additive_dtype, 0, verifier.cache_keyword,
             )  # fmt: skip
 
     def _capture(self, forward: Callable[[], torch.Tensor]) -> None:
@@ -474,7 +491,7 @@ class StaticVerifier(ModelVerifier):
         self.cache.window = self._window_for(length, "eager")
         logits = tree_forward(
             self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
-            0 if keep_all else 1,
+            0 if keep_all else 1, self.cache_keyword,
         )  # fmt: skip
         self.cache.committed_len = length
         return self.cache, logits

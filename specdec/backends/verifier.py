@@ -34,7 +34,7 @@ from specdec.backends.identity import model_identity, weights_fingerprint
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
-from specdec.models import SUPPORTED_ATTENTION, context_length
+from specdec.models import SUPPORTED_ATTENTION, cache_keyword, context_length
 from specdec.sampling import Greedy, apply_repetition_penalty, penalty_mask
 from specdec.types import DEFAULT_KERNEL, DraftTree, Feedback, KernelChoice, TokenChooser, Verification
 
@@ -174,6 +174,7 @@ class ModelVerifier:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.context_length = context_length(model)
+        self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", as this transformers names it
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         # Eager attention adds the mask to its scores, so it needs the additive form; sdpa takes bool.
@@ -343,7 +344,7 @@ class ModelVerifier:
         del reserve  # the dynamic cache grows as it goes
         cache = self._new_cache()
         keep = 0 if keep_all else 1
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **{self.cache_keyword: cache})
         return cache, out.logits[0]
 
     def _on_new_state(self, state: KVState) -> None:
@@ -358,8 +359,8 @@ class ModelVerifier:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
-            past_key_values=state.cache,
             use_cache=True,
+            **{self.cache_keyword: state.cache},
         )
         return out.logits[0], position_ids[0]
 
