@@ -24,10 +24,12 @@ from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.acceptance import AcceptanceModel
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
+from specdec.budget.planner_stats import enabled as planner_stats_enabled
 from specdec.budget.planner_stats import open_planner_stats
 from specdec.datastores.shared_store import SharedStore
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, DecodingOptions
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
+from specdec.drafters.recycling_state import SharedMatrices
 from specdec.engine import decode
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids, load_model
@@ -138,8 +140,12 @@ class Generator:
     budget planner learns (acceptance per drafter source and feature, the measured
     throughput) lives here and carries over from one prompt to the next; it is also saved
     per model, tokenizer, drafter and device after every generation and loaded by the next
-    ``Generator`` or :func:`run` of that identity, in any process (``planner_cache=False`` or
-    ``SPECDEC_PLANNER_CACHE=0`` turns that off; :mod:`specdec.budget.planner_stats`).
+    ``Generator`` or :func:`run` of that identity, in any process
+    (:mod:`specdec.budget.planner_stats`). Token Recycling's matrix, what named ``recycling``
+    drafters (and composites with it) draft from, is shared by every generator of the model
+    in the process and saved across processes the same way
+    (:mod:`specdec.drafters.recycling_state`). ``planner_cache=False`` or
+    ``SPECDEC_PLANNER_CACHE=0`` turns both off (each generation then starts from nothing).
 
     ``store``: what earlier generations produced, for ``sam`` to draft from
     (:class:`~specdec.datastores.shared_store.SharedStore`): True (default) keeps one for this
@@ -171,12 +177,17 @@ class Generator:
         self.budget = Budget.parse(budget)
         self.acceptance = AcceptanceModel()
         self.throughput = Throughput()
+        # What drafters learned from this model (Token Recycling's matrix) is shared by its generators
+        # in this process and kept across processes, under the switch of the planner's statistics.
+        learned = planner_stats_enabled(planner_cache)
+        recycling = SharedMatrices(self.verifier.weights_fingerprint(), self.verifier.vocab_size, learned)
         self.context = DrafterContext(
             vocab_size=self.verifier.vocab_size,
             tokenizer=self.tokenizer,
             eos_token_ids=eos_token_ids(self.model, self.tokenizer),
             store=resolve_store(store),
             acceptance=self.acceptance,
+            recycling=recycling if learned else None,
         )
         tokenizer = self.tokenizer
         self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))
@@ -260,6 +271,8 @@ class Generator:
         finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
         if self.planner_stats is not None and result.stats.steps:
             self.planner_stats.save(self.acceptance, self.throughput)
+        if self.context.recycling is not None:
+            self.context.recycling.save()
         if callable(finish):
             finish()
         if self._decode_text is not None:
@@ -458,10 +471,12 @@ def run(
         store: a :class:`~specdec.datastores.shared_store.SharedStore` that ``sam`` drafts from and
             adds this generation to: pass one object to many calls to share what they
             generate (default: a fresh store per call, i.e. nothing shared; False: none).
-        planner_cache: load what the budget planner learned in earlier runs of this model,
-            tokenizer, drafter and device (in any process) and save what this run adds
-            (default None: on, unless ``SPECDEC_PLANNER_CACHE=0``); False: start from the prior
-            and save nothing. A corrupt or foreign file gives a warning and a fresh start.
+        planner_cache: start from what earlier runs of this model learned, in this process or
+            any earlier one, and keep what this run adds: the budget planner's statistics (per
+            model, tokenizer, drafter and device) and Token Recycling's matrix (per model: the
+            model's recent top-k predictions after each token, no text). Default None: on,
+            unless ``SPECDEC_PLANNER_CACHE=0``; False: start from nothing and save nothing. A
+            corrupt or foreign file gives a warning and a fresh start.
 
     Returns:
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.

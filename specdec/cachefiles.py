@@ -68,6 +68,8 @@ KINDS = (
     Kind("extensions", re.compile(r"[\w.-]+-[0-9a-f]{12}"), "compiled kernels (about a minute to build again)"),
     Kind("calibration", _HASH_JSON, "verification cost per tree size, per model and device (~10 s on a CPU)"),
     Kind("planner", _HASH_JSON, "what budget='auto' learned per model, tokenizer, drafter and device"),
+    Kind("recycling", re.compile(rf"(\.)?{_HASH16}(\.npz|-.*)$"), "Token Recycling's matrix per model (what its "
+         "drafts start from)"),
     Kind("trusted", _HASH_JSON, "stamps of fully verified large datastores (they load without a full read)"),
     Kind("datastores", re.compile(r"\w+-bench\.\w+"), "datastores built by the benchmarks"),
     Kind("vllm_check", re.compile(_HASH16), "corpora of the vLLM integration check"),

@@ -76,12 +76,27 @@ class NativeBuildError(SpecDecError):
     """A compiled extension failed to build or load; the message holds the compiler's output."""
 
 
+_SOURCE_HASHES: dict[tuple[Path, int, int], bytes] = {}  # (path, size, mtime_ns) -> SHA-256 of its bytes
+
+
+def _source_hash(source: Path) -> bytes:
+    """SHA-256 of ``source``'s bytes, remembered while its size and modification time stay the same
+    (drafters that load an extension ask for its key each time one is made: a re-read per call cost
+    ~30 us per source file)."""
+    stamp = source.stat()
+    key = (source, stamp.st_size, stamp.st_mtime_ns)
+    digest = _SOURCE_HASHES.get(key)
+    if digest is None:
+        digest = _SOURCE_HASHES[key] = hashlib.sha256(source.read_bytes()).digest()
+    return digest
+
+
 def extension_key(sources: Sequence[Path], flags: Sequence[str], with_cuda: bool) -> str:
     """Hash of everything that changes the binary (``sources`` includes the headers they include)."""
     digest = hashlib.sha256()
     for source in sorted(sources):
         digest.update(source.name.encode())
-        digest.update(source.read_bytes())
+        digest.update(_source_hash(source))
     digest.update(" ".join(flags).encode())
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|cuda={with_cuda}".encode())
     digest.update(os.environ.get("CXX", "").encode())  # another compiler is another binary

@@ -456,7 +456,8 @@ def test_generations_identical_between_backends(ext: Any, arch: str, attn: str) 
     model = tiny_model(arch, attn)
     rng = random.Random(f"cuda_ext-{arch}-{attn}")
     accepted = 0
-    verifiers = [make_verifier(model, backend) for backend in ("cuda_ext", "torch")]
+    # The model's own forward: every tree op of the backend (mask, acceptance, compaction) runs.
+    verifiers = [make_verifier(model, backend, cache="dynamic") for backend in ("cuda_ext", "torch")]
     rules = DecodingConfig(StopRules(40))
     for seed in range(2):
         prompt = random_prompt(rng)
@@ -481,10 +482,19 @@ def test_generations_identical_between_backends(ext: Any, arch: str, attn: str) 
     assert accepted > 10  # regression guard: drafts were accepted, so compaction really moved KV
 
 
-def test_feedback_identical_between_backends(ext: Any) -> None:
+def committed_kv(state: Any) -> list[torch.Tensor]:
+    """Every layer's committed keys and values, from a dynamic cache (HF layers) or specdec's own."""
+    cache = state.cache
+    if hasattr(cache, "layers"):
+        return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return [t[:, :, : state.committed_len] for t in (*cache.keys, *cache.values)]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "native"])
+def test_feedback_identical_between_backends(ext: Any, cache: str) -> None:
     """Step by step on the same trees: accepted nodes, bonus, top-k feedback and the KV cache agree."""
     model = tiny_model("llama")
-    verifiers = [make_verifier(model, backend) for backend in ("cuda_ext", "torch")]
+    verifiers = [make_verifier(model, backend, cache=cache) for backend in ("cuda_ext", "torch")]
     assert [v.name for v in verifiers] == ["cuda_ext", "torch"]
     rng = random.Random(3)
     prompt = random_prompt(rng)
@@ -504,8 +514,8 @@ def test_feedback_identical_between_backends(ext: Any) -> None:
         feedback = [r.feedback for r in results]
         assert feedback[0] is not None and feedback[1] is not None
         assert np.array_equal(feedback[0].topk, feedback[1].topk)
-        for ours, theirs in zip(states[0].cache.layers, states[1].cache.layers, strict=True):
-            assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+        for ours, theirs in zip(committed_kv(states[0]), committed_kv(states[1]), strict=True):
+            assert torch.equal(ours, theirs)
         drafter.update(results[0].accepted_tokens, results[0].feedback)
         pending = results[0].bonus
 

@@ -37,7 +37,13 @@ def _recycling_factory(options: Mapping[str, Any], context: DrafterContext) -> D
     config = parse_options(RecyclingConfig, "recycling", options)
     template = resolve_template(config.template, config.k)  # read once, shared by every drafter
     check_template(template, config.k)
-    return Factory("recycling", lambda: RecyclingDrafter(config, context.vocab_size, template))
+    shared = context.recycling
+
+    def build() -> RecyclingDrafter:
+        state = None if shared is None else shared.get(config.k)
+        return RecyclingDrafter(config, context.vocab_size, template, state)
+
+    return Factory("recycling", build)
 
 
 # name -> builder of a factory from the user's options and what is known of the target

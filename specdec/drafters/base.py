@@ -25,7 +25,9 @@ class DrafterContext:
     when the caller turned it off, None when it says nothing (the ``sam`` factory then makes
     one its drafters share). ``acceptance``: the caller's budget planner's acceptance model
     (:class:`~specdec.budget.acceptance.AcceptanceModel`), which composites order merged
-    trees by when a node budget cuts them.
+    trees by when a node budget cuts them. ``recycling``: the matrices of Token Recycling the
+    caller's model shares (:class:`~specdec.drafters.recycling_state.SharedMatrices`), None for a
+    fresh matrix per drafter.
     """
 
     vocab_size: int | None = None
@@ -33,6 +35,7 @@ class DrafterContext:
     eos_token_ids: tuple[int, ...] = ()
     store: Any = None
     acceptance: Any = None
+    recycling: Any = None
     _identity: Any = field(default=None, repr=False)
 
     def tokenizer_identity(self) -> TokenizerIdentity | None:

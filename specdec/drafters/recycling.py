@@ -16,10 +16,12 @@ committed context when it occurs there (measured: see docs/algorithms/recycling.
 With ``prompt_feedback=True`` the prompt's positions also write their rows at reset
 (later positions win).
 
-**State lifetime.** The matrix belongs to the drafter object: ``reset`` starts a new
-sequence and keeps it, so a drafter object reused across requests keeps learning (as
-SAM-Decoding's code does), while a drafter named by a string is fresh for every request
-(as the Token Recycling benchmark fixes do). :meth:`RecyclingDrafter.clear` forgets it.
+**State lifetime.** ``reset`` starts a new sequence and keeps the matrix, so a drafter
+object reused across requests keeps learning (as SAM-Decoding's code does). A drafter named
+by a string reads and writes the matrix its model shares in the process, saved across
+processes (:mod:`specdec.drafters.recycling_state`), unless the learned-state cache is off
+(``planner_cache=False``, ``SPECDEC_PLANNER_CACHE=0``): then it is fresh for every request,
+as the Token Recycling benchmark fixes do. :meth:`RecyclingDrafter.clear` forgets it.
 
 Costs: ``propose`` O(N) NumPy work for an ``N``-node template (one fancy-index per tree
 level) plus building the :class:`~specdec.types.DraftTree`; ``update`` O(N k). Memory:
@@ -37,14 +39,13 @@ import numpy as np
 import numpy.typing as npt
 
 from specdec.drafters.base import require_positive
+from specdec.drafters.recycling_state import RecyclingMatrix
 from specdec.drafters.recycling_templates import TreeTemplate, resolve_template
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, Feedback
 
 IntArray = npt.NDArray[np.int64]
 MatrixArray = npt.NDArray[np.int32]
-
-UNKNOWN = -1  # a matrix entry never written
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,20 @@ def check_template(template: TreeTemplate, k: int) -> None:
 
 
 class RecyclingDrafter:
-    """Fills a tree template from the matrix of recycled top-k predictions."""
+    """Fills a tree template from the matrix of recycled top-k predictions.
+
+    ``state``: the matrix to read and write, shared with other drafters of the same model
+    (:func:`specdec.drafters.recycling_state.SharedMatrices.get`); None: a matrix of its own.
+    """
 
     name = "recycling"
 
     def __init__(
-        self, config: RecyclingConfig | None = None, vocab_size: int | None = None, template: TreeTemplate | None = None
+        self,
+        config: RecyclingConfig | None = None,
+        vocab_size: int | None = None,
+        template: TreeTemplate | None = None,
+        state: RecyclingMatrix | None = None,
     ) -> None:
         self.config = config or RecyclingConfig()
         self.template = template if template is not None else resolve_template(self.config.template, self.config.k)
@@ -93,7 +102,9 @@ class RecyclingDrafter:
         self.feedback_topk = self.config.k
         # Rows 0..V-1 are tokens; one extra last row of UNKNOWN is the sentinel that index -1
         # (an unknown parent) reads, so unknown subtrees need no branch in the fill loop.
-        self._matrix: MatrixArray = np.full(((vocab_size or 0) + 1, self.config.k), UNKNOWN, dtype=np.int32)
+        if state is not None and state.k != self.config.k:
+            raise SpecDecError(f"drafter 'recycling': a shared matrix of k={state.k} for k={self.config.k}")
+        self.state = state if state is not None else RecyclingMatrix(self.config.k, vocab_size)
         self._parents: list[int] = self.template.parents.tolist()
         self._parent_tuple = tuple(self._parents)
         self._ranks: list[int] = self.template.ranks.tolist()
@@ -103,20 +114,11 @@ class RecyclingDrafter:
     @property
     def matrix(self) -> MatrixArray:
         """The recycled candidates, int32 ``[V, k]`` (a view; ``-1`` = never written)."""
-        return self._matrix[:-1]
+        return self.state.array[:-1]
 
     def clear(self) -> None:
-        """Forget every recycled candidate (the next sequence starts cold)."""
-        self._matrix[:] = UNKNOWN
-
-    def _grow(self, max_token: int) -> None:
-        """Make room for rows up to ``max_token`` (vocabulary unknown at construction): amortized doubling."""
-        rows = self._matrix.shape[0] - 1
-        if max_token < rows:
-            return
-        grown = np.full((max(max_token + 1, 2 * rows) + 1, self.config.k), UNKNOWN, dtype=np.int32)
-        grown[:rows] = self._matrix[:rows]
-        self._matrix = grown
+        """Forget every recycled candidate (the next sequence starts cold; a shared matrix for everyone)."""
+        self.state.clear()
 
     def write(self, tokens: IntArray, topk: IntArray, last: Sequence[int] = ()) -> None:
         """Set ``M[tokens[m]] = topk[m, :k]``; among repeated tokens the row written last wins.
@@ -137,8 +139,9 @@ class RecyclingDrafter:
         source = {token: m for m, token in enumerate(token_list)}
         for m in last:
             source[token_list[m]] = m
-        self._grow(max(source))
-        self._matrix[list(source)] = topk[list(source.values()), :k]
+        self.state.grow(max(source))  # the vocabulary may be unknown at construction: amortized doubling
+        self.state.array[list(source)] = topk[list(source.values()), :k]
+        self.state.changed = True
 
     # -- the drafter protocol -----------------------------------------------------------
     def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
@@ -157,7 +160,7 @@ class RecyclingDrafter:
         if n <= 1:
             self.last_nodes = [0]
             return DraftTree.single(pending, self.name)
-        matrix, rows_known = self._matrix, self._matrix.shape[0] - 1
+        matrix, rows_known = self.state.array, self.state.rows
         parents, ranks = self._parents, self._ranks
         rows: dict[int, list[int]] = {}
         tokens = [pending]
