@@ -20,8 +20,8 @@ from typing_extensions import Unpack
 from specdec.backends import make_verifier
 from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
-from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.planner_stats import enabled as planner_stats_enabled

@@ -105,7 +105,8 @@ class StepRecorder:
 
 
 def tree_cap(config: DecodingConfig, verifier: Verifier[Any]) -> int:
-    """The most nodes any tree of this generation may have: ``max_nodes``, :data:`MAX_TREE_NODES`, the verifier's limit."""
+    """The most nodes any tree of this generation may have: ``max_nodes``, :data:`MAX_TREE_NODES`,
+    the verifier's limit."""
     return min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
 
 
@@ -155,7 +156,8 @@ class LiveSequence:
         return tokens
 
     def draft(self) -> DraftTree | None:
-        """The drafter's tree rooted at the pending token, pruned; None when the context is full (the sequence stops)."""
+        """The drafter's tree rooted at the pending token, pruned; None when the context is full
+        (the sequence stops)."""
         # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
         # max_new_tokens, and its positions stay inside the context.
         max_depth = self.config.rules.max_new_tokens - len(self.output) - 1
@@ -168,7 +170,8 @@ class LiveSequence:
         tree = self.drafter.propose(self.pending, self.cap).pruned(self.cap, max_depth)
         if tree.tokens[0] != self.pending:
             raise SpecDecError(
-                f"drafter {self.drafter.name!r} rooted its tree at token {tree.tokens[0]}, not the pending {self.pending}"
+                f"drafter {self.drafter.name!r} rooted its tree at token {tree.tokens[0]}, "
+                f"not the pending {self.pending}"
             )
         return tree
 

@@ -121,7 +121,8 @@ class RunnerVerifier(ModelVerifier):
         """
         self._check_rows(states, trees)
         with torch.inference_mode():
-            segments, positions = zip(*(self._segment(state, tree) for state, tree in zip(states, trees, strict=True)))
+            pairs = [self._segment(state, tree) for state, tree in zip(states, trees, strict=True)]
+            segments, positions = [s for s, _ in pairs], [p for _, p in pairs]
             rows = sum(tree.size for tree in trees)
             logits = self.runner.forward_rows(segments, self._kernels_for(rows))  # [R, V]
             acceptances = self._accept(states, trees, logits, torch.cat(positions), topk)

@@ -109,7 +109,7 @@ class BatchPlanner:
         calibration_s = 0.0
         if self._cost is None and any(tree.size > 1 for tree in trees):
             self._cost, calibration_s = self._load_cost()  # also switches the verifier to the calibrated kernels
-        context = int(round(sum(committed) / len(committed)))
+        context = round(sum(committed) / len(committed))
         if self.budget.mode != "auto" or all(tree.size == 1 for tree in trees):
             return self._as_drafted(trees, keys, context, calibration_s)
         assert self._cost is not None  # loaded above: some tree has a draft
@@ -137,10 +137,7 @@ class BatchPlanner:
         for b, (tree, row_keys, p) in enumerate(zip(trees, keys, probs, strict=True)):
             nodes = [0, *sorted(int(i) for i in local[picked[owner[picked] == b]])]
             offered = tree.size
-            if offered == 1:
-                why = "no draft"
-            else:
-                why = "declined" if len(nodes) == 1 else reason
+            why = "no draft" if offered == 1 else "declined" if len(nodes) == 1 else reason
             if len(nodes) < offered:
                 tree, row_keys = tree.select(nodes), [row_keys[i] for i in nodes]
             expected = float(p[nodes[1:]].sum())
