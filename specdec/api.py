@@ -264,21 +264,31 @@ class Generator:
         """Generate a continuation of ``prompt``; see :func:`run` for the options."""
         config = self.decoding_config(**options)
         ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
+        result = self._decode_one(ids, config, on_tokens)
+        self._save_learned(result.stats.steps > 0)
+        return result
+
+    def _decode_one(
+        self, ids: list[int], config: DecodingConfig, on_tokens: Callable[[list[int]], None] | None = None
+    ) -> GenerationResult:
+        """One sequence through the engine's loop with this generator's planner, drafter and text."""
         planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
                                 load_cost=self.cost_model)
         drafter = self.new_drafter()
         result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
         finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-        if self.planner_stats is not None and result.stats.steps:
-            self.planner_stats.save(self.acceptance, self.throughput)
-        if self.context.recycling is not None:
-            self.context.recycling.save()
         if callable(finish):
             finish()
         if self._decode_text is not None:
             result.text = self._decode_text(result.tokens)
         return result
 
+    def _save_learned(self, stepped: bool) -> None:
+        """What generations taught (planner statistics, Token Recycling's matrix) goes to the planner cache."""
+        if self.planner_stats is not None and stepped:
+            self.planner_stats.save(self.acceptance, self.throughput)
+        if self.context.recycling is not None:
+            self.context.recycling.save()
 
     # -- many prompts at once ------------------------------------------------------------------
     def generate_batch(
@@ -320,7 +330,8 @@ class Generator:
         sampling without one) row ``i`` samples with seed ``S + i``; ``seeds`` gives every row
         its own (each result's ``seed`` repeats it alone). ``options`` are :meth:`generate`'s
         (``on_tokens`` excepted); ``budget="auto"`` plans the whole batch
-        (:mod:`specdec.budget.batch_planner`).
+        (:mod:`specdec.budget.batch_planner`). One place (``batch_size=1``, or a static cache)
+        is :meth:`generate`'s own loop and planner, one prompt after another.
 
         Everything is checked before the first prompt runs: every prompt (an error names its
         index), the options, and the memory the batch's KV caches need
@@ -344,7 +355,7 @@ class Generator:
             )
         check_memory(self.verifier, requests, batch_size, available_memory(self.verifier.device))
         planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model)
-        return self._batch(requests, batch_size, planner)
+        return self._batch(requests, places, planner)
 
     def _batch_prompts(self, prompts: Sequence[Prompt], config: DecodingConfig) -> list[list[int]]:
         """Every prompt's token ids, each checked against the vocabulary and the context (errors name the index)."""
@@ -394,6 +405,12 @@ class Generator:
     ) -> Iterator[tuple[int, GenerationResult]]:
         stepped = False
         try:
+            if batch_size == 1:  # one place: the single-sequence path itself, one row after another
+                for request in requests:
+                    result = self._decode_one(request.prompt, request.config)
+                    stepped = stepped or result.stats.steps > 0
+                    yield request.index, result
+                return
             for finished in decode_batch(self.verifier, requests, self.new_drafter, batch_size=batch_size,
                                          planner=planner):  # fmt: skip
                 finish = getattr(finished.drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
@@ -405,8 +422,7 @@ class Generator:
                 stepped = stepped or result.stats.steps > 0
                 yield finished.index, result
         finally:
-            if self.planner_stats is not None and stepped:
-                self.planner_stats.save(self.acceptance, self.throughput)
+            self._save_learned(stepped)
 
 
 def _split(options: Mapping[str, Any], function: str) -> tuple[dict[str, Any], dict[str, Any]]:
