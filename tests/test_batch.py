@@ -413,3 +413,18 @@ def test_per_row_stats() -> None:
         assert stats.prompt_tokens == len(prompt) and stats.new_tokens == len(result.tokens) == 20
         assert stats.steps == len(stats.records) and stats.budget == "auto" and stats.cache == "native"
         assert stats.total_s >= stats.prefill_s + stats.verify_s and stats.mat >= 1.0
+
+
+def test_a_recycling_snapshot_puts_the_shared_matrix_back() -> None:
+    """``specdec bench batch`` starts every timed run from one matrix: what a run learned is undone."""
+    from specdec.drafters import recycling_state
+
+    shared = recycling_state.SharedMatrices("snapshot-test", VOCAB, persist=False)
+    matrix = shared.get(4)
+    matrix.array[3] = [5, 6, 7, 8]
+    saved = recycling_state.snapshot_shared()
+    matrix.array[3] = [9, 9, 9, 9]
+    matrix.grow(4 * VOCAB)  # a run may grow it: the holder gets a new array
+    recycling_state.restore_shared(saved)
+    assert matrix.array.shape[0] == VOCAB + 1 and list(matrix.array[3]) == [5, 6, 7, 8]
+    assert shared.get(4) is matrix

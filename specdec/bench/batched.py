@@ -15,10 +15,16 @@ the seconds the whole list took. The arms:
   one prompt after another: the single-sequence path the batch's ``B = 1`` is compared with.
 
 At each ``B`` the arms run one after another (interleaved, the order rotating with ``B``),
-after one untimed call of every arm. Every row of every arm is compared with its own
-single-sequence plain decoding (the ``none`` spec at ``B = 1``, or, without one, a lone
-``specdec.run(drafter="none")``) by :func:`specdec.testing.compare_outputs`: identical, or first
-different at a judged near-tie.
+after one untimed call of every arm on other prompts. Every timed run starts from the same
+learned state: Token Recycling's matrix, shared by a model's generators and learning from
+every output, would otherwise have seen the same prompts' outputs at the earlier batch sizes
+and draft them from memory, so it is put back before each run (and at the end, so the
+measured prompts' outputs are not saved for later runs either); ``sam`` keeps no text
+between requests (the benchmark passes no ``store``).
+
+Every row of every arm is compared with its own single-sequence plain decoding (the ``none``
+spec at ``B = 1``, or, without one, a lone ``specdec.run(drafter="none")``) by
+:func:`specdec.testing.compare_outputs`: identical, or first different at a judged near-tie.
 """
 
 from __future__ import annotations
@@ -36,12 +42,14 @@ from specdec.api import GENERATOR_OPTIONS, Generator
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.bench.plot import save_figure
 from specdec.bench.report import markdown_table
+from specdec.drafters.recycling_state import restore_shared, snapshot_shared
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids
 from specdec.testing import compare_outputs
 
 HF = "hf-generate"
 SINGLE = "single:"
+WARM_UP = ("Write one sentence about the sea.", "List three prime numbers.")  # not among the measured prompts
 
 
 @dataclass
@@ -125,6 +133,12 @@ class Arms:
             generator = Generator(model, tokenizer, drafter=spec.name, **construction)
             self.generators[spec.label] = (generator, decoding)
 
+    def save_learned(self) -> None:
+        """Save the shared Token Recycling matrices as they are now (where the planner cache is on)."""
+        for generator, _ in self.generators.values():
+            if generator.context.recycling is not None:
+                generator.context.recycling.save()
+
     @property
     def labels(self) -> list[str]:
         return [*(spec.label for spec in self.specs), *([HF] if self.hf else [])]
@@ -165,11 +179,18 @@ def measure(
         if batch == 1:
             order += [SINGLE + spec.label for spec in arms.specs]
         plan += [(arm, batch) for arm in order]
-    warm = prompts[: min(2, len(prompts))]
+    warm = [encode_prompt(tokenizer, text, None) for text in WARM_UP]
     for arm, batch in dict.fromkeys(plan):  # one untimed call of every arm: calibration, compiled kernels, caches
         arms.run(arm, warm, batch, 8)
-    runs = [arms.run(arm, prompts, batch, max_new_tokens)
-            for arm, batch in tqdm(plan, desc="batched runs", disable=not progress)]  # fmt: skip
+    learned = snapshot_shared()
+    runs = []
+    try:
+        for arm, batch in tqdm(plan, desc="batched runs", disable=not progress):
+            restore_shared(learned)  # module docstring: no run drafts from an earlier run's outputs
+            runs.append(arms.run(arm, prompts, batch, max_new_tokens))
+    finally:
+        restore_shared(learned)
+        arms.save_learned()
     reference = next((r.rows for r in runs if r.arm == "none" and r.batch_size == 1), None)
     if reference is None:
         from specdec.api import run
