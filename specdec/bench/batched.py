@@ -16,11 +16,14 @@ the seconds the whole list took. The arms:
 
 At each ``B`` the arms run one after another (interleaved, the order rotating with ``B``),
 after one untimed call of every arm on other prompts. Every timed run starts from the same
-learned state: Token Recycling's matrix, shared by a model's generators and learning from
-every output, would otherwise have seen the same prompts' outputs at the earlier batch sizes
-and draft them from memory, so it is put back before each run (and at the end, so the
-measured prompts' outputs are not saved for later runs either); ``sam`` keeps no text
-between requests (the benchmark passes no ``store``).
+learned state, one that has never seen the measured prompts: Token Recycling's matrix is
+shared by a model's generators, learns from every output and is saved across processes, so
+it would otherwise draft the prompts' outputs from memory (at a later ``B``, or in any run
+after a first one on this machine: a greedy output's successors are exactly what the matrix
+keeps). So the matrix is emptied, warmed on the warm-up prompts only, and put back to that
+state before each timed run; at the end the matrix the process started with is put back and
+saved, so the measured prompts' outputs are not kept either. ``sam`` keeps no text between
+requests (the benchmark passes no ``store``).
 
 Every row of every arm is compared with its own single-sequence plain decoding (the ``none``
 spec at ``B = 1``, or, without one, a lone ``specdec.run(drafter="none")``) by
@@ -42,7 +45,7 @@ from specdec.api import GENERATOR_OPTIONS, Generator
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.bench.plot import save_figure
 from specdec.bench.report import markdown_table
-from specdec.drafters.recycling_state import restore_shared, snapshot_shared
+from specdec.drafters.recycling_state import clear_shared, restore_shared, snapshot_shared
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids
 from specdec.testing import compare_outputs
@@ -182,14 +185,18 @@ def measure(
     warm = [encode_prompt(tokenizer, text, None) for text in WARM_UP]
     for arm, batch in dict.fromkeys(plan):  # one untimed call of every arm: calibration, compiled kernels, caches
         arms.run(arm, warm, batch, 8)
-    learned = snapshot_shared()
+    saved = snapshot_shared()  # what this machine's earlier runs left (module docstring)
     runs = []
     try:
+        clear_shared()
+        for arm, batch in dict.fromkeys(plan):
+            arms.run(arm, warm, batch, 8)
+        learned = snapshot_shared()  # warmed on the warm-up prompts alone
         for arm, batch in tqdm(plan, desc="batched runs", disable=not progress):
-            restore_shared(learned)  # module docstring: no run drafts from an earlier run's outputs
+            restore_shared(learned)  # no run drafts from an earlier run's outputs
             runs.append(arms.run(arm, prompts, batch, max_new_tokens))
     finally:
-        restore_shared(learned)
+        restore_shared(saved)
         arms.save_learned()
     reference = next((r.rows for r in runs if r.arm == "none" and r.batch_size == 1), None)
     if reference is None:

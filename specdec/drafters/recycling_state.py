@@ -187,6 +187,13 @@ def restore_shared(snapshot: dict[tuple[str, int, int], MatrixArray]) -> None:
                 state.changed = True
 
 
+def clear_shared() -> None:
+    """Empty every shared matrix of the process (benchmarks: start from a matrix that has seen no prompt)."""
+    with _LOCK:
+        for state in _SHARED.values():
+            state.clear()
+
+
 def forget_shared() -> None:
     """Drop the process's shared matrices (tests; a changed cache directory)."""
     with _LOCK:
