@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from specdec.api import Generator, generate, run
+from specdec.api import Generator, generate, run, run_batch
 from specdec.datastores.shared_store import SharedStore
 from specdec.decoding import DecodingConfig, DecodingOptions, StopRules
 from specdec.drafters import available_drafters, make_factory
@@ -51,4 +51,5 @@ __all__ = [
     "load_model",
     "make_factory",
     "run",
+    "run_batch",
 ]

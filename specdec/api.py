@@ -1,12 +1,15 @@
-"""The public face: :func:`run`, :func:`generate` and :class:`Generator`.
+"""The public face: :func:`run`, :func:`run_batch`, :func:`generate` and :class:`Generator`.
 
-``run`` is the one-call entry point (model, prompt, drafter); ``Generator`` keeps a model,
-its tokenizer, a verifier and a drafter kind for many prompts; ``generate`` is the
-token-in/token-out call with no tokenizer involved.
+``run`` is the one-call entry point (model, prompt, drafter); ``run_batch`` the same for many
+prompts decoded side by side (:mod:`specdec.batching`); ``Generator`` keeps a model, its
+tokenizer, a verifier and a drafter kind for many prompts (one at a time, :meth:`Generator.generate`,
+or batched, :meth:`Generator.generate_batch` and :meth:`Generator.iter_batch`); ``generate`` is
+the token-in/token-out call with no tokenizer involved.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import threading
@@ -18,8 +21,10 @@ from typing import Any, TypedDict
 from typing_extensions import Unpack
 
 from specdec.backends import make_verifier
+from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
@@ -32,6 +37,8 @@ from specdec.engine import decode
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids, load_model
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
+
+DEFAULT_BATCH_SIZE = 8
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Any
 ModelSpec = str | os.PathLike[str] | Any
@@ -213,6 +220,9 @@ class Generator:
             self._factory = make_factory(drafter, options, self.context)
         elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
+        # The batch planner's own learning: its rate per number of rows and its cost model (batching.py).
+        self.batch_throughputs: dict[int, Throughput] = {}
+        self._batch_cost: VerifyCostModel | None = None
         self.planner_stats = open_planner_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
             self.planner_stats.load(self.acceptance, self.throughput)
@@ -298,20 +308,172 @@ class Generator:
         config = self.decoding_config(**options)
         ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
         with self._turn("generate"):
-            planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
-                                    load_cost=self._cost_model)
-            drafter = self.new_drafter()
-            result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
-            finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-            if self.planner_stats is not None and result.stats.steps:
-                self.planner_stats.save(self.acceptance, self.throughput)
-            if self.context.recycling is not None:
-                self.context.recycling.save()
-            if callable(finish):
-                finish()
+            result = self._decode_one(ids, config, on_tokens)
+            self._save_learned(result.stats.steps > 0)
+        return result
+
+    def _decode_one(
+        self, ids: list[int], config: DecodingConfig, on_tokens: Callable[[list[int]], None] | None = None
+    ) -> GenerationResult:
+        """One sequence through the engine's loop with this generator's planner, drafter and text."""
+        planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
+                                load_cost=self._cost_model)
+        drafter = self.new_drafter()
+        result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
+        finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
+        if callable(finish):
+            finish()
         if self._decode_text is not None:
             result.text = self._decode_text(result.tokens)
         return result
+
+    def _save_learned(self, stepped: bool) -> None:
+        """What generations taught (planner statistics, Token Recycling's matrix) goes to the planner cache."""
+        if self.planner_stats is not None and stepped:
+            self.planner_stats.save(self.acceptance, self.throughput)
+        if self.context.recycling is not None:
+            self.context.recycling.save()
+
+    # -- many prompts at once ------------------------------------------------------------------
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        seeds: Sequence[int] | None = None,
+        **options: Unpack[DecodingOptions],
+    ) -> list[GenerationResult]:
+        """A continuation of every prompt, decoded ``batch_size`` at a time; results in prompt order.
+
+        Each result equals what :meth:`generate` gives that prompt alone (with its seed, when
+        sampling) and carries its own stats; :meth:`iter_batch` describes the batch and the options.
+        """
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        for index, result in self.iter_batch(prompts, batch_size=batch_size, seeds=seeds, **options):
+            results[index] = result
+        assert all(result is not None for result in results), "a batch row produced no result"
+        return [result for result in results if result is not None]
+
+    def iter_batch(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        seeds: Sequence[int] | None = None,
+        **options: Unpack[DecodingOptions],
+    ) -> Iterator[tuple[int, GenerationResult]]:
+        """Yield ``(index, result)`` for every prompt as its row completes (completion order).
+
+        Continuous batching (:mod:`specdec.batching`): up to ``batch_size`` prompts are decoded
+        side by side, one verification forward per step for all of them on ``cache="native"``
+        (the CPU's default; the model's own forward verifies the rows one after another, and a
+        static cache holds one row at a time), and a finished row's place goes to the next
+        prompt at once. Each row has its own drafter (from this generator's drafter name or
+        factory; shared datastores are shared, and ``sam``'s store is fed by every row that
+        finishes), its own stop rules and its own seed: with ``seed=S`` (or a seed drawn when
+        sampling without one) row ``i`` samples with seed ``S + i``; ``seeds`` gives every row
+        its own (each result's ``seed`` repeats it alone). ``options`` are :meth:`generate`'s
+        (``on_tokens`` excepted); ``budget="auto"`` plans the whole batch
+        (:mod:`specdec.budget.batch_planner`). One place (``batch_size=1``, or a static cache)
+        is :meth:`generate`'s own loop and planner, one prompt after another.
+
+        Everything is checked before the first prompt runs: every prompt (an error names its
+        index), the options, and the memory the batch's KV caches need
+        (:func:`specdec.batching.check_memory`: too large a batch is refused, naming the batch
+        size that fits).
+        """
+        config = self.decoding_config(**options)
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise SpecDecError("a batch takes a list of prompts (text, token ids or chat messages)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise SpecDecError(f"batch_size must be a positive int, got {batch_size!r}")
+        requests = [BatchRequest(index, ids, row_config) for index, (ids, row_config) in enumerate(
+            zip(self._batch_prompts(prompts, config), self._row_configs(config, len(prompts), seeds, options),
+                strict=True))]  # fmt: skip
+        limit = live_limit(self.verifier)
+        places = batch_size if limit is None else min(batch_size, limit)
+        if places > 1 and self._factory is None and isinstance(self._drafter_spec, Drafter):
+            raise SpecDecError(
+                "a batch gives every row its own drafter: pass the drafter by name or as a factory (a Drafter "
+                "object serves one sequence at a time), or batch_size=1"
+            )
+        check_memory(self.verifier, requests, batch_size, available_memory(self.verifier.device))
+        planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model)
+        return self._locked("iter_batch", self._batch(requests, places, planner))
+
+    def _locked(
+        self, what: str, rows: Iterator[tuple[int, GenerationResult]]
+    ) -> Iterator[tuple[int, GenerationResult]]:
+        """``rows`` under this generator's turn, from the first row to the last (or until the iterator is closed)."""
+        with self._turn(what):
+            yield from rows
+
+    def _batch_prompts(self, prompts: Sequence[Prompt], config: DecodingConfig) -> list[list[int]]:
+        """Every prompt's token ids, each checked against the vocabulary and the context (errors name the index)."""
+        batch = []
+        limit, vocab = self.verifier.context_length, self.verifier.vocab_size
+        for index, prompt in enumerate(prompts):
+            try:
+                ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
+            except SpecDecError as error:
+                raise SpecDecError(f"prompt {index}: {error}") from None
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise SpecDecError(f"prompt {index}: token id {bad} is outside the model's vocabulary [0, {vocab})")
+            if limit is not None and len(ids) > limit:
+                raise SpecDecError(f"prompt {index} has {len(ids)} tokens, past the model's context length of {limit}")
+            batch.append(ids)
+        return batch
+
+    @staticmethod
+    def _row_configs(
+        config: DecodingConfig, count: int, seeds: Sequence[int] | None, options: Mapping[str, Any]
+    ) -> list[DecodingConfig]:
+        """Each row's config: ``config`` with the row's own sampling seed (:meth:`iter_batch`)."""
+        if seeds is not None:
+            if options.get("seed") is not None:
+                raise SpecDecError("give seed= (row i samples with seed + i) or seeds= (one per prompt), not both")
+            if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != count or any(
+                isinstance(s, bool) or not isinstance(s, int) for s in seeds
+            ):  # fmt: skip
+                raise SpecDecError(f"seeds must be a list of {count} ints (one per prompt), got {seeds!r}")
+            row_seeds: list[int | None] = list(seeds)
+        else:
+            base = config.decision.seed
+            row_seeds = [None if base is None else base + index for index in range(count)]
+        return [config if seed is None else dataclasses.replace(config, decision=config.decision.with_seed(seed))
+                for seed in row_seeds]  # fmt: skip
+
+    def _batch_cost_model(self) -> tuple[VerifyCostModel, float]:
+        """The batch planner's cost model (its own, from the calibration's table) and the seconds calibrating."""
+        model, spent = self._cost_model()  # under the batch's turn (iter_batch)
+        if self._batch_cost is None or self._batch_cost.table is not model.table:
+            self._batch_cost = VerifyCostModel(model.table)
+        return self._batch_cost, spent
+
+    def _batch(
+        self, requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
+    ) -> Iterator[tuple[int, GenerationResult]]:
+        stepped = False
+        try:
+            if batch_size == 1:  # one place: the single-sequence path itself, one row after another
+                for request in requests:
+                    result = self._decode_one(request.prompt, request.config)
+                    stepped = stepped or result.stats.steps > 0
+                    yield request.index, result
+                return
+            for finished in decode_batch(self.verifier, requests, self.new_drafter, batch_size=batch_size,
+                                         planner=planner):  # fmt: skip
+                finish = getattr(finished.drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
+                if callable(finish):
+                    finish()
+                result = finished.result
+                if self._decode_text is not None:
+                    result.text = self._decode_text(result.tokens)
+                stepped = stepped or result.stats.steps > 0
+                yield finished.index, result
+        finally:
+            self._save_learned(stepped)
 
 
 def _split(options: Mapping[str, Any], function: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -397,6 +559,29 @@ def run(
     construction, decoding = _split(options, "run")
     generator = Generator(model, options.get("tokenizer"), drafter=drafter, **construction)
     return generator.generate(prompt, on_tokens=options.get("on_tokens"), **decoding)
+
+
+def run_batch(
+    model: ModelSpec,
+    prompts: Sequence[Prompt],
+    drafter: str | DrafterFactory = "pld",
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seeds: Sequence[int] | None = None,
+    **options: Unpack[RunOptions],
+) -> list[GenerationResult]:
+    """:func:`run` for many prompts, decoded ``batch_size`` at a time: one result per prompt, in prompt order.
+
+    Every row's tokens are those :func:`run` gives its prompt alone; each result has its own
+    stats (and its own ``seed`` when sampling: with ``seed=S`` row ``i`` samples with ``S + i``,
+    or give ``seeds``, one per prompt). The options are :func:`run`'s but ``on_tokens``; see
+    :meth:`Generator.iter_batch` for the batching itself.
+    """
+    if options.get("on_tokens") is not None:
+        raise SpecDecError("run_batch does not stream tokens: use Generator.iter_batch for results as rows complete")
+    construction, decoding = _split(options, "run_batch")
+    generator = Generator(model, options.get("tokenizer"), drafter=drafter, **construction)
+    return generator.generate_batch(prompts, batch_size=batch_size, seeds=seeds, **decoding)
 
 
 def generate(

@@ -15,7 +15,9 @@ the first EOS, the first token that completes a stop string, or ``max_new_tokens
 whichever comes first, so speculative output is exactly the prefix plain decoding would
 have produced. A budget planner, when there is one, cuts each tree before it is verified
 and learns from every step (:mod:`specdec.budget`). Timing and statistics are kept by a
-:class:`StepRecorder` beside the loop.
+:class:`StepRecorder` beside the loop, and one sequence's pieces of a step (prefill, draft,
+learn, emit, finish) by a :class:`LiveSequence`, which :mod:`specdec.batching` runs many of
+side by side.
 """
 
 from __future__ import annotations
@@ -73,9 +75,16 @@ class StepRecorder:
     def step_ends(self, tree: DraftTree, offered: int, plan: Plan | None, result: Verification) -> StepRecord:
         """The drafter's update is over: the step's record (also kept in the stats)."""
         updated = time.perf_counter()
-        self.step_s = updated - self._mark
         draft_s = (self._drafted - self._mark) + (updated - self._verified)
         verify_s = self._verified - self._drafted
+        return self.add_step(tree, offered, plan, result, draft_s, verify_s, updated - self._mark)
+
+    def add_step(
+        self, tree: DraftTree, offered: int, plan: Plan | None, result: Verification, draft_s: float,
+        verify_s: float, step_s: float,
+    ) -> StepRecord:
+        """A step timed by the caller (a batch times its rows' steps together): its record, kept in the stats."""
+        self.step_s = step_s
         accepted = result.accepted_nodes[1:]
         sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in accepted)
         record = StepRecord(tree.size, len(accepted), tree.source, draft_s, verify_s, sources, offered)
@@ -93,6 +102,103 @@ class StepRecorder:
         self.stats.new_tokens, self.stats.stop_reason = new_tokens, stop_reason
         self.stats.total_s = time.perf_counter() - self._started
         return self.stats
+
+
+def tree_cap(config: DecodingConfig, verifier: Verifier[Any]) -> int:
+    """The most nodes any tree of this generation may have: ``max_nodes``, :data:`MAX_TREE_NODES`,
+    the verifier's limit."""
+    return min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
+
+
+class LiveSequence:
+    """One sequence being decoded: its verifier state, pending token, output and stats, and the loop's
+    per-sequence pieces (:func:`decode` runs one; :mod:`specdec.batching` runs many side by side).
+
+    Construction is the prefill and the drafter's reset; then each step is :meth:`draft` (the
+    drafter's tree, pruned to what the stop rules and the context allow), a verification by
+    the caller, :meth:`learn` (the drafter's update) and :meth:`emit` (the tokens, cut by the stop rules);
+    :meth:`finish` releases the verifier's state and returns the result. ``stop`` is None while
+    the sequence runs, then ``(length, reason)``.
+    """
+
+    def __init__(
+        self, verifier: Verifier[Any], drafter: Drafter, prompt: Sequence[int], config: DecodingConfig,
+        planner: BudgetPlanner | None = None, *, budget: str | None = None,
+    ) -> None:
+        self.verifier, self.drafter, self.config = verifier, drafter, config
+        self.prompt = list(prompt)
+        self.cap = tree_cap(config, verifier)
+        self.record = StepRecorder(len(prompt), planner)
+        if budget is not None:  # a batch's planner decides this sequence's budget
+            self.record.stats.budget = budget
+        self.record.stats.cache = verifier.cache_kind
+        rules, decision = config.rules, config.decision
+        self.state, self.pending, prompt_feedback = verifier.prefill(
+            prompt, prompt_topk=drafter.feedback_topk if config.prompt_feedback else 0,
+            chooser=config.chooser(len(prompt)), repetition_penalty=decision.repetition_penalty,
+            reserve=rules.max_new_tokens,
+        )  # fmt: skip
+        self.record.prefilled()
+        drafter.reset(prompt, prompt_feedback)
+        self.record.reset_done()
+        self.output = [self.pending]
+        self.streamed = 0  # how many of output's tokens the caller has seen (on_tokens)
+        self.stop = rules.cut(self.output, 0)
+        self.finished = False  # finish() ran: the verifier's state is released
+
+    @property
+    def committed_len(self) -> int:
+        return int(self.state.committed_len)
+
+    def unseen(self) -> list[int]:
+        """The output tokens not handed out yet (streaming); they count as seen from now on."""
+        tokens = self.output[self.streamed :]
+        self.streamed = len(self.output)
+        return tokens
+
+    def draft(self) -> DraftTree | None:
+        """The drafter's tree rooted at the pending token, pruned; None when the context is full
+        (the sequence stops)."""
+        # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
+        # max_new_tokens, and its positions stay inside the context.
+        max_depth = self.config.rules.max_new_tokens - len(self.output) - 1
+        context_length = self.verifier.context_length
+        if context_length is not None:
+            max_depth = min(max_depth, context_length - 1 - self.committed_len)
+            if max_depth < 0:
+                self.stop = (len(self.output), "context_length")
+                return None
+        tree = self.drafter.propose(self.pending, self.cap).pruned(self.cap, max_depth)
+        if tree.tokens[0] != self.pending:
+            raise SpecDecError(
+                f"drafter {self.drafter.name!r} rooted its tree at token {tree.tokens[0]}, "
+                f"not the pending {self.pending}"
+            )
+        return tree
+
+    def learn(self, result: Verification) -> None:
+        """The drafter learns the verified step (its time counts as drafting)."""
+        self.drafter.update(result.accepted_tokens, result.feedback)
+
+    def emit(self, result: Verification) -> None:
+        """The verified step's tokens are emitted and the stop rules cut them."""
+        start = len(self.output)
+        self.output.extend(result.accepted_tokens[1:])
+        self.output.append(result.bonus)
+        self.pending = result.bonus
+        self.stop = self.config.rules.cut(self.output, start)
+
+    def finish(self) -> GenerationResult:
+        """The sequence is over: its verifier state is released and its output cut where the stop rules said."""
+        assert self.stop is not None and not self.finished, "finish() before the sequence stopped, or twice"
+        self.verifier.release(self.state)
+        self.finished = True
+        length, reason = self.stop
+        del self.output[length:]
+        self.streamed = min(self.streamed, length)
+        stats = self.record.finish(len(self.output), reason)
+        return GenerationResult(tokens=self.output, stats=stats, prompt_tokens=self.prompt,
+                                seed=self.config.decision.seed)
 
 
 def decode(
@@ -115,58 +221,32 @@ def decode(
     ``max_nodes`` leave it) and learns from every step. ``on_tokens`` receives each batch of
     emitted tokens as soon as the stop rules have cut it.
     """
-    rules, decision, topk = config.rules, config.decision, drafter.feedback_topk
-    cap = min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
-    record = StepRecorder(len(prompt), planner)
-    record.stats.cache = verifier.cache_kind
-    state, pending, prompt_feedback = verifier.prefill(
-        prompt, prompt_topk=topk if config.prompt_feedback else 0, chooser=config.chooser(len(prompt)),
-        repetition_penalty=decision.repetition_penalty, reserve=rules.max_new_tokens,
-    )  # fmt: skip
-    record.prefilled()
-    drafter.reset(prompt, prompt_feedback)
-    record.reset_done()
-    output, streamed = [pending], 0  # streamed: how many of output's tokens on_tokens has seen
-    stop = rules.cut(output, 0)
-    while stop is None:
+    topk = drafter.feedback_topk
+    sequence = LiveSequence(verifier, drafter, prompt, config, planner)
+    record = sequence.record
+    while sequence.stop is None:
         if on_tokens is not None:
-            on_tokens(output[streamed:])
-            streamed = len(output)
-        # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
-        # max_new_tokens, and its positions stay inside the context.
-        max_depth = rules.max_new_tokens - len(output) - 1
-        if verifier.context_length is not None:
-            max_depth = min(max_depth, verifier.context_length - 1 - state.committed_len)
-            if max_depth < 0:
-                stop = (len(output), "context_length")
-                break
+            on_tokens(sequence.unseen())
         record.step_starts()
-        tree = drafter.propose(pending, cap).pruned(cap, max_depth)
-        if tree.tokens[0] != pending:
-            raise SpecDecError(
-                f"drafter {drafter.name!r} rooted its tree at token {tree.tokens[0]}, not the pending {pending}"
-            )
-        offered, plan, committed = tree.size, None, state.committed_len
+        tree = sequence.draft()
+        if tree is None:
+            break
+        offered, plan, committed = tree.size, None, sequence.committed_len
         if planner is not None:
             plan = planner.plan(tree, committed)
             tree = plan.tree
             record.calibrated(plan.calibration_s)
         record.drafted()
-        result = verifier.verify(state, tree, topk)
+        result = verifier.verify(sequence.state, tree, topk)
         record.verified()
-        drafter.update(result.accepted_tokens, result.feedback)
+        sequence.learn(result)
         step = record.step_ends(tree, offered, plan, result)
         if planner is not None and plan is not None:
             planner.observe(plan, result.accepted_nodes, committed, step.verify_s, record.step_s)
-        start = len(output)
-        output.extend(result.accepted_tokens[1:])
-        output.append(result.bonus)
-        pending = result.bonus
-        stop = rules.cut(output, start)
-    verifier.release(state)
-    length, reason = stop
-    del output[length:]
-    if on_tokens is not None and len(output) > streamed:
-        on_tokens(output[streamed:])
-    stats = record.finish(len(output), reason)
-    return GenerationResult(tokens=output, stats=stats, prompt_tokens=list(prompt), seed=decision.seed)
+        sequence.emit(result)
+    finished = sequence.finish()
+    if on_tokens is not None:
+        tokens = sequence.unseen()
+        if tokens:
+            on_tokens(tokens)
+    return finished

@@ -215,6 +215,14 @@ class Decision:
     repetition_penalty: float = 1.0
     seed: int | None = None
 
+    def with_seed(self, seed: int) -> Decision:
+        """This decision with sampling seed ``seed`` (a batch gives each row its own); greedy stays as it is."""
+        if isinstance(self.chooser, Greedy):
+            return self
+        params = SamplingParams(self.chooser.params.temperature, self.chooser.params.top_k, self.chooser.params.top_p,
+                                seed)  # fmt: skip
+        return Decision(PositionKeyedSampler(params), self.repetition_penalty, seed)
+
 
 def _check_types(**options: object) -> None:
     """Each option is None or of its type: ``do_sample`` a bool, ``top_k`` and ``seed`` ints, the others numbers."""

@@ -497,6 +497,30 @@ class Verifier(Protocol[StateT]):
         ...
 
 
+@runtime_checkable
+class BatchVerifier(Verifier[StateT], Protocol[StateT]):
+    """A verifier that verifies many sequences' trees in one call (batched decoding, ``specdec.batching``).
+
+    ``verify_batch(states, trees, topk)`` is ``[verify(s, t, topk) for s, t in zip(states, trees)]``
+    in effect, each row's result exactly what verifying it alone gives; how it gets there is the
+    verifier's (one forward over every row's tree on ``cache="native"``; one row after another
+    on the model's own forward). ``live_limit``: how many sequences it can hold at once (None:
+    as many as memory holds; a static cache holds one). ``row_bytes(tokens)``: the most bytes of
+    KV cache one sequence of up to ``tokens`` tokens holds (None: unknown).
+    """
+
+    @property
+    def live_limit(self) -> int | None: ...
+
+    def verify_batch(self, states: Sequence[StateT], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
+        """One verification per row (``states[b]`` with ``trees[b]``); commits each row's accepted path."""
+        ...
+
+    def row_bytes(self, tokens: int) -> int | None:
+        """Peak KV-cache bytes of one sequence of up to ``tokens`` tokens (prompt, output and a tree's nodes)."""
+        ...
+
+
 @dataclass
 class StepRecord:
     """One verification step, as the stats keep it."""

@@ -8,7 +8,7 @@ order, so acceptance walks long paths and KV compaction gathers scattered slots.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from specdec.types import DraftTree, Feedback
 
@@ -76,3 +76,29 @@ class OracleTreeDrafter:
     def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
         assert list(accepted) == self.truth[self.position : self.position + len(accepted)]
         self.position += len(accepted)
+
+
+class OracleTreeFactory:
+    """Oracle drafters for many prompts at once (a batch's rows): each looks up its prompt's truth at reset."""
+
+    name = "oracle"
+
+    def __init__(self, truths: Mapping[tuple[int, ...], Sequence[int]], vocab: int, seed: int = 0, size: int = 16,
+                 depth: int = 6) -> None:
+        self.truths, self.vocab, self.seed, self.size, self.depth = truths, vocab, seed, size, depth
+        self.made = 0
+
+    def create(self) -> OracleTreeDrafter:
+        self.made += 1
+        return _KeyedOracle(self.truths, self.vocab, self.seed + self.made, self.size, self.depth)
+
+
+class _KeyedOracle(OracleTreeDrafter):
+    def __init__(self, truths: Mapping[tuple[int, ...], Sequence[int]], vocab: int, seed: int, size: int,
+                 depth: int) -> None:
+        super().__init__((), vocab, seed, size, depth)
+        self.truths = truths
+
+    def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
+        self.truth = list(self.truths[tuple(prompt)])
+        super().reset(prompt, feedback)

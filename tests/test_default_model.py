@@ -122,3 +122,55 @@ def test_generate_command_streams_plain_decodings_text(
     assert main(["generate", prompt, "--max-new-tokens", "32", "--quiet", "--stop", "fox"]) == 0
     quiet = capsys.readouterr().out
     assert quiet.rstrip("\n").endswith("fox") and plain.text.startswith(quiet.rstrip("\n"))
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_default_model_batch_rows_equal_their_lone_plain_decoding(
+    default_model: tuple[Any, Any], spec_bench_prompts: dict[str, list[list[int]]], sampled: bool
+) -> None:
+    """A batch (``sam+recycling``, ragged prompts, one place fewer than prompts: a row joins mid-batch) gives every
+    row its own ``run(drafter="none")`` tokens; a difference must sit on a near-tie, and the report says."""
+    model, tokenizer = default_model
+    prompts = [prompts[2] for _, prompts in sorted(spec_bench_prompts.items())][: 3 if sampled else 4]
+    options: dict[str, Any] = {"max_new_tokens": MAX_NEW}
+    if sampled:
+        options.update(do_sample=True, temperature=0.8, top_p=0.95, seed=7)
+    generator = specdec.Generator(model, tokenizer, drafter="sam+recycling", budget="full")
+    results = generator.generate_batch(prompts, batch_size=len(prompts) - 1, **options)
+    report, drafted = [], 0
+    for i, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        lone_options = {**options, "seed": 7 + i} if sampled else options
+        lone = specdec.run(model, prompt, "none", tokenizer=tokenizer, **lone_options)
+        assert result.stats.cache == lone.stats.cache == "native"
+        drafted += result.stats.emitted_by_steps - result.stats.steps
+        comparison = compare_outputs(model, prompt, result.tokens, lone.tokens)
+        report.append(f"row {i}: {comparison.describe()}")
+        assert comparison.acceptable, f"batch row {i}: {comparison.describe()}"
+        IDENTITY_COUNTS["smollm2/batch sam+recycling" + (" sampled" if sampled else "")
+                        + ("" if comparison.identical else " (near-tie)")] += 1  # fmt: skip
+    assert drafted > 0  # some rows' drafts were accepted: the batch verified trees, not only single tokens
+    print(f"\nbatch sam+recycling ({'sampled' if sampled else 'greedy'}) vs lone none: " + "; ".join(report))
+
+
+def test_bench_batch_measures_every_arm_at_every_batch_size(default_model: tuple[Any, Any], tmp_path: Any) -> None:
+    """``specdec bench batch`` on 2 held-out prompts x 16 tokens: a figure for every arm at every B, every row
+    judged against its single-sequence plain decoding, the table, the ratios and the plot written."""
+    from specdec.bench import batched, oneoff
+
+    model, tokenizer = default_model
+    texts = [prompt.text for prompt in oneoff.heldout_prompts()[:2]]
+    runs = batched.measure(model, tokenizer, texts, "none,sam+recycling,hf-generate", [1, 2], 16, progress=False)
+    arms = {(r.arm, r.batch_size) for r in runs}
+    assert arms == {(a, b) for a in ("none", "sam+recycling", "hf-generate") for b in (1, 2)} | {
+        ("single:none", 1), ("single:sam+recycling", 1)}
+    for r in runs:
+        assert len(r.rows) == 2 and r.seconds > 0 and all(0 < len(row) <= 16 for row in r.rows)
+        assert r.acceptable == 2, (r.arm, r.batch_size, r.verdicts)
+    none_rows = {r.batch_size: r.rows for r in runs if r.arm == "none"}
+    assert none_rows[1] == none_rows[2]  # specdec's plain batch is bitwise its single-sequence decoding
+    summary = batched.summarize(runs)
+    assert set(summary["ratios"][2]) == {"none / hf-generate", "sam+recycling / none", "sam+recycling / hf-generate"}
+    assert "sam+recycling / single:sam+recycling" in summary["ratios"][1]
+    text = batched.format_summary(summary)
+    assert "| 2 |" in text and "NOT at a near-tie" not in text
+    assert batched.plot(summary, tmp_path / "batch.png", "test").stat().st_size > 0

@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("commands", ("specdec.commands", "specdec.cli")),
     ("bench / integrations", ("specdec.bench", "specdec.integrations")),
     ("api", ("specdec.api", "specdec.hf", "specdec.testing", "specdec")),  # "specdec": the package's face, __init__.py
-    ("engine / drafters / budget", ("specdec.engine", "specdec.decoding", "specdec.drafters", "specdec.budget")),
+    ("engine / drafters / budget", ("specdec.engine", "specdec.batching", "specdec.decoding", "specdec.drafters",
+                                    "specdec.budget")),
     ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.sampling",
                                "specdec.native")),
     ("reference", ("specdec.reference",)),

@@ -190,7 +190,12 @@ class DecoderRunner:
         self.num_layers = len(self.layers)
 
     def forward(self, segments: Sequence[Segment], kernels: Kernels) -> list[torch.Tensor]:
-        """Logits for every segment: ``[T_s, V]`` each (``[1, V]`` with ``last_only``).
+        """Logits for every segment: ``[T_s, V]`` each (``[1, V]`` with ``last_only``): :meth:`forward_rows`, split."""
+        logits = self.forward_rows(segments, kernels)
+        return list(torch.split(logits, [1 if s.last_only else s.tokens.shape[1] for s in segments]))
+
+    def forward_rows(self, segments: Sequence[Segment], kernels: Kernels) -> torch.Tensor:
+        """Logits of every segment's rows, segment after segment: ``[R', V]`` (a ``last_only`` segment: one row).
 
         All segments' rows go through each linear layer together (one weight pass for the
         whole batch: ``R = sum T_s`` rows); attention runs per segment over its own cache.
@@ -250,8 +255,8 @@ class DecoderRunner:
             hidden = self.final_norm(hidden)[0]
         else:
             hidden = self.final_norm(torch.cat([hidden[0, first : first + count] for first, count in keep]))
-        logits = linear(hidden, *self.head)  # [R', V]
-        return list(torch.split(logits, [count for _, count in keep]))
+        logits: torch.Tensor = linear(hidden, *self.head)  # [R', V]
+        return logits
 
 
 def aten_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

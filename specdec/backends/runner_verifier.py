@@ -15,6 +15,12 @@ available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_produc
 the :class:`~specdec.Generator` passes its verdict on. While the CPU kernels serve both a
 plain step and a tree, a tree node's logits are bitwise those of the same token verified
 alone (their contracts), so speculative output is plain decoding's exactly.
+
+**Batches** (:meth:`RunnerVerifier.verify_batch`): the rows of many sequences' trees go through
+one forward as the runner's segments (each its own cache, positions and ancestors; no padding),
+so the weights are read once for the whole batch; acceptance and compaction then run per row.
+The CPU kernels' rows are batch-invariant, so each row's logits are bitwise those it would get
+verified alone.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
 from specdec.errors import SpecDecError
-from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser
+from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser, Verification
 
 # The most nodes one verification may hold: the engine's own cap on tree size.
 MAX_NODES = 512
@@ -86,18 +92,50 @@ class RunnerVerifier(ModelVerifier):
         return cache, logits
 
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        segment, positions = self._segment(state, tree)
+        (logits,) = self.runner.forward([segment], self._kernels_for(tree.size))
+        return logits, positions
+
+    def _segment(self, state: KVState, tree: DraftTree) -> tuple[Segment, torch.Tensor]:
+        """``tree`` after the sequence's committed tokens as a runner segment, and its positions int64 ``[N]``;
+        the sequence's cache grows first when the tree would overflow it."""
         cache: StaticKVCache = state.cache
         committed = state.committed_len
         if committed + tree.size > cache.capacity:
             cache.committed_len = committed
             cache.grow(capacity_for(committed + tree.size))
-        positions = torch.tensor([tree.depths], dtype=torch.long, device=self.device) + committed
+        positions = torch.tensor([tree.depths], dtype=torch.long, device=self.device) + committed  # [1, N]
         ancestors = None if tree.is_chain else torch.from_numpy(ancestor_matrix(tree.parents)).to(self.device)
         tokens = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        segment = Segment(tokens, positions, cache, committed, ancestors)
-        (logits,) = self.runner.forward([segment], self._kernels_for(tree.size))
-        position_ids = positions
-        return logits, position_ids[0]
+        return Segment(tokens, positions, cache, committed, ancestors), positions[0]
+
+    # -- batches: every row's tree in one forward ----------------------------------------------
+    def verify_batch(self, states: Sequence[KVState], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
+        """Every row's tree in one forward (one pass over the weights for ``R = sum N_b`` rows), then each
+        row's choices, walk and compaction in its own cache.
+
+        Each row gets exactly what :meth:`verify` gives it alone wherever the forward's kernels are
+        batch-invariant (specdec's CPU kernels, for ``R`` up to what the kernel choice gives them: a
+        row's logits never depend on the other rows); past that, the default kernels' products
+        differ from a lone row's in the last bits (the usual fp32 rounding; near-ties only).
+        """
+        self._check_rows(states, trees)
+        with torch.inference_mode():
+            pairs = [self._segment(state, tree) for state, tree in zip(states, trees, strict=True)]
+            segments, positions = [s for s, _ in pairs], [p for _, p in pairs]
+            rows = sum(tree.size for tree in trees)
+            logits = self.runner.forward_rows(segments, self._kernels_for(rows))  # [R, V]
+            acceptances = self._accept(states, trees, logits, torch.cat(positions), topk)
+            return [self._commit(s, t, a) for s, t, a in zip(states, trees, acceptances, strict=True)]
+
+    def row_bytes(self, tokens: int) -> int | None:
+        """Peak KV-cache bytes of one sequence of up to ``tokens`` tokens: its cache's slots
+        (:func:`~specdec.backends.static.capacity_for`: a power of two, at least 256) x layers x keys and
+        values x KV heads x head size x the dtype's bytes. (A cache that must grow mid-sequence holds
+        its old slots beside the new ones for the length of one copy: at most half as much again.)"""
+        runner = self.runner
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return capacity_for(tokens) * runner.num_layers * 2 * runner.kv_heads * runner.head_dim * itemsize
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
         state.cache.compact(committed_len, tuple(path))

@@ -343,6 +343,16 @@ class StaticVerifier(ModelVerifier):
         """The cache name that makes this verifier: ``static-eager``, ``static-inductor``, ..."""
         return f"static-{self.mode}"
 
+    @property
+    def live_limit(self) -> int | None:
+        """One: the verifier's one cache serves one sequence at a time (a batch runs its rows one by one)."""
+        return 1
+
+    def row_bytes(self, tokens: int) -> int | None:
+        """None: the verifier's one cache, whatever the number of rows (a batch holds one row at a time)."""
+        del tokens
+        return None
+
     def graph_pool(self) -> Any:
         """One CUDA graph memory pool shared by every bucket's graph (they never run at once)."""
         if self._graph_pool is None:

@@ -90,6 +90,28 @@ class TreeOps(Protocol):
         """Keep only the path's KV: slot ``committed_len + path[i]`` moves to ``committed_len + i``."""
         ...
 
+    def accept_rows(
+        self, trees: Sequence[DraftTree], logits: torch.Tensor, positions: torch.Tensor,
+        choosers: Sequence[TokenChooser], topk: int,
+    ) -> list[Acceptance]:
+        """:meth:`accept` for ``B`` trees whose nodes are consecutive rows of ``logits`` float ``[R, V]``
+        and ``positions`` int64 ``[R]`` (``R`` the sum of the trees' sizes), tree ``b`` decided by ``choosers[b]``."""
+        ...
+
+
+def accept_each(
+    ops: TreeOps, trees: Sequence[DraftTree], logits: torch.Tensor, positions: torch.Tensor,
+    choosers: Sequence[TokenChooser], topk: int,
+) -> list[Acceptance]:
+    """:meth:`TreeOps.accept_rows` as one :meth:`TreeOps.accept` per tree (the reference; O(R * V))."""
+    acceptances = []
+    offset = 0
+    for tree, chooser in zip(trees, choosers, strict=True):
+        rows = slice(offset, offset + tree.size)
+        offset += tree.size
+        acceptances.append(ops.accept(tree, logits[rows], positions[rows], chooser, topk))
+    return acceptances
+
 
 class TorchTreeOps:
     """Reference tree operations in plain PyTorch/NumPy; the oracle for compiled ops."""
@@ -126,10 +148,31 @@ class TorchTreeOps:
             layer.keys = layer.keys[:, :, :keep]
             layer.values = layer.values[:, :, :keep]
 
+    def accept_rows(
+        self, trees: Sequence[DraftTree], logits: torch.Tensor, positions: torch.Tensor,
+        choosers: Sequence[TokenChooser], topk: int,
+    ) -> list[Acceptance]:
+        return accept_each(self, trees, logits, positions, choosers, topk)
+
 
 def _decision_precision(logits: torch.Tensor) -> torch.Tensor:
     """Half-precision logits are decided in float32, as ``generate`` does; fp32/fp64 stay as they are."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
+    """Bytes of keys and values one token holds in every layer, from the model's config; None if it does not say."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None)
+    hidden = getattr(config, "hidden_size", None)
+    if head_dim is None and hidden and heads:
+        head_dim = hidden // heads
+    if not (isinstance(layers, int) and isinstance(kv_heads, int) and isinstance(head_dim, int)):
+        return None
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return max(layers, 0) * 2 * max(kv_heads, 0) * max(head_dim, 0) * itemsize
 
 
 def check_model(model: Any) -> None:
@@ -288,20 +331,70 @@ class ModelVerifier:
 
     def verify(self, state: KVState, tree: DraftTree, topk: int = 0) -> Verification:
         """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path."""
+        self._check_row(state, tree)
+        with torch.inference_mode():
+            logits, positions = self._tree_forward(state, tree)  # [N, V], int64 [N]
+            (acceptance,) = self._accept([state], [tree], logits, positions, topk)
+            return self._commit(state, tree, acceptance)
+
+    @property
+    def live_limit(self) -> int | None:
+        """How many sequences this verifier holds at once: None, each dynamic-cache sequence owns its cache."""
+        return None
+
+    def verify_batch(self, states: Sequence[KVState], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
+        """:meth:`verify` for every row, one row after another: each row's result is exactly its own
+        verification, and the batch costs the sum of its rows (the model's own forward takes one
+        sequence per cache). :class:`~specdec.backends.runner_verifier.RunnerVerifier` runs one forward."""
+        self._check_rows(states, trees)
+        return [self.verify(state, tree, topk) for state, tree in zip(states, trees, strict=True)]
+
+    def row_bytes(self, tokens: int) -> int | None:
+        """Peak KV-cache bytes of one sequence of ``tokens`` tokens: keys and values of every layer, twice
+        (a ``DynamicCache`` step concatenates into new tensors while the old ones live); None where the
+        config does not say the layer count, KV heads and head size."""
+        per_token = _kv_bytes_per_token(self.model.config, self.dtype)
+        return None if per_token is None else 2 * per_token * tokens
+
+    def _check_row(self, state: KVState, tree: DraftTree) -> None:
         if state.cache is None:
             raise SpecDecError("this sequence was released: it cannot be verified any more")
         self._check_tokens(tree.tokens)
+
+    def _check_rows(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> None:
+        if len(states) != len(trees):
+            raise SpecDecError(f"verify_batch: {len(states)} states but {len(trees)} trees")
+        if len({id(state) for state in states}) != len(states):
+            raise SpecDecError("verify_batch: a sequence appears twice in one batch")
+        for state, tree in zip(states, trees, strict=True):
+            self._check_row(state, tree)
+
+    def _accept(
+        self, states: Sequence[KVState], trees: Sequence[DraftTree], logits: torch.Tensor, positions: torch.Tensor,
+        topk: int,
+    ) -> list[Acceptance]:
+        """Each row's choices and walk: tree ``b``'s nodes are consecutive rows of ``logits`` float ``[R, V]``
+        and ``positions`` int64 ``[R]``; a row's repetition penalty applies to its own rows only."""
+        logits = _decision_precision(logits)
+        if any(state.presence is not None for state in states):
+            parts, offset = [], 0
+            for state, tree in zip(states, trees, strict=True):
+                part = logits[offset : offset + tree.size]  # [N_b, V]
+                offset += tree.size
+                if state.presence is not None:
+                    mask = penalty_mask(state.presence, tree.tokens, ancestor_matrix(tree.parents))
+                    part = apply_repetition_penalty(part, mask, state.repetition_penalty)
+                parts.append(part)
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self.ops.accept_rows(trees, logits, positions, [state.chooser for state in states], topk)
+
+    def _commit(self, state: KVState, tree: DraftTree, acceptance: Acceptance) -> Verification:
+        """Keep the accepted path's KV and count it committed (inside ``inference_mode``: ``presence`` is
+        an inference tensor)."""
         committed = state.committed_len
-        with torch.inference_mode():
-            logits, positions = self._tree_forward(state, tree)  # [N, V], int64 [N]
-            logits = _decision_precision(logits)
-            if state.presence is not None:
-                mask = penalty_mask(state.presence, tree.tokens, ancestor_matrix(tree.parents))
-                logits = apply_repetition_penalty(logits, mask, state.repetition_penalty)
-            acceptance = self.ops.accept(tree, logits, positions, state.chooser, topk)
-            self._compact(state, committed, acceptance.path)
-            if state.presence is not None:  # an inference tensor (made in prefill): updated in inference mode
-                state.presence[torch.tensor([tree.tokens[i] for i in acceptance.path], device=self.device)] = True
+        self._compact(state, committed, acceptance.path)
+        if state.presence is not None:
+            state.presence[torch.tensor([tree.tokens[i] for i in acceptance.path], device=self.device)] = True
         state.committed_len = committed + len(acceptance.path)
         feedback = None
         if acceptance.topk is not None:

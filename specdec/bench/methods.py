@@ -224,16 +224,16 @@ class ForwardMeter:
         runner = getattr(verifier, "runner", None)
         if runner is None or getattr(runner, "metered", False):
             return
-        inner = runner.forward
+        inner = runner.forward_rows  # every runner forward (a lone sequence's, a batch's) goes through it
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        def forward_rows(*args: Any, **kwargs: Any) -> Any:
             self._before(None, None)
             try:
                 return inner(*args, **kwargs)
             finally:
                 self._after(None, None, None)
 
-        runner.forward = forward
+        runner.forward_rows = forward_rows
         runner.metered = True
 
     @contextlib.contextmanager

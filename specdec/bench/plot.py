@@ -42,6 +42,13 @@ def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
         fontsize=8,
     )
     axes.legend(fontsize=7, ncols=min(4, max(1, len(labels))))
+    return save_figure(figure, path)
+
+
+def save_figure(figure: Any, path: str | os.PathLike[str]) -> Path:
+    """Lay ``figure`` out, write it to ``path`` as a PNG (folders made) and close it."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

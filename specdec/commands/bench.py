@@ -12,6 +12,7 @@
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
     specdec bench margins --dtype bfloat16          # logit gap of verification vs one-token forwards (near-tie margins)
+    specdec bench batch --batch-size 1,2,4,8 --out runs/batch   # many prompts: tokens/s by batch size vs HF
     specdec bench ratios backend.json               # cuda_ext vs torch op ratios from pytest-benchmark
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.bench import oneoff, quality
+from specdec.bench import batched, oneoff, quality
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
 from specdec.bench.curves import ratio_table
@@ -257,11 +258,35 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     text = oneoff.format_summary(summary)
     print(text)
     if args.out:
+        _write_run(Path(args.out), {"summary": summary, "prompts": oneoff.to_json(results)}, text)
+    return 0
+
+
+def _write_run(out: Path, document: dict[str, Any], text: str) -> None:
+    """``results.json`` (the document and the command) and ``report.md`` (the command and ``text``) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "results.json", {"command": _command_line(), **document})
+    (out / REPORT_FILE).write_text(f"`{_command_line()}`\n\n{text}\n", encoding="utf-8")
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    try:
+        sizes = [int(b) for b in args.batch_size.split(",") if b.strip()]
+    except ValueError:
+        raise SpecDecError(f"--batch-size takes comma-separated ints, got {args.batch_size!r}") from None
+    model, tokenizer = load(args)
+    texts = [prompt.text for prompt in oneoff.heldout_prompts()[: args.prompts]]
+    runs = batched.measure(model, tokenizer, texts, args.drafters, sizes, args.max_new_tokens, not args.quiet)
+    summary = batched.summarize(runs)
+    text = batched.format_summary(summary)
+    print(text)
+    if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        document = {"command": _command_line(), "summary": summary, "prompts": oneoff.to_json(results)}
-        write_json_atomic(out / "results.json", document)
-        (out / REPORT_FILE).write_text(f"`{_command_line()}`\n\n{text}\n", encoding="utf-8")
+        _write_run(out, {"max_new_tokens": args.max_new_tokens, "summary": summary,
+                         "runs": [r.to_json() for r in runs]}, text)  # fmt: skip
+        if not args.no_plot:
+            title = f"{args.model}, {len(texts)} held-out prompts, {args.max_new_tokens} new tokens, greedy"
+            batched.plot(summary, out / "batch.png", title)
     return 0
 
 
@@ -317,7 +342,8 @@ def register(sub: Any) -> None:
                        help="with --report A B: exit 1 where B's deterministic figures regressed from A's (MAT "
                        "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
-    commands = bench.add_subparsers(dest="bench_command", metavar="{replay,judge,quality,costs,curves,oneoff,ratios}")
+    commands = bench.add_subparsers(dest="bench_command",
+                                    metavar="{replay,judge,quality,costs,curves,oneoff,batch,ratios}")
 
     replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
                                  "modelled speedup under frozen cost tables, no model, no clock")
@@ -395,6 +421,21 @@ def register(sub: Any) -> None:
     one.add_argument("--quiet", action="store_true", help="no progress bar")
     one.add_argument(oneoff.CHILD_FLAG, dest="oneoff_child", default=None, help=argparse.SUPPRESS)
     one.set_defaults(func=cmd_oneoff)
+
+    batch = commands.add_parser("batch", help="many prompts: aggregate tokens/s by batch size, specdec's batches "
+                                "(and B=1's single-sequence path) against HF's batched greedy generate")
+    _model_options(batch, sub=True)
+    batch.add_argument("--batch-size", default="1,2,4,8", metavar="B,B,...",
+                       help="comma-separated batch sizes (default: %(default)s)")
+    batch.add_argument("--drafters", default="none,sam+recycling,hf-generate", metavar="SPECS",
+                       help="comma-separated greedy specs; hf-generate is HF's batched generate "
+                       "(default: %(default)s)")
+    batch.add_argument("--max-new-tokens", type=int, default=128)
+    batch.add_argument("--prompts", type=int, default=None, help="the first N held-out prompts (default: all 16)")
+    batch.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, batch.png go")
+    batch.add_argument("--no-plot", action="store_true")
+    batch.add_argument("--quiet", action="store_true", help="no progress bar")
+    batch.set_defaults(func=cmd_batch)
 
     ratios = commands.add_parser("ratios", help="the cuda_ext vs torch table from a pytest-benchmark JSON of "
                                  "benchmarks/test_bench_backend.py")

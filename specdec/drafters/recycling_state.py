@@ -171,6 +171,29 @@ class SharedMatrices:
             save(state, matrix_path(identity), identity, self.vocab_size)
 
 
+def snapshot_shared() -> dict[tuple[str, int, int], MatrixArray]:
+    """A copy of every shared matrix of the process (benchmarks: each timed run starts from the same one)."""
+    with _LOCK:
+        return {key: state.array.copy() for key, state in _SHARED.items()}
+
+
+def restore_shared(snapshot: dict[tuple[str, int, int], MatrixArray]) -> None:
+    """Put :func:`snapshot_shared`'s copies back (matrices made since are left as they are)."""
+    with _LOCK:
+        for key, array in snapshot.items():
+            state = _SHARED.get(key)
+            if state is not None:
+                state.array = array.copy()
+                state.changed = True
+
+
+def clear_shared() -> None:
+    """Empty every shared matrix of the process (benchmarks: start from a matrix that has seen no prompt)."""
+    with _LOCK:
+        for state in _SHARED.values():
+            state.clear()
+
+
 def forget_shared() -> None:
     """Drop the process's shared matrices (tests; a changed cache directory)."""
     with _LOCK:

@@ -9,7 +9,13 @@ against it op by op and generation by generation (``tests/test_cuda_ext.py``). P
   then the step's **one host synchronization**: path, its length, the bonus and the top-k
   ids come back together in one copy (a few hundred bytes, never the logits);
 - :meth:`compact`: one small upload (the path), one call for every layer's keys and values,
-  then a crop, which is a view (no copy, no wait).
+  then a crop, which is a view (no copy, no wait);
+- :meth:`accept_rows` (batched decoding, many sequences' trees in one forward): when every
+  tree has the same size ``N`` (plain batched steps, fixed trees) the rows' logits ``[B * N, V]``
+  are the ``[B, N, V]`` layout of the batched op as they are, so one call walks every tree and one
+  host synchronization brings every row's path home; ragged trees would need their logits
+  padded into that layout (a copy of ``B * N_max * V`` values, more than the per-row calls cost
+  on a CPU), so they are accepted one tree after another.
 
 On a CUDA device the uploads come from pinned memory with ``non_blocking=True``, so the host
 queues them without waiting for the device.
@@ -32,7 +38,7 @@ import torch
 
 from specdec.backends.cuda_ext import ops
 from specdec.backends.cuda_ext.build import BackendUnavailableError, load
-from specdec.backends.verifier import Acceptance
+from specdec.backends.verifier import Acceptance, accept_each
 from specdec.sampling import Greedy
 from specdec.types import DraftTree, TokenChooser
 
@@ -111,6 +117,47 @@ class ExtTreeOps:
         path = tuple(int(node) for node in host[head + 2 : head + 2 + length])
         top = host[head + 2 + n :].reshape(n, topk).astype(np.int64, copy=True) if topk > 0 else None
         return Acceptance(path, bonus, top)
+
+    def accept_rows(
+        self, trees: Sequence[DraftTree], logits: torch.Tensor, positions: torch.Tensor,
+        choosers: Sequence[TokenChooser], topk: int,
+    ) -> list[Acceptance]:
+        """:meth:`accept` for ``B`` trees whose nodes are consecutive rows of ``logits`` float ``[R, V]``.
+
+        Trees of one size ``N``: one batched ``tree_accept`` over the ``[B, N, V]`` view (no copy)
+        and one host sync for all rows; otherwise one :meth:`accept` per tree (module docstring).
+        """
+        sizes = {tree.size for tree in trees}
+        if len(trees) < 2 or len(sizes) != 1 or not logits.is_contiguous():
+            return accept_each(self, trees, logits, positions, choosers, topk)
+        batch, n = len(trees), sizes.pop()
+        flat = [*(t for tree in trees for t in tree.tokens), *(p for tree in trees for p in tree.parents)]
+        staged = upload(flat, logits.device).view(2, batch, n)  # [2, B, N]: tokens, parents
+        choices = None
+        if any(type(chooser) is not Greedy for chooser in choosers):  # each row's chooser decides its rows
+            # positions[i] is node i's position; the token chosen there sits one further.
+            choices = torch.stack([
+                chooser.choose(logits[b * n : (b + 1) * n], positions[b * n : (b + 1) * n] + 1).to(torch.int64)
+                for b, chooser in enumerate(choosers)
+            ])  # fmt: skip  # [B, N]
+        status = self._status_on(logits.device)
+        out = ops.tree_accept(logits.view(batch, n, -1), staged[0], staged[1], topk, choices, status)
+        packed = torch.cat([status, out.path_len, out.bonus, out.path.view(-1), out.topk_ids.view(-1)])
+        host = packed.cpu().numpy()  # the batch's one host sync: [8 + 2B + BN + BNk] int64
+        if host[0] != 0:
+            status.zero_()
+            ops.check_status(torch.from_numpy(host[: ops.STATUS_WORDS].copy()))  # raises, naming the bad value
+        head = ops.STATUS_WORDS
+        lengths, bonuses = host[head : head + batch], host[head + batch : head + 2 * batch]
+        paths = host[head + 2 * batch : head + 2 * batch + batch * n].reshape(batch, n)
+        tops = host[head + 2 * batch + batch * n :].reshape(batch, n, topk)
+        return [
+            Acceptance(
+                tuple(int(node) for node in paths[b, : int(lengths[b])]), int(bonuses[b]),
+                tops[b].astype(np.int64, copy=True) if topk > 0 else None,
+            )
+            for b in range(batch)
+        ]  # fmt: skip
 
     def compact(self, cache: Any, committed_len: int, path: Sequence[int]) -> None:
         """Keep the path's KV: slot ``committed_len + path[i]`` moves to ``committed_len + i``, then crop."""

@@ -1,0 +1,234 @@
+"""Many prompts at once: the speculative decoding loop over a batch of rows, continuously refilled.
+
+Each row is one prompt's :class:`~specdec.engine.LiveSequence` (its verifier state, pending
+token, drafter, stop rules, token chooser and stats), exactly what :func:`specdec.engine.decode`
+runs for a lone sequence. A step of the batch is the loop's step for every row at once::
+
+    trees   = [row.draft() for row in rows]               # each row's drafter, pruned by its own rules
+    plan    = planner.plan(trees, committed)              # how many nodes each row verifies (one cost)
+    results = verifier.verify_batch(states, plan.trees)   # one forward over every row's tree
+    for row, result: row.learn(result); row.emit(result)  # each row's drafter, output and stop rules
+
+**Continuous batching.** A row that stops (EOS, a stop string, ``max_new_tokens``, the context)
+is finished at once, its result handed out (:func:`decode_batch` yields ``(index, result)`` as
+rows complete, in completion order), its cache released, and the next prompt takes its place
+before the next step: a long list of prompts streams through ``batch_size`` places without
+waiting for the slowest row of a group. A joining row is prefilled alone (one prompt per
+forward: the prefill's hundreds of rows are compute-bound, so batching prefills saves little
+(docs/architecture.md, "Batch size"), and a lone prefill is bitwise a single-sequence run's).
+
+**Lossless, row by row.** Every row decides its tokens from its own logits with its own chooser
+(the position-keyed sampler: a row's draws depend on its seed and positions only), so its output
+is its single-sequence output; on ``cache="native"`` the rows' logits are bitwise their lone
+logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.runner_verifier`).
+
+**Verifiers.** A :class:`~specdec.types.BatchVerifier` verifies all rows in one call
+(``cache="native"``: one forward; the model's own forward, ``"dynamic"``: one row after another,
+lossless but no faster than decoding the prompts in turn) and says how many sequences it holds
+at once (``"static"``: one, so its rows run one at a time). A plain
+:class:`~specdec.types.Verifier` is taken one row at a time.
+
+**Memory.** Each live row holds its own KV cache (:meth:`~specdec.types.BatchVerifier.row_bytes`).
+:func:`check_memory` runs before any work: if the ``batch_size`` largest rows' caches would take
+more than :data:`MEMORY_SHARE` of the memory available on the model's device, it raises a
+:class:`~specdec.errors.SpecDecError` that names the sizes and the largest batch size that fits.
+Nothing is shrunk silently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.budget.batch_planner import BatchPlan, BatchPlanner
+from specdec.decoding import DecodingConfig
+from specdec.engine import LiveSequence, tree_cap
+from specdec.errors import SpecDecError
+from specdec.types import BatchVerifier, Drafter, DraftTree, GenerationResult, Verification, Verifier
+
+MEMORY_SHARE = 0.8  # the most of the device's available memory a batch's KV caches may take
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One prompt of a batch: its place in the caller's list, its token ids and its decoding config."""
+
+    index: int
+    prompt: list[int]
+    config: DecodingConfig
+
+
+@dataclass(frozen=True)
+class FinishedRow:
+    """A row that completed: its request's index, its result, and the drafter that served it."""
+
+    index: int
+    result: GenerationResult
+    drafter: Drafter
+
+
+def live_limit(verifier: Verifier[Any]) -> int | None:
+    """How many sequences ``verifier`` holds at once: a batch verifier says; a plain verifier, one."""
+    return verifier.live_limit if isinstance(verifier, BatchVerifier) else 1
+
+
+def verify_rows(
+    verifier: Verifier[Any], states: Sequence[Any], trees: Sequence[DraftTree], topk: int
+) -> list[Verification]:
+    """Every row's verification: one batched call where the verifier has one, else row after row."""
+    if isinstance(verifier, BatchVerifier):
+        return verifier.verify_batch(states, trees, topk)
+    return [verifier.verify(state, tree, topk) for state, tree in zip(states, trees, strict=True)]
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes available for new allocations on ``device``: a GPU's free memory, a Linux host's
+    ``MemAvailable``; None where neither can be read."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def check_memory(
+    verifier: Verifier[Any], requests: Sequence[BatchRequest], batch_size: int, available: int | None
+) -> int | None:
+    """The peak bytes of the batch's KV caches (None: unknown); raises before any work if they do not fit.
+
+    A row's peak is :meth:`~specdec.types.BatchVerifier.row_bytes` of its prompt, its
+    ``max_new_tokens`` and its largest tree; the batch's, the sum of its ``batch_size``
+    largest rows (any of them may be live together). Raises :class:`SpecDecError` when that is
+    more than :data:`MEMORY_SHARE` of ``available`` bytes, naming the largest batch size that fits.
+    """
+    if not isinstance(verifier, BatchVerifier) or not requests:
+        return None
+    limit = live_limit(verifier)
+    places = batch_size if limit is None else min(batch_size, limit)
+    sizes = []
+    for request in requests:
+        tokens = len(request.prompt) + request.config.max_new_tokens + tree_cap(request.config, verifier)
+        size = verifier.row_bytes(tokens)
+        if size is None:
+            return None
+        sizes.append(size)
+    largest = sorted(sizes, reverse=True)
+    peak = sum(largest[:places])
+    if available is None or peak <= MEMORY_SHARE * available:
+        return peak
+    fits, total = 0, 0
+    for size in largest:
+        if total + size > MEMORY_SHARE * available:
+            break
+        fits, total = fits + 1, total + size
+    mib = 2**20
+    advice = f"pass batch_size={fits} or less" if fits else "not even one row fits: free memory or shorten the rows"
+    raise SpecDecError(
+        f"a batch of {places} rows needs up to {peak / mib:.0f} MiB of KV cache ({largest[0] / mib:.0f} MiB for its "
+        f"largest row), more than {MEMORY_SHARE:.0%} of the {available / mib:.0f} MiB available on "
+        f"{verifier.device}: {advice}"
+    )
+
+
+def decode_batch(
+    verifier: Verifier[Any],
+    requests: Iterable[BatchRequest],
+    new_drafter: Callable[[], Drafter],
+    *,
+    batch_size: int,
+    planner: BatchPlanner | None = None,
+) -> Iterator[FinishedRow]:
+    """Decode every request, ``batch_size`` rows at a time, refilled as rows finish (module docstring).
+
+    ``new_drafter()`` gives each row its own drafter; ``planner`` decides each step's trees for
+    the whole batch (None: every tree as its drafter and ``max_nodes`` leave it). Yields each row
+    as it completes. Per row, ``stats.verify_s`` is the batch's verification time (the row waited
+    for all of it), ``stats.draft_s`` the row's own drafting plus the batch's planning, and
+    ``stats.other_s`` what it waited for the other rows (their drafting, joining rows' prefills).
+    """
+    limit = live_limit(verifier)
+    places = batch_size if limit is None else min(batch_size, limit)
+    budget = None if planner is None else str(planner.budget)
+    queue = iter(requests)
+    rows: list[tuple[BatchRequest, LiveSequence]] = []
+    try:
+        while True:
+            while len(rows) < places:  # continuous batching: finished rows' places go to the next prompts
+                request = next(queue, None)
+                if request is None:
+                    break
+                sequence = LiveSequence(verifier, new_drafter(), request.prompt, request.config, budget=budget)
+                if sequence.stop is not None:  # the prefill's token ended it
+                    yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
+                    continue
+                rows.append((request, sequence))
+            if not rows:
+                return
+            yield from _step(verifier, rows, planner)
+    finally:  # the caller stopped early (or a step raised): the live rows' caches go now
+        for _, sequence in rows:
+            if not sequence.finished:
+                verifier.release(sequence.state)
+
+
+def _step(
+    verifier: Verifier[Any], rows: list[tuple[BatchRequest, LiveSequence]], planner: BatchPlanner | None
+) -> Iterator[FinishedRow]:
+    """One step of every row (module docstring); finished rows leave ``rows`` and are yielded."""
+    started = time.perf_counter()
+    drafted: list[tuple[BatchRequest, LiveSequence, DraftTree, float]] = []
+    for request, sequence in rows:
+        mark = time.perf_counter()
+        tree = sequence.draft()
+        if tree is None:  # the context is full: the row stops here
+            yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
+            continue
+        drafted.append((request, sequence, tree, time.perf_counter() - mark))
+    rows[:] = [(request, sequence) for request, sequence, _, _ in drafted]
+    if not drafted:
+        return
+    trees = [tree for _, _, tree, _ in drafted]
+    offered = [tree.size for tree in trees]
+    plan: BatchPlan | None = None
+    planned = time.perf_counter()
+    if planner is not None:
+        plan = planner.plan(trees, [sequence.committed_len for _, sequence, _, _ in drafted])
+        trees = [row_plan.tree for row_plan in plan.plans]
+    calibration_s = 0.0 if plan is None else plan.calibration_s
+    planning_s = time.perf_counter() - planned - calibration_s
+    topk = max(sequence.drafter.feedback_topk for _, sequence, _, _ in drafted)
+    verify_started = time.perf_counter()
+    results = verify_rows(verifier, [sequence.state for _, sequence, _, _ in drafted], trees, topk)
+    verify_s = time.perf_counter() - verify_started
+    learned = []
+    for (_, sequence, _, _), result in zip(drafted, results, strict=True):
+        mark = time.perf_counter()
+        sequence.learn(result)
+        learned.append(time.perf_counter() - mark)
+    step_s = time.perf_counter() - started - calibration_s
+    for b, ((_, sequence, _, draft_s), result) in enumerate(zip(drafted, results, strict=True)):
+        row_plan = None if plan is None else plan.plans[b]
+        sequence.record.stats.calibration_s += calibration_s
+        sequence.record.add_step(trees[b], offered[b], row_plan, result, draft_s + planning_s + learned[b], verify_s,
+                                 step_s)  # fmt: skip
+    if planner is not None and plan is not None:
+        planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
+    staying = []
+    for (request, sequence, _, _), result in zip(drafted, results, strict=True):
+        sequence.emit(result)
+        if sequence.stop is None:
+            staying.append((request, sequence))
+        else:
+            yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
+    rows[:] = staying

@@ -1,0 +1,285 @@
+"""Many prompts at once: aggregate tokens/s by batch size, specdec's batches against Hugging Face's.
+
+Every arm decodes the same list of prompts (the held-out prompts, ``specdec/data/prompts.json``)
+greedily at each batch size ``B``, and the figure is the aggregate: all rows' new tokens over
+the seconds the whole list took. The arms:
+
+- ``SPEC`` (a specdec method spec: ``none``, ``sam+recycling``, ...): one warmed
+  :class:`~specdec.Generator` per spec, reused at every ``B``, running
+  :meth:`~specdec.Generator.generate_batch` (continuous batching, one verification forward
+  per step over every row);
+- ``hf-generate``: Hugging Face's ``model.generate``, greedy, the prompts in groups of ``B``
+  left-padded into one tensor (a group runs until its longest row ends; a row's tokens are
+  counted up to its first EOS);
+- ``single:SPEC`` (``B = 1`` only): the same Generator's :meth:`~specdec.Generator.generate`,
+  one prompt after another: the single-sequence path the batch's ``B = 1`` is compared with.
+
+At each ``B`` the arms run one after another (interleaved, the order rotating with ``B``),
+after one untimed call of every arm on other prompts. Every timed run starts from the same
+learned state, one that has never seen the measured prompts: Token Recycling's matrix is
+shared by a model's generators, learns from every output and is saved across processes, so
+it would otherwise draft the prompts' outputs from memory (at a later ``B``, or in any run
+after a first one on this machine: a greedy output's successors are exactly what the matrix
+keeps). So the matrix is emptied, warmed on the warm-up prompts only, and put back to that
+state before each timed run; at the end the matrix the process started with is put back and
+saved, so the measured prompts' outputs are not kept either. ``sam`` keeps no text between
+requests (the benchmark passes no ``store``).
+
+Every row of every arm is compared with its own single-sequence plain decoding (the ``none``
+spec at ``B = 1``, or, without one, a lone ``specdec.run(drafter="none")``) by
+:func:`specdec.testing.compare_outputs`: identical, or first different at a judged near-tie.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from specdec.api import GENERATOR_OPTIONS, Generator
+from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.plot import save_figure
+from specdec.bench.report import markdown_table
+from specdec.drafters.recycling_state import clear_shared, restore_shared, snapshot_shared
+from specdec.errors import SpecDecError
+from specdec.models import encode_prompt, eos_token_ids
+from specdec.testing import compare_outputs
+
+HF = "hf-generate"
+SINGLE = "single:"
+WARM_UP = ("Write one sentence about the sea.", "List three prime numbers.")  # not among the measured prompts
+
+
+@dataclass
+class ArmRun:
+    """One arm decoding the whole list at one batch size: every row's tokens and the list's seconds."""
+
+    arm: str
+    batch_size: int
+    rows: list[list[int]]
+    seconds: float
+    steps: int | None = None
+    verdicts: list[str] = field(default_factory=list)
+    acceptable: int = 0
+    identical: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(row) for row in self.rows)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"arm": self.arm, "batch_size": self.batch_size, "tokens": self.tokens, "seconds": self.seconds,
+                "tokens_per_s": round(self.tokens_per_s, 3), "steps": self.steps, "identical": self.identical,
+                "acceptable": self.acceptable, "verdicts": self.verdicts, "rows": self.rows}  # fmt: skip
+
+
+def hf_batched(model: Any, eos: Sequence[int], pad: int, prompts: Sequence[Sequence[int]], batch_size: int,
+               max_new_tokens: int) -> tuple[list[list[int]], float]:  # fmt: skip
+    """``model.generate`` greedy over ``prompts`` in left-padded groups of ``batch_size``: each row's new
+    tokens (up to and with its first EOS) and the seconds all groups took."""
+    device = next(model.parameters()).device
+    rows: list[list[int]] = []
+    seconds = 0.0
+    for first in range(0, len(prompts), batch_size):
+        group = prompts[first : first + batch_size]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in group], device=device)  # [B, W]
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)  # [B, W]
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=list(eos) or None, pad_token_id=pad)  # fmt: skip
+        seconds += time.perf_counter() - started
+        for row in out[:, width:].tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            rows.append([int(t) for t in row[:end]])
+    return rows, seconds
+
+
+def _generator_options(spec: MethodSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A spec's options split into the Generator's (construction) and the decoding ones."""
+    construction = {k: v for k, v in spec.options.items() if k in GENERATOR_OPTIONS}
+    return construction, {k: v for k, v in spec.options.items() if k not in GENERATOR_OPTIONS}
+
+
+class Arms:
+    """The arms of a batch measurement (module docstring), built once and warmed."""
+
+    def __init__(self, model: Any, tokenizer: Any, specs: str) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.eos = eos_token_ids(model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
+        self.specs: list[MethodSpec] = []
+        self.hf = False
+        for spec in parse_methods([specs]):
+            if spec.name == HF and not spec.options:
+                self.hf = True
+            elif spec.is_peer:
+                raise SpecDecError(f"{spec.label!r}: the batch benchmark's peer is plain {HF} (batched, greedy)")
+            elif spec.sampling:
+                raise SpecDecError(f"{spec.label!r}: the batch benchmark is greedy (sampled rows: the tests)")
+            else:
+                self.specs.append(spec)
+        self.generators: dict[str, tuple[Generator, dict[str, Any]]] = {}
+        for spec in self.specs:
+            construction, decoding = _generator_options(spec)
+            generator = Generator(model, tokenizer, drafter=spec.name, **construction)
+            self.generators[spec.label] = (generator, decoding)
+
+    def save_learned(self) -> None:
+        """Save the shared Token Recycling matrices as they are now (where the planner cache is on)."""
+        for generator, _ in self.generators.values():
+            if generator.context.recycling is not None:
+                generator.context.recycling.save()
+
+    @property
+    def labels(self) -> list[str]:
+        return [*(spec.label for spec in self.specs), *([HF] if self.hf else [])]
+
+    def run(self, arm: str, prompts: Sequence[Sequence[int]], batch_size: int, max_new_tokens: int) -> ArmRun:
+        """``arm`` over every prompt at ``batch_size``, timed."""
+        if arm == HF:
+            rows, seconds = hf_batched(self.model, self.eos, self.pad, prompts, batch_size, max_new_tokens)
+            return ArmRun(arm, batch_size, rows, seconds)
+        single = arm.startswith(SINGLE)
+        generator, decoding = self.generators[arm.removeprefix(SINGLE)]
+        started = time.perf_counter()
+        if single:
+            results = [generator.generate(list(p), max_new_tokens=max_new_tokens, **decoding) for p in prompts]
+        else:
+            results = generator.generate_batch([list(p) for p in prompts], batch_size=batch_size,
+                                               max_new_tokens=max_new_tokens, **decoding)  # fmt: skip
+        seconds = time.perf_counter() - started
+        return ArmRun(arm, batch_size, [list(r.tokens) for r in results], seconds, sum(r.stats.steps for r in results))
+
+
+def measure(
+    model: Any, tokenizer: Any, texts: Sequence[str], specs: str, batch_sizes: Sequence[int], max_new_tokens: int,
+    progress: bool = True,
+) -> list[ArmRun]:
+    """Every arm at every batch size (module docstring); each run's rows judged against plain decoding."""
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise SpecDecError(f"batch sizes must be positive ints, got {list(batch_sizes)}")
+    if not texts:
+        raise SpecDecError("no prompts to decode")
+    arms = Arms(model, tokenizer, specs)
+    prompts = [encode_prompt(tokenizer, text, None) for text in texts]
+    plan = []
+    for k, batch in enumerate(batch_sizes):
+        labels = arms.labels
+        shift = k % len(labels)
+        order = labels[shift:] + labels[:shift]  # interleaved: who runs first rotates with B
+        if batch == 1:
+            order += [SINGLE + spec.label for spec in arms.specs]
+        plan += [(arm, batch) for arm in order]
+    warm = [encode_prompt(tokenizer, text, None) for text in WARM_UP]
+    for arm, batch in dict.fromkeys(plan):  # one untimed call of every arm: calibration, compiled kernels, caches
+        arms.run(arm, warm, batch, 8)
+    saved = snapshot_shared()  # what this machine's earlier runs left (module docstring)
+    runs = []
+    try:
+        clear_shared()
+        for arm, batch in dict.fromkeys(plan):
+            arms.run(arm, warm, batch, 8)
+        learned = snapshot_shared()  # warmed on the warm-up prompts alone
+        for arm, batch in tqdm(plan, desc="batched runs", disable=not progress):
+            restore_shared(learned)  # no run drafts from an earlier run's outputs
+            runs.append(arms.run(arm, prompts, batch, max_new_tokens))
+    finally:
+        restore_shared(saved)
+        arms.save_learned()
+    reference = next((r.rows for r in runs if r.arm == "none" and r.batch_size == 1), None)
+    if reference is None:
+        from specdec.api import run
+
+        reference = [list(run(model, p, "none", tokenizer=tokenizer, max_new_tokens=max_new_tokens).tokens)
+                     for p in prompts]  # fmt: skip
+    for arm_run in runs:
+        for prompt, ours, theirs in zip(prompts, arm_run.rows, reference, strict=True):
+            comparison = compare_outputs(model, prompt, ours, theirs)
+            arm_run.verdicts.append(comparison.describe())
+            arm_run.identical += comparison.identical
+            arm_run.acceptable += comparison.acceptable
+    return runs
+
+
+def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
+    """Tokens/s by batch size and arm, and the ratios the issue asks for: each spec over ``none`` and over
+    ``hf-generate`` at the same ``B``, and ``B = 1`` batched over the single-sequence path."""
+    table: dict[int, dict[str, float]] = {}
+    for r in runs:
+        table.setdefault(r.batch_size, {})[r.arm] = round(r.tokens_per_s, 2)
+    ratios: dict[int, dict[str, float]] = {}
+    for batch, row in table.items():
+        out: dict[str, float] = {}
+        for arm, rate in row.items():
+            if arm.startswith(SINGLE) or arm == HF:
+                continue
+            if arm != "none" and row.get("none"):
+                out[f"{arm} / none"] = round(rate / row["none"], 3)
+            if row.get(HF):
+                out[f"{arm} / {HF}"] = round(rate / row[HF], 3)
+            if row.get(SINGLE + arm):
+                out[f"{arm} / {SINGLE}{arm}"] = round(rate / row[SINGLE + arm], 3)
+        ratios[batch] = out
+    return {
+        "tokens_per_s": table,
+        "ratios": ratios,
+        "identical": {f"{r.arm}@{r.batch_size}": f"{r.identical}/{len(r.rows)}" for r in runs},
+        "acceptable": {f"{r.arm}@{r.batch_size}": f"{r.acceptable}/{len(r.rows)}" for r in runs},
+        "prompts": len(runs[0].rows) if runs else 0,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Markdown: tokens/s by B and arm, then the ratios, then identity."""
+    table = summary["tokens_per_s"]
+    arms = list(dict.fromkeys(arm for row in table.values() for arm in row))
+    rows = [[str(b), *(f"{table[b][a]:.1f}" if a in table[b] else "" for a in arms)] for b in table]
+    lines = [markdown_table(["B", *(f"{a} tok/s" for a in arms)], rows)]
+    names = list(dict.fromkeys(name for row in summary["ratios"].values() for name in row))
+    if names:
+        ratio_rows = [[str(b), *(f"{summary['ratios'][b][n]:.2f}x" if n in summary["ratios"][b] else ""
+                                 for n in names)] for b in summary["ratios"]]  # fmt: skip
+        lines += ["", markdown_table(["B", *names], ratio_rows)]
+    bad = {k: v for k, v in summary["acceptable"].items() if v.split("/")[0] != v.split("/")[1]}
+    lines.append(
+        f"\n{summary['prompts']} prompts; rows identical to their single-sequence plain decoding: "
+        + ", ".join(f"{k} {v}" for k, v in summary["identical"].items())
+        + ("; every difference at a near-tie" if not bad else f"; NOT at a near-tie: {bad}")
+    )
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], path: str | Path, title: str) -> Path:
+    """Tokens/s against batch size, one line per arm (``single:`` arms left out: they have one point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    table = summary["tokens_per_s"]
+    sizes = sorted(table)
+    arms = [a for a in dict.fromkeys(a for row in table.values() for a in row) if not a.startswith(SINGLE)]
+    figure, axes = plt.subplots(figsize=(6.0, 4.0))
+    for arm in arms:
+        points = [(b, table[b][arm]) for b in sizes if arm in table[b]]
+        axes.plot([b for b, _ in points], [v for _, v in points], marker="o", label=arm)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sizes, [str(b) for b in sizes])
+    axes.set_xlabel("batch size B")
+    axes.set_ylabel("aggregate tokens/s")
+    axes.set_title(title, fontsize=8)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    return save_figure(figure, path)

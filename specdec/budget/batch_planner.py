@@ -1,0 +1,174 @@
+"""The batch's decision rule: how many draft nodes each row verifies, from the cost of the whole forward.
+
+A batched step verifies every row's tree in one forward (:mod:`specdec.batching`): ``B`` rows
+with trees of ``k_b`` nodes cost ``cost(R, C)`` for ``R = sum_b k_b`` rows in all (on
+``cache="native"`` there is no padding: the forward's linear layers see exactly ``R`` rows).
+The rule of :mod:`specdec.budget.planner`, written for the batch, maximizes
+
+    sum_b E_b(k_b) - rate * cost(sum_b k_b, C)          E_b(k) = 1 + (sum of row b's k - 1 largest p)
+
+with ``p`` each node's acceptance probability (:mod:`specdec.budget.acceptance`, one model for
+every row) and ``rate`` the batch's throughput in tokens per second.
+
+**One sort for the whole batch.** The cost depends on the rows' total alone, so for ``B + j``
+rows in all the best allocation verifies the ``j`` non-root nodes of largest ``p`` over all
+rows; each row's share is then its own largest ones, a prefix-closed subtree (``p`` never grows
+from a parent to its child), exactly the tree :func:`~specdec.budget.planner.best_nodes` cuts
+for it. So the decision is :func:`~specdec.budget.planner.choose_budget` over the rows' pooled
+nodes: sort, cumulate, subtract ``rate * cost(B + j, C)`` for every ``j``, keep the best ``j``.
+O(M log M) for ``M`` offered non-root nodes.
+
+**Never slower per token than plain batched decoding.** ``rate`` is floored at plain batched
+decoding's, ``B / (cost(B, C) + overhead)``. A step then drafts only where ``E - B > rate *
+(cost(B + j) - cost(B))``, which implies ``E / (cost(B + j) + overhead) > B / (cost(B) +
+overhead)``: in expectation every drafting step beats a plain batched step. A large batch has
+a high plain rate, and its forward is past the point where more rows cost little (the
+CPU's forwards turn compute-bound at a few dozen rows), so it drafts little or nothing
+(docs/budget.md, "Batches", has the measured curve).
+
+**Costs.** The calibration's table (cost by rows: one chain after ``C`` tokens, kernels
+chosen by rows) prices the forward; ``C`` is the rows' mean committed length. A batched step
+also pays per row (attention per row over its own cache, acceptance, compaction), so the
+batch has a cost model of its own, from the same table, refined online from batched steps
+only: what it learns never bends a lone sequence's budgets. The rate is kept per number of
+rows (:class:`~specdec.budget.planner.Throughput` each), since a batch of 2 and a batch of 8
+run at different rates.
+
+**Probes**, as for one sequence: every :data:`~specdec.budget.planner.PROBE_EVERY`-th step on
+which the rule cut some tree verifies the next best nodes up to twice the rows (``R = 2(B +
+j)``), so the sizes just past the decision keep being measured.
+
+Budgets ``"full"`` and a node count cut each row's tree as for one sequence (the engine caps a
+fixed budget's trees already); the plans still carry each row's expected acceptance and the
+forward's predicted cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
+from specdec.budget.cost_model import VerifyCostModel
+from specdec.budget.planner import PROBE_EVERY, Budget, Plan, Throughput, choose_budget
+from specdec.types import DraftTree
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batched step's decision: each row's :class:`~specdec.budget.planner.Plan` and the forward's figures.
+
+    ``rows``: the forward's rows (the planned trees' nodes, all rows); ``context``: the mean committed
+    length the cost was read at; ``predicted_s``: the forward's predicted seconds (None without a cost
+    model); ``calibration_s``: seconds this decision spent calibrating (first use only).
+    """
+
+    plans: tuple[Plan, ...]
+    rows: int
+    context: int
+    predicted_s: float | None
+    calibration_s: float = 0.0
+
+
+class BatchPlanner:
+    """Decides every row's tree of a batched step under a :class:`~specdec.budget.planner.Budget`, and learns.
+
+    ``acceptance``: the per-node acceptance model (shared with single-sequence planners: a node's
+    chance does not depend on its neighbours in a batch). ``throughputs``: the batch's rate per
+    number of rows, kept by the caller across calls. ``load_cost``: returns the batch's cost model
+    and the seconds spent calibrating (module docstring: its own model from the calibration's table).
+    """
+
+    def __init__(
+        self,
+        budget: Budget | str | int,
+        acceptance: AcceptanceModel,
+        throughputs: dict[int, Throughput],
+        load_cost: Callable[[], tuple[VerifyCostModel, float]],
+    ) -> None:
+        self.budget = Budget.parse(budget)
+        self.acceptance = acceptance
+        self.throughputs = throughputs
+        self._load_cost = load_cost
+        self._cost: VerifyCostModel | None = None
+        self._since_probe = 0
+
+    @property
+    def cost(self) -> VerifyCostModel | None:
+        return self._cost
+
+    def throughput(self, rows: int) -> Throughput:
+        """The batch's measured rate with ``rows`` sequences (a new one starts at plain decoding's floor)."""
+        return self.throughputs.setdefault(rows, Throughput())
+
+    def plan(self, trees: Sequence[DraftTree], committed: Sequence[int]) -> BatchPlan:
+        """Every row's tree to verify (cut from its drafter's ``trees[b]``, after ``committed[b]`` tokens)."""
+        keys = [node_keys(tree) for tree in trees]
+        calibration_s = 0.0
+        if self._cost is None and any(tree.size > 1 for tree in trees):
+            self._cost, calibration_s = self._load_cost()  # also switches the verifier to the calibrated kernels
+        context = round(sum(committed) / len(committed))
+        if self.budget.mode != "auto" or all(tree.size == 1 for tree in trees):
+            return self._as_drafted(trees, keys, context, calibration_s)
+        assert self._cost is not None  # loaded above: some tree has a draft
+        probs = [self.acceptance.estimate(tree, k)[1] if tree.size > 1 else np.ones(1) for tree, k in zip(
+            trees, keys, strict=True)]  # fmt: skip  # [N_b] each
+        pooled = np.concatenate([p[1:] for p in probs])  # [M]: every row's non-root nodes, row after row
+        owner = np.repeat(np.arange(len(trees)), [tree.size - 1 for tree in trees])  # [M]
+        local = np.concatenate([np.arange(1, tree.size) for tree in trees])  # [M]: node index in its tree
+        batch = len(trees)
+        costs = self._cost.predict(batch + np.arange(len(pooled) + 1), context)  # [M + 1]: R = B .. B + M
+        rate = self.throughput(batch).rate(batch / (costs[0] + self.throughput(batch).overhead_s))
+        # choose_budget over a virtual root and the pooled nodes: its k - 1 is the extra rows j, and its
+        # gains are E - (B - 1), a constant apart, so the argmax is the batch's.
+        k, chosen = choose_budget(np.concatenate(([1.0], pooled)), costs, rate)
+        extra, reason = k - 1, "auto"
+        if extra < len(pooled):
+            self._since_probe += 1
+            if self._since_probe >= PROBE_EVERY:
+                self._since_probe = 0
+                extra, reason = min(len(pooled), batch + 2 * extra), "probe"
+                order = np.argsort(-pooled, kind="stable")[:extra] + 1  # as best_nodes takes them
+                chosen = np.sort(np.concatenate(([0], order)))
+        picked = chosen[1:] - 1  # [extra]: indices into pooled
+        plans = []
+        for b, (tree, row_keys, p) in enumerate(zip(trees, keys, probs, strict=True)):
+            nodes = [0, *sorted(int(i) for i in local[picked[owner[picked] == b]])]
+            offered = tree.size
+            why = "no draft" if offered == 1 else "declined" if len(nodes) == 1 else reason
+            if len(nodes) < offered:
+                tree, row_keys = tree.select(nodes), [row_keys[i] for i in nodes]
+            expected = float(p[nodes[1:]].sum())
+            plans.append(Plan(tree, row_keys, offered, expected, float(costs[extra]), calibration_s, why))
+        return BatchPlan(tuple(plans), batch + extra, context, float(costs[extra]), calibration_s)
+
+    def _as_drafted(
+        self, trees: Sequence[DraftTree], keys: Sequence[Sequence[NodeKey]], context: int, calibration_s: float
+    ) -> BatchPlan:
+        """Every tree as it is (a fixed or full budget, or no drafts): what each row expects, what the forward costs."""
+        rows = sum(tree.size for tree in trees)
+        predicted = None if self._cost is None else float(self._cost.predict(np.array([rows]), context)[0])
+        plans = []
+        for tree, row_keys in zip(trees, keys, strict=True):
+            expected = 0.0 if tree.size == 1 else float(self.acceptance.estimate(tree, row_keys)[1][1:].sum())
+            reason = "no draft" if tree.size == 1 else self.budget.mode
+            plans.append(Plan(tree, row_keys, tree.size, expected, predicted, calibration_s, reason))
+        return BatchPlan(tuple(plans), rows, context, predicted, calibration_s)
+
+    def observe(self, batch: BatchPlan, accepted: Sequence[Sequence[int]], verify_s: float, step_s: float) -> None:
+        """Learn from a verified batch: each row's acceptance, the forward's cost, the batch's rate.
+
+        ``accepted[b]``: row ``b``'s accepted node indices (root first); ``verify_s`` the batched
+        verification's seconds, ``step_s`` the whole step's (every row's drafting and update too).
+        """
+        for plan, nodes in zip(batch.plans, accepted, strict=True):
+            self.acceptance.observe(plan.tree, plan.keys, nodes)
+        if self._cost is not None:
+            self._cost.observe(batch.rows, batch.context, verify_s)
+        emitted = sum(len(nodes) for nodes in accepted)
+        self.throughput(len(batch.plans)).observe(emitted, step_s, verify_s, batch.predicted_s)
+
+
+__all__ = ["BatchPlan", "BatchPlanner"]

@@ -1,0 +1,430 @@
+"""Batched speculative decoding (``specdec.batching``): every row is its own single-sequence plain decoding.
+
+Checked, on tiny fp64 models of every architecture (``cache="native"`` for the Llama family: one
+forward per step for all rows; the model's own forward elsewhere: rows one after another):
+every row's tokens equal ``run(prompt, "none")`` alone, greedy and sampled with the row's seed,
+with random trees around the truth, real drafters, ragged prompts, rows ending at different
+steps (an EOS id) and rows joining mid-batch (more prompts than places); the batch verifier
+gives each row bitwise what verifying it alone gives; the batched ``cuda_ext`` acceptance equals
+the reference ops'; the batch planner's one sort is the best allocation (brute force) and
+never plans a step slower per token than a plain batched one; bad input is refused before any
+work (naming the prompt), a batch too large for memory too; rows feed a shared store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import IDENTITY_COUNTS, native_or_skip
+from oracle_drafter import OracleTreeFactory, random_tree
+from test_lossless import random_prompt
+from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+
+import specdec
+from specdec import api
+from specdec.backends.runner import ARCHITECTURES as NATIVE
+from specdec.backends.verifier import TorchTreeOps
+from specdec.batching import BatchRequest, check_memory
+from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.batch_planner import BatchPlanner
+from specdec.budget.cost_model import CostTable, VerifyCostModel
+from specdec.budget.planner import Throughput, best_nodes
+from specdec.errors import SpecDecError
+from specdec.sampling import Greedy, PositionKeyedSampler, SamplingParams
+from specdec.types import BatchVerifier, DraftTree
+
+MAX_NEW = 30
+
+
+def cache_for(arch: str) -> str:
+    return "native" if arch in NATIVE else "dynamic"
+
+
+def ragged_prompts(seed: str, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [random_prompt(rng) for _ in range(count)]
+
+
+def alone(model: Any, prompts: Sequence[Sequence[int]], cache: str, **options: Any) -> list[list[int]]:
+    """Each prompt's single-sequence plain decoding (``drafter="none"``), with row i's seed when sampling."""
+    seed = options.pop("seed", None)
+    return [
+        specdec.run(model, list(prompt), "none", cache=cache, **options,
+                    **({} if seed is None else {"seed": seed + i})).tokens
+        for i, prompt in enumerate(prompts)
+    ]  # fmt: skip
+
+
+def frequent_token(outputs: Sequence[Sequence[int]]) -> int:
+    """A token that ends some outputs early: rows then stop at different steps."""
+    counts = np.bincount([t for out in outputs for t in out[1:]], minlength=VOCAB)
+    return int(np.argmax(counts))
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_rows_equal_their_lone_plain_decoding(arch: str) -> None:
+    model = tiny_model(arch)
+    cache = cache_for(arch)
+    prompts = ragged_prompts(f"batch-{arch}", 7)
+    eos = frequent_token(alone(model, prompts, cache, max_new_tokens=MAX_NEW))
+    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW, eos_token_id=eos)
+    assert len({len(t) for t in truth}) > 1  # rows end at different steps
+    oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=20, depth=7)
+    accepted = 0
+    for drafter in (oracle, "none", "pld", "sam+recycling"):
+        generator = specdec.Generator(model, drafter=drafter, cache=cache, budget="full")
+        results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=MAX_NEW, eos_token_id=eos)
+        for result, expected, prompt in zip(results, truth, prompts, strict=True):
+            assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
+            assert result.stats.new_tokens == len(expected) and result.prompt_tokens == prompt
+            IDENTITY_COUNTS[f"{arch}/batch/{getattr(drafter, 'name', drafter)}"] += 1
+        if drafter is oracle:
+            accepted = sum(r.stats.emitted_by_steps - r.stats.steps for r in results)
+    assert accepted > 20  # the oracle's trees were accepted: deep paths and scattered slots were verified
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
+def test_sampled_rows_equal_lone_sampling_with_the_rows_seed(arch: str) -> None:
+    model = tiny_model(arch)
+    cache = cache_for(arch)
+    prompts = ragged_prompts(f"sampled-{arch}", 5)
+    options: dict[str, Any] = {"max_new_tokens": MAX_NEW, "do_sample": True, "temperature": 0.9, "top_k": 40}
+    truth = alone(model, prompts, cache, seed=11, **options)
+    generator = specdec.Generator(model, drafter="sam+recycling", cache=cache, budget="full")
+    results = generator.generate_batch(prompts, batch_size=2, seed=11, **options)
+    assert [r.tokens for r in results] == truth
+    assert [r.seed for r in results] == [11 + i for i in range(len(prompts))]
+    seeds = [5, 99, 5, 1234, 7]
+    explicit = generator.generate_batch(prompts, batch_size=4, seeds=seeds, **options)
+    for result, prompt, seed in zip(explicit, prompts, seeds, strict=True):
+        assert result.tokens == specdec.run(model, prompt, "none", cache=cache, seed=seed, **options).tokens
+        assert result.seed == seed
+
+
+def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
+    model = tiny_model("llama")
+    prompts = ragged_prompts("join", 6)
+    lengths = [3, 25, 5, 2, 18, 9]  # stop at different steps: a stop id per row is not an option, so the
+    # test cuts max_new_tokens per call and checks each row against its own truth at its own length
+    generator = specdec.Generator(model, drafter="pld", cache="native")
+    live: list[int] = []
+    verify_batch = generator.verifier.verify_batch  # type: ignore[attr-defined]
+
+    def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0) -> Any:
+        live.append(len(states))
+        return verify_batch(states, trees, topk)
+
+    generator.verifier.verify_batch = watched  # type: ignore[attr-defined]
+    order = []
+    for max_new in sorted(set(lengths)):
+        chosen = [p for p, n in zip(prompts, lengths, strict=True) if n == max_new]
+        for index, result in generator.iter_batch(chosen, batch_size=2, max_new_tokens=max_new):
+            assert result.tokens == alone(model, [chosen[index]], "native", max_new_tokens=max_new)[0]
+    live.clear()
+    eos = frequent_token(alone(model, prompts, "native", max_new_tokens=MAX_NEW))
+    truth = alone(model, prompts, "native", max_new_tokens=MAX_NEW, eos_token_id=eos)
+    for index, result in generator.iter_batch(prompts, batch_size=2, max_new_tokens=MAX_NEW, eos_token_id=eos):
+        order.append(index)
+        assert result.tokens == truth[index]
+    assert sorted(order) == list(range(len(prompts)))
+    assert max(live) == 2 and min(live) >= 1  # never more rows than places
+    by_steps = sorted(range(len(prompts)), key=lambda i: (len(truth[i]), i))
+    assert order != list(range(len(prompts))) or by_steps == order  # completion order, not prompt order
+
+
+def test_a_static_cache_runs_its_rows_one_at_a_time() -> None:
+    model = tiny_model("llama")
+    prompts = ragged_prompts("static", 3)
+    generator = specdec.Generator(model, drafter="pld", cache="static-eager")
+    assert isinstance(generator.verifier, BatchVerifier) and generator.verifier.live_limit == 1
+    results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=12)
+    assert [r.tokens for r in results] == alone(model, prompts, "static-eager", max_new_tokens=12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_verify_batch_gives_each_row_its_lone_verification_bit_for_bit(dtype: torch.dtype) -> None:
+    native_or_skip("cpu_kernels", specdec.backends.cpu_kernels.load)
+    model = tiny_model("qwen2").to(dtype)
+    try:
+        generator = specdec.Generator(model, drafter="none", cache="native")
+        verifier = generator.verifier
+        assert isinstance(verifier, BatchVerifier)
+        rng = random.Random(3)
+        prompts = ragged_prompts("verify-batch", 4)
+
+        def states() -> list[Any]:
+            return [verifier.prefill(p, reserve=40)[0] for p in prompts]
+
+        trees = [random_tree(rng, rng.randrange(VOCAB), VOCAB, size) for size in (1, 9, 4, 13)]
+        for topk in (0, 3):
+            together = verifier.verify_batch(states(), trees, topk)
+            lone = [verifier.verify(state, tree, topk) for state, tree in zip(states(), trees, strict=True)]
+            for a, b in zip(together, lone, strict=True):
+                assert (a.accepted_nodes, a.accepted_tokens, a.bonus) == (b.accepted_nodes, b.accepted_tokens, b.bonus)
+                assert (a.feedback is None) == (b.feedback is None)
+                if a.feedback is not None and b.feedback is not None:
+                    assert np.array_equal(a.feedback.topk, b.feedback.topk)
+    finally:
+        model.to(torch.float64)
+
+
+def test_verify_batch_refuses_what_it_cannot_verify() -> None:
+    generator = specdec.Generator(tiny_model("llama"), drafter="none", cache="native")
+    verifier: Any = generator.verifier
+    state = verifier.prefill([3, 4, 5])[0]
+    tree = DraftTree.single(6)
+    with pytest.raises(SpecDecError, match="2 states but 1 trees"):
+        verifier.verify_batch([state, state], [tree])
+    with pytest.raises(SpecDecError, match="appears twice"):
+        verifier.verify_batch([state, state], [tree, tree])
+    verifier.release(state)
+    with pytest.raises(SpecDecError, match="released"):
+        verifier.verify_batch([state], [tree])
+
+
+@pytest.mark.parametrize("chooser", ["greedy", "sampled"])
+@pytest.mark.parametrize("topk", [0, 4])
+def test_batched_cuda_ext_acceptance_equals_the_reference(chooser: str, topk: int) -> None:
+    from specdec.backends.cuda_ext import ExtTreeOps, build
+
+    native_or_skip("cuda_ext", build.load)
+    ext, reference = ExtTreeOps("cpu"), TorchTreeOps()
+    rng = random.Random(f"{chooser}-{topk}")
+    for case in range(12):
+        batch, size = rng.randrange(2, 6), rng.randrange(1, 12)
+        trees = [random_tree(rng, rng.randrange(VOCAB), VOCAB, size) for _ in range(batch)]
+        trees = [t.prefix(size) if t.size > size else t for t in trees]
+        sizes = {t.size for t in trees}
+        if len(sizes) != 1:  # random_tree may stop short of size: keep the batched path's case (one size)
+            trees = [t.prefix(min(sizes)) for t in trees]
+        rows = sum(t.size for t in trees)
+        logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(case))
+        logits[:, 7] = logits[:, 3] = logits.max() + 1.0  # ties: the lower id wins everywhere
+        if case % 2:
+            logits = logits.round()  # many ties
+        positions = torch.tensor([20 + d for t in trees for d in t.depths])
+        choosers: list[Any] = [
+            Greedy() if chooser == "greedy" else PositionKeyedSampler(SamplingParams(0.8, 0, 1.0, seed=b))
+            for b in range(batch)
+        ]
+        ours = ext.accept_rows(trees, logits.contiguous(), positions, choosers, topk)
+        theirs = reference.accept_rows(trees, logits, positions, choosers, topk)
+        for a, b in zip(ours, theirs, strict=True):
+            assert (a.path, a.bonus) == (b.path, b.bonus)
+            assert (a.topk is None and b.topk is None) or np.array_equal(a.topk, b.topk)  # type: ignore[arg-type]
+
+
+# -- the batch planner ---------------------------------------------------------------------------------------
+
+
+def flat_costs(base: float, per_row: float, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> VerifyCostModel:
+    table = CostTable(tuple(sizes), (64,), (tuple(base + per_row * s for s in sizes),), {})
+    return VerifyCostModel(table, learn=False)
+
+
+def planner_with(cost: VerifyCostModel, overhead: float = 0.001) -> BatchPlanner:
+    throughputs: dict[int, Throughput] = {}
+
+    def load() -> tuple[VerifyCostModel, float]:
+        return cost, 0.0
+
+    planner = BatchPlanner("auto", AcceptanceModel(), throughputs, load)
+    for rows in range(1, 9):
+        throughputs[rows] = Throughput(fixed_overhead_s=overhead)
+    return planner
+
+
+def labelled_trees(rng: random.Random, count: int) -> list[DraftTree]:
+    trees = []
+    for _ in range(count):
+        tree = random_tree(rng, rng.randrange(VOCAB), VOCAB, rng.randrange(1, 9))
+        features = tuple(rng.randrange(0, 6) for _ in range(tree.size))
+        trees.append(DraftTree(tree.tokens, tree.parents, "pld", node_features=features))
+    return trees
+
+
+def test_the_batch_planners_one_sort_is_the_best_allocation() -> None:
+    """Brute force over every row's node count: no allocation beats the planner's objective."""
+    rng = random.Random(0)
+    cost = flat_costs(0.02, 0.004)
+    for _ in range(25):
+        planner = planner_with(cost)
+        trees = labelled_trees(rng, rng.randrange(1, 4))
+        committed = [rng.randrange(10, 200) for _ in trees]
+        plan = planner.plan(trees, committed)
+        if any(p.reason == "probe" for p in plan.plans):
+            continue
+        probs = [planner.acceptance.estimate(t, specdec.budget.acceptance.node_keys(t))[1] for t in trees]
+        context = plan.context
+        rate = planner.throughput(len(trees)).rate(
+            len(trees) / (float(cost.predict(np.array([len(trees)]), context)[0]) + 0.001))
+
+        def objective(
+            counts: Sequence[int], probs: list[Any] = probs, rate: float = rate, context: int = context
+        ) -> float:
+            gain = sum(1.0 + float(p[best_nodes(p, k)[1:]].sum()) for p, k in zip(probs, counts, strict=True))
+            return gain - rate * float(cost.predict(np.array([sum(counts)]), context)[0])
+
+        best = max(objective(c) for c in itertools.product(*(range(1, t.size + 1) for t in trees)))
+        chosen = [p.tree.size for p in plan.plans]
+        assert objective(chosen) >= best - 1e-9, (chosen, best)
+        for row_plan, tree, p in zip(plan.plans, trees, probs, strict=True):  # each row's cut is its own best nodes
+            assert row_plan.tree.tokens == tree.select(best_nodes(p, row_plan.tree.size).tolist()).tokens
+
+
+def test_a_large_batch_on_a_compute_bound_forward_drafts_nothing() -> None:
+    """Costs that grow with every row (past the memory-bound knee): no draft can beat the plain batched rate."""
+    rng = random.Random(1)
+    cheap = planner_with(flat_costs(0.02, 0.0001))  # rows nearly free: drafts pay
+    dear = planner_with(flat_costs(0.001, 0.01))  # every row costs as much as the weights' pass: none pays
+    trees = labelled_trees(rng, 8)
+    assert cheap.plan(trees, [100] * 8).rows > 8
+    plan = dear.plan(trees, [100] * 8)
+    assert plan.rows == 8 and {p.reason for p in plan.plans} <= {"declined", "no draft"}
+
+
+def test_the_batch_planner_never_expects_a_step_slower_per_token_than_plain_batched_decoding() -> None:
+    rng = random.Random(2)
+    for per_row in (0.0002, 0.002, 0.02):
+        cost = flat_costs(0.02, per_row)
+        planner = planner_with(cost)
+        for _ in range(30):
+            trees = labelled_trees(rng, rng.randrange(1, 9))
+            plan = planner.plan(trees, [64] * len(trees))
+            if any(p.reason == "probe" for p in plan.plans):
+                continue
+            batch = len(trees)
+            expected = batch + sum(p.expected for p in plan.plans)
+            plain = batch / (float(cost.predict(np.array([batch]), 64)[0]) + 0.001)
+            assert expected / (float(plan.predicted_s or 0.0) + 0.001) >= plain * (1 - 1e-9)
+
+
+def test_the_batch_planner_probes_twice_the_rows_now_and_then() -> None:
+    planner = planner_with(flat_costs(0.001, 0.01))
+    rng = random.Random(4)
+    reasons = []
+    for _ in range(40):
+        trees = labelled_trees(rng, 4)
+        plan = planner.plan(trees, [64] * 4)
+        probed = any(p.reason == "probe" for p in plan.plans)
+        reasons.append("probe" if probed else "plan")
+        if probed:
+            assert plan.rows == min(8, sum(t.size for t in trees))
+    assert 1 <= reasons.count("probe") <= 3
+
+
+# -- the API: options, bad input, memory ---------------------------------------------------------------------
+
+
+def test_bad_input_is_refused_before_any_work() -> None:
+    model = tiny_model("llama")
+    generator = specdec.Generator(model, drafter="pld", cache="native")
+    prefills: list[int] = []
+    prefill = generator.verifier.prefill
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        prefills.append(1)
+        return prefill(*args, **kwargs)
+
+    generator.verifier.prefill = counted  # type: ignore[method-assign]
+    good = [3, 4, 5]
+    with pytest.raises(SpecDecError, match="prompt 2: the prompt is empty"):
+        generator.generate_batch([good, good, []], max_new_tokens=4)
+    with pytest.raises(SpecDecError, match="prompt 1 has 300 tokens, past the model's context length of 256"):
+        generator.generate_batch([good, [3] * 300], max_new_tokens=4)
+    with pytest.raises(SpecDecError, match="prompt 0: token id 96 is outside"):
+        generator.generate_batch([[96]], max_new_tokens=4)
+    with pytest.raises(SpecDecError, match="batch_size must be a positive int"):
+        generator.generate_batch([good], batch_size=0)
+    with pytest.raises(SpecDecError, match="a list of prompts"):
+        generator.generate_batch("one string", max_new_tokens=4)  # type: ignore[arg-type]
+    with pytest.raises(SpecDecError, match="seeds must be a list of 2 ints"):
+        generator.generate_batch([good, good], seeds=[1], do_sample=True)
+    with pytest.raises(SpecDecError, match="not both"):
+        generator.generate_batch([good, good], seeds=[1, 2], seed=3, do_sample=True)
+    with pytest.raises(SpecDecError, match="max_new_tokens must be at least 1"):
+        generator.generate_batch([good], max_new_tokens=0)
+    with pytest.raises(SpecDecError, match="does not stream"):
+        specdec.run_batch(model, [good], "pld", on_tokens=print)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        specdec.run_batch(model, [good], "pld", colour=1)  # type: ignore[call-arg]
+    own = specdec.make_factory("pld").create()
+    with pytest.raises(SpecDecError, match="its own drafter"):
+        specdec.Generator(model, drafter=own, cache="native").generate_batch([good, good], batch_size=2)
+    assert not prefills  # nothing ran
+    assert generator.generate_batch([], max_new_tokens=4) == []
+
+
+def test_a_batch_too_large_for_memory_is_refused_naming_the_batch_size_that_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tiny_model("llama")
+    generator = specdec.Generator(model, drafter="none", cache="native")
+    verifier: Any = generator.verifier
+    prompts = ragged_prompts("memory", 6)
+    row = verifier.row_bytes(max(len(p) for p in prompts) + 8 + 512)
+    monkeypatch.setattr(api, "available_memory", lambda device: int(3.5 * row / 0.8))
+    with pytest.raises(SpecDecError, match=r"a batch of 6 rows needs .* pass batch_size=3 or less"):
+        generator.generate_batch(prompts, batch_size=6, max_new_tokens=8)
+    results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=8)
+    assert [r.tokens for r in results] == alone(model, prompts, "native", max_new_tokens=8)
+    requests = [BatchRequest(i, p, generator.decoding_config(max_new_tokens=8)) for i, p in enumerate(prompts)]
+    assert check_memory(verifier, requests, 2, None) == 2 * row
+
+
+def test_row_bytes_bound_a_rows_cache() -> None:
+    model = tiny_model("llama")
+    generator = specdec.Generator(model, drafter="pld", cache="native", budget="full")
+    verifier: Any = generator.verifier
+    seen: list[int] = []
+    verify = verifier.verify_batch
+
+    def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0) -> Any:
+        seen.extend(state.cache.nbytes for state in states)
+        return verify(states, trees, topk)
+
+    verifier.verify_batch = watched
+    prompt = [3, 4, 5, 6] * 30
+    generator.generate_batch([prompt], max_new_tokens=100, max_nodes=16)
+    assert 0 < max(seen) <= verifier.row_bytes(len(prompt) + 100 + 16)
+
+
+def test_every_finished_row_feeds_the_shared_store() -> None:
+    model = tiny_model("llama")
+    store = specdec.SharedStore()
+    generator = specdec.Generator(model, drafter="sam", cache="native", store=store)
+    prompts = ragged_prompts("store", 5)
+    generator.generate_batch(prompts, batch_size=2, max_new_tokens=12)
+    assert store.num_sequences == len(prompts)
+
+
+def test_per_row_stats() -> None:
+    model = tiny_model("llama")
+    prompts = ragged_prompts("stats", 4)
+    results = specdec.run_batch(model, prompts, "pld", batch_size=2, max_new_tokens=20, cache="native")
+    for result, prompt in zip(results, prompts, strict=True):
+        stats = result.stats
+        assert stats.prompt_tokens == len(prompt) and stats.new_tokens == len(result.tokens) == 20
+        assert stats.steps == len(stats.records) and stats.budget == "auto" and stats.cache == "native"
+        assert stats.total_s >= stats.prefill_s + stats.verify_s and stats.mat >= 1.0
+
+
+def test_a_recycling_snapshot_puts_the_shared_matrix_back() -> None:
+    """``specdec bench batch`` starts every timed run from one matrix: what a run learned is undone."""
+    from specdec.drafters import recycling_state
+
+    shared = recycling_state.SharedMatrices("snapshot-test", VOCAB, persist=False)
+    matrix = shared.get(4)
+    matrix.array[3] = [5, 6, 7, 8]
+    saved = recycling_state.snapshot_shared()
+    matrix.array[3] = [9, 9, 9, 9]
+    matrix.grow(4 * VOCAB)  # a run may grow it: the holder gets a new array
+    recycling_state.restore_shared(saved)
+    assert matrix.array.shape[0] == VOCAB + 1 and list(matrix.array[3]) == [5, 6, 7, 8]
+    assert shared.get(4) is matrix
