@@ -3,7 +3,8 @@
 Every compiled piece (the ``cuda_ext`` backend's kernels, datastore builders) is built
 with :func:`torch.utils.cpp_extension.load` (ninja + the system compiler) the first time it
 is needed and cached under ``<cache_dir>/extensions/<name>-<key>``, where ``key`` hashes the
-sources, the flags, the torch version and the Python version: a changed source gets a
+sources, the flags, the torch and Python versions and the Python environment (``sys.prefix``:
+its paths are in the build file): a changed source gets a
 fresh build directory and module name, so a stale binary is never loaded. A failed build
 raises :class:`NativeBuildError` carrying the compiler's own output; callers decide whether
 to fall back (and say so) or to fail.
@@ -100,6 +101,9 @@ def extension_key(sources: Sequence[Path], flags: Sequence[str], with_cuda: bool
     digest.update(" ".join(flags).encode())
     digest.update(f"{torch.__version__}|{sys.version_info[:2]}|cuda={with_cuda}".encode())
     digest.update(os.environ.get("CXX", "").encode())  # another compiler is another binary
+    # The environment: ninja's build file names this interpreter's include and library paths, so two
+    # virtual environments sharing one build folder would rebuild it in turn (and wait on each other's lock).
+    digest.update(sys.prefix.encode())
     return digest.hexdigest()[:12]
 
 

@@ -608,6 +608,17 @@ def test_cache_key_follows_headers(tmp_path: Path) -> None:
     assert extension_key([source, header], ["-O3"], False) != before
 
 
+def test_cache_key_follows_the_python_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two virtual environments never share a build folder (its build file names one environment's paths)."""
+    from specdec.native import extension_key
+
+    source = tmp_path / "a.cpp"
+    source.write_text("// one\n")
+    here = extension_key([source], ["-O3"], False)
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "another-venv"))
+    assert extension_key([source], ["-O3"], False) != here
+
+
 @pytest.mark.slow
 def test_cuda_source_compiles_with_nvcc() -> None:
     """nvcc compiles the CUDA kernels against torch's headers (no GPU needed; linking and running do)."""

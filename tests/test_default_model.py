@@ -174,3 +174,19 @@ def test_bench_batch_measures_every_arm_at_every_batch_size(default_model: tuple
     text = batched.format_summary(summary)
     assert "| 2 |" in text and "NOT at a near-tie" not in text
     assert batched.plot(summary, tmp_path / "batch.png", "test").stat().st_size > 0
+
+
+def test_oneoff_arms_start_from_the_same_recycling_matrix(default_model: tuple[Any, Any], planner_cache: Any) -> None:
+    """``specdec bench oneoff`` in one process: Token Recycling's matrix is shared by every arm on the model, so
+    each arm must start from what the earlier prompts left, not from another arm's pass over the same output.
+    With ``recycling`` at a full budget the drafts depend on the matrix and the text only: equal starting
+    matrices give the ``run`` and ``generator`` arms the same steps, a matrix taught by the other arm fewer."""
+    from specdec.bench import oneoff
+
+    model, tokenizer = default_model
+    prompts = oneoff.heldout_prompts()[:2]
+    results = oneoff.measure_in_process(model, tokenizer, prompts, "r=recycling:budget=full", 32, progress=False)
+    for result in results:
+        run_arm, generator_arm = result.arms["run:r"], result.arms["generator:r"]
+        assert all(result.acceptable.values()), result.verdicts  # each arm is plain greedy (or a judged near-tie)
+        assert run_arm.steps == generator_arm.steps, (result.prompt.kind, run_arm.steps, generator_arm.steps)

@@ -15,8 +15,16 @@ used to tune anything), against Hugging Face's greedy ``model.generate`` on the 
 - **in fresh processes** (:func:`measure_fresh`): per prompt a new Python process that imports
   specdec, loads the model, calls ``specdec.run`` once (timed, and the time from the process's
   start to its first token), then times ``model.generate`` on the same ids. One process runs
-  before the measured ones (untimed), since what the claim is about is a machine on which
-  specdec has run before (its calibration, compiled extensions and learned statistics cached).
+  before the measured ones (untimed, on a prompt that is not measured), since what the claim is
+  about is a machine on which specdec has run before (its calibration, compiled extensions and
+  learned statistics cached).
+
+Token Recycling's matrix is the model's, shared by every arm and saved across processes: in
+one process every arm on a prompt starts from the matrix the earlier prompts left (restored
+before each arm), so no arm drafts from another arm's pass over the same prompt. Across
+processes the matrix a measured process loads holds what the earlier processes learned; to
+measure a machine that has never seen the measured prompts, point ``SPECDEC_RECYCLING_DIR``
+and ``SPECDEC_PLANNER_DIR`` at empty folders (docs/benchmarks.md does).
 
 Speedup is the Spec-Bench definition: the mean over prompts of an arm's tokens/s over the
 same mean for ``hf``. Every output is compared with ``hf``'s by
@@ -41,8 +49,12 @@ from tqdm import tqdm
 from specdec.api import GENERATOR_OPTIONS, Generator, run
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.bench.report import markdown_table
+from specdec.drafters import recycling_state
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
+
+# What "an earlier call" (in process) and "an earlier process" run: not one of the measured prompts.
+WARM_PROMPT = "Write one sentence about the sea."
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ def measure_in_process(
     generators = {
         spec.label: Generator(model, tokenizer, drafter=spec.name, **_generator_options(spec)) for spec in methods
     }
-    warm = encode_prompt(tokenizer, "Write one sentence about the sea.", None)
+    warm = encode_prompt(tokenizer, WARM_PROMPT, None)
     hf_greedy(model, warm, 8)  # the one earlier call of every arm: what a process has done before
     for spec in methods:
         timed_run(model, tokenizer, warm, spec, 8)
@@ -137,8 +149,13 @@ def measure_in_process(
         ids = encode_prompt(tokenizer, prompt.text, None)
         result = PromptResult(prompt, ids)
         result.arms["hf"] = hf_greedy(model, ids, max_new_tokens)
+        # Token Recycling's matrix is shared by every arm on this model: each arm starts from what the
+        # earlier prompts taught it, never from another arm's pass over this prompt's own output.
+        learned = recycling_state.snapshot_shared()
         for spec in methods:
+            recycling_state.restore_shared(learned)
             result.arms[f"run:{spec.label}"] = timed_run(model, tokenizer, ids, spec, max_new_tokens)
+            recycling_state.restore_shared(learned)
             result.arms[f"generator:{spec.label}"] = timed_generate(generators[spec.label], ids, max_new_tokens)
         _judge(model, result)
         results.append(result)
@@ -188,7 +205,8 @@ def measure_fresh(
 ) -> list[PromptResult]:
     """One fresh process per prompt, after one untimed process (module docstring)."""
     results = []
-    for index, prompt in enumerate(tqdm([prompts[0], *prompts], desc="fresh processes", disable=not progress)):
+    earlier = Prompt("earlier", WARM_PROMPT)  # not one of the measured prompts: nothing of theirs is learned before
+    for index, prompt in enumerate(tqdm([earlier, *prompts], desc="fresh processes", disable=not progress)):
         payload = json.dumps({"model": model_name, "spec": spec, "prompt": prompt.text,
                               "max_new_tokens": max_new_tokens, "started": time.time()})  # fmt: skip
         done = subprocess.run(
