@@ -60,7 +60,10 @@ def test_auto_budget_matches_generate(default_model: tuple[Any, Any], references
                 assert record.predicted_s is not None and record.predicted_s > 0.0
         summary = stats.summary()
         assert summary["measured_verify_s"] is None or summary["measured_verify_s"] > 0.0
-    assert accepted > 0, f"{drafter}: budget='auto' never took a draft token on these prompts"
+    # Not asserted: accepted > 0. Under "auto" whether a step drafts depends on measured costs and
+    # throughput (wall clock), so on a loaded machine the planner may rightly choose plain steps
+    # throughout; speculation is proven under fixed budgets (test_default_model.py, test_lossless.py).
+    print(f"\n{drafter} under budget='auto': {accepted} draft tokens accepted")
 
 
 def test_calibrate_command_reports_the_table_and_budgets(
