@@ -49,6 +49,7 @@ from tqdm import tqdm
 from specdec.api import GENERATOR_OPTIONS, Generator, run
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.bench.report import markdown_table
+from specdec.decoding import DECODING_OPTIONS
 from specdec.drafters import recycling_state
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
@@ -114,9 +115,11 @@ def timed_run(model: Any, tokenizer: Any, ids: Sequence[int], spec: MethodSpec, 
     return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None)
 
 
-def timed_generate(generator: Generator, ids: Sequence[int], max_new_tokens: int) -> Timing:
+def timed_generate(generator: Generator, ids: Sequence[int], spec: MethodSpec, max_new_tokens: int) -> Timing:
+    """One ``generator.generate`` call with the spec's decoding options (``budget=`` and the like), timed."""
+    options = {k: v for k, v in spec.options.items() if k in DECODING_OPTIONS}
     started = time.perf_counter()
-    result = generator.generate(list(ids), max_new_tokens=max_new_tokens)
+    result = generator.generate(list(ids), max_new_tokens=max_new_tokens, **options)
     seconds = time.perf_counter() - started
     return Timing(list(result.tokens), seconds, result.stats.steps, cache=generator.verifier.cache_kind)
 
@@ -143,7 +146,7 @@ def measure_in_process(
     hf_greedy(model, warm, 8)  # the one earlier call of every arm: what a process has done before
     for spec in methods:
         timed_run(model, tokenizer, warm, spec, 8)
-        timed_generate(generators[spec.label], warm, 8)
+        timed_generate(generators[spec.label], warm, spec, 8)
     results = []
     for prompt in tqdm(prompts, desc="one-off calls", disable=not progress):
         ids = encode_prompt(tokenizer, prompt.text, None)
@@ -156,7 +159,7 @@ def measure_in_process(
             recycling_state.restore_shared(learned)
             result.arms[f"run:{spec.label}"] = timed_run(model, tokenizer, ids, spec, max_new_tokens)
             recycling_state.restore_shared(learned)
-            result.arms[f"generator:{spec.label}"] = timed_generate(generators[spec.label], ids, max_new_tokens)
+            result.arms[f"generator:{spec.label}"] = timed_generate(generators[spec.label], ids, spec, max_new_tokens)
         _judge(model, result)
         results.append(result)
     return results
