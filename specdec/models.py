@@ -216,6 +216,12 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
+def returned_cache(output: Any) -> Any:
+    """The KV cache a forward returned: ``output.cache`` (transformers >= 5.24) or ``output.past_key_values``."""
+    cache = getattr(output, "cache", None)  # asked first: the old name warns where the new one exists
+    return cache if cache is not None else output.past_key_values
+
+
 def context_length(model: PreTrainedModel) -> int | None:
     """The model's maximum number of positions, or None when its config does not say."""
     config = model.config

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from specdec.models import cache_keyword, returned_cache
+
 # The largest top-two logit margin at which a differing token still counts as a near-tie (fp32):
 # ~100x the measured gap between a tree forward and one-token forwards of the default model (~1e-5).
 NEAR_TIE_MARGIN = 1e-3
@@ -165,8 +167,8 @@ def plain_continuation(model: Any, ids: Sequence[int], count: int) -> list[int]:
             tokens.append(int(out.logits[0, -1].float().argmax()))
             if len(tokens) == count:
                 return tokens
-            out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), past_key_values=out.past_key_values,
-                        use_cache=True)
+            out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), use_cache=True,
+                        **{cache_keyword(model): returned_cache(out)})
 
 
 def compare_outputs(model: Any, prompt: Sequence[int], ours: Sequence[int], theirs: Sequence[int], *,

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from specdec.backends import make_verifier
 from specdec.backends.runner_verifier import CPU_KERNEL, RunnerVerifier
 from specdec.errors import SpecDecError
+from specdec.models import cache_keyword, returned_cache
 from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -67,8 +68,8 @@ def one_token_rows(model: Any, prompt: Sequence[int], count: int) -> tuple[list[
             tokens.append(int(row.argmax()))
             if len(tokens) == count:
                 return tokens, torch.stack(rows)
-            out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), past_key_values=out.past_key_values,
-                        use_cache=True)
+            out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), use_cache=True,
+                        **{cache_keyword(model): returned_cache(out)})
 
 
 def verifiers(model: Any) -> dict[str, Any]:
