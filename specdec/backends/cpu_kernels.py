@@ -54,7 +54,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "tree_attention.cpp")
 HEADERS = (
     CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
-    CSRC / "tree_attention_portable.inc",
+    CSRC / "tree_attention_portable.inc", CSRC / "lane_sums_avx512.inc",
 )
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
 CFLAGS = ("-O3", "-ffp-contract=off")

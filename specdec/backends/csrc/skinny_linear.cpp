@@ -50,28 +50,7 @@ namespace avx2 {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 namespace avx512 {
 
-// The lane sums of 16 accumulators at once: lane i of the result is lane_sum(acc[i]) of the
-// contract (skinny_linear.h), by the same tree: (0+2)+(1+3) inside each 128-bit chunk, then the
-// chunks (0+1)+(2+3). 45 shuffles and adds instead of 16 separate reductions.
-inline __m512 lane_sums16(const __m512* acc) {
-  __m512 pairs[8];  // per chunk: [a0+a2, b0+b2, a1+a3, b1+b3] for accumulators a = 2i, b = 2i+1
-  for (int i = 0; i < 8; ++i)
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
-                             _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
-  __m512 chunks[4];  // chunks[i] lane group g: the chunk-g sums of accumulators 4i..4i+3
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(pairs[2 * i]);
-    const __m512d b = _mm512_castps_pd(pairs[2 * i + 1]);
-    chunks[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  // (chunk 0 + chunk 1) and (chunk 2 + chunk 3), then their sum: 0x88 takes 128-bit lanes 0, 2 of
-  // each operand, 0xDD lanes 1, 3.
-  const __m512 h0 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[0], chunks[1], 0x88),
-                                  _mm512_shuffle_f32x4(chunks[0], chunks[1], 0xDD));
-  const __m512 h1 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[2], chunks[3], 0x88),
-                                  _mm512_shuffle_f32x4(chunks[2], chunks[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xDD));
-}
+#include "lane_sums_avx512.inc"
 
 // Sixteen weight values at w[k], widened to float (all lanes, or the first `lanes` with zeros after).
 inline __m512 load_w(const float* w) { return _mm512_loadu_ps(w); }

@@ -61,23 +61,7 @@ using portable_rows::widen;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 
-inline __m512 lane_sums16(const __m512* acc) {  // as in skinny_linear.cpp: lane i = lane_sum(acc[i])
-  __m512 pairs[8];
-  for (int i = 0; i < 8; ++i)
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
-                             _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
-  __m512 chunks[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(pairs[2 * i]);
-    const __m512d b = _mm512_castps_pd(pairs[2 * i + 1]);
-    chunks[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 h0 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[0], chunks[1], 0x88),
-                                  _mm512_shuffle_f32x4(chunks[0], chunks[1], 0xDD));
-  const __m512 h1 = _mm512_add_ps(_mm512_shuffle_f32x4(chunks[2], chunks[3], 0x88),
-                                  _mm512_shuffle_f32x4(chunks[2], chunks[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xDD));
-}
+#include "lane_sums_avx512.inc"  // lane_sums16, as in skinny_linear.cpp
 
 inline __m512 exp16(__m512 x) {  // exp_c on sixteen lanes: the same operations, vectorized
   x = _mm512_max_ps(x, _mm512_set1_ps(-86.0f));
