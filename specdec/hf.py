@@ -51,7 +51,10 @@ also does not pass the ``streamer`` on; :class:`HFGenerate` reads it from the ``
 call that called it (the frame whose ``custom_generate`` is this very object).
 
 One :class:`~specdec.Generator` per model is made at the first call and kept, so later calls
-reuse its verifier, drafter factory and what its budget planner learned.
+reuse its verifier, drafter factory and what its budget planner learned. As with
+:func:`specdec.run`, no generated text is shared between calls (``sam``'s store of earlier
+answers is off) unless ``store=`` is given: a shared store lets response times reveal what
+other calls generated.
 """
 
 from __future__ import annotations
@@ -178,6 +181,8 @@ class HFGenerate:
             generator = self._generators.get(id(model))
             if generator is None or generator.model is not model:
                 construction = {k: v for k, v in self.options.items() if k in GENERATOR_OPTIONS}
+                # As specdec.run: no generated text is shared between calls unless the caller gives store=.
+                construction.setdefault("store", False)
                 generator = Generator(model, self.options.get("tokenizer"), drafter=self.drafter,
                                       budget=self.options.get("budget", "auto"), **construction)
                 self._generators[id(model)] = generator

@@ -160,13 +160,17 @@ def test_bench_batch_measures_every_arm_at_every_batch_size(default_model: tuple
 
     model, tokenizer = default_model
     texts = [prompt.text for prompt in oneoff.heldout_prompts()[:2]]
-    runs = batched.measure(model, tokenizer, texts, "none,sam+recycling,hf-generate", [1, 2], 16, progress=False)
+    specs = "none,sam+recycling=sam+recycling:budget=full,hf-generate"  # full: steps depend on no clock
+    runs = batched.measure(model, tokenizer, texts, specs, [1, 2], 16, progress=False)
     arms = {(r.arm, r.batch_size) for r in runs}
     assert arms == {(a, b) for a in ("none", "sam+recycling", "hf-generate") for b in (1, 2)} | {
         ("single:none", 1), ("single:sam+recycling", 1)}
     for r in runs:
         assert len(r.rows) == 2 and r.seconds > 0 and all(0 < len(row) <= 16 for row in r.rows)
         assert r.acceptable == 2, (r.arm, r.batch_size, r.verdicts)
+    steps = {(r.arm, r.batch_size): r.steps for r in runs}
+    # B = 1 is the single path; each timed run starts from the same learned state (no drafting from memory)
+    assert steps[("sam+recycling", 1)] == steps[("single:sam+recycling", 1)]
     none_rows = {r.batch_size: r.rows for r in runs if r.arm == "none"}
     assert none_rows[1] == none_rows[2]  # specdec's plain batch is bitwise its single-sequence decoding
     summary = batched.summarize(runs)

@@ -91,6 +91,19 @@ def test_sam_recycling_and_stop_ids_equal_generate(arch: str) -> None:
     assert hook.last_result is not None and hook.last_result.stats.stop_reason == "eos"
 
 
+def test_no_generated_text_is_shared_between_calls_unless_asked() -> None:
+    """As specdec.run: the hook's Generator keeps no store of earlier answers; store= turns one on."""
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]])
+    private, shared = specdec.hf_generate("sam"), specdec.hf_generate("sam", store=4096)
+    for hook in (private, shared):
+        theirs, ours = both(model, ids, hook, max_new_tokens=12, do_sample=False)
+        assert torch.equal(ours, theirs)
+    assert private.generator(model).context.store is False
+    store = shared.generator(model).context.store
+    assert isinstance(store, specdec.SharedStore) and store.num_tokens > 0  # it kept the answer
+
+
 def test_return_dict_in_generate() -> None:
     model = tiny_model("qwen3")
     ids = torch.tensor([[9, 8, 7, 6, 5, 9, 8, 7]])

@@ -22,8 +22,9 @@ it would otherwise draft the prompts' outputs from memory (at a later ``B``, or 
 after a first one on this machine: a greedy output's successors are exactly what the matrix
 keeps). So the matrix is emptied, warmed on the warm-up prompts only, and put back to that
 state before each timed run; at the end the matrix the process started with is put back and
-saved, so the measured prompts' outputs are not kept either. ``sam`` keeps no text between
-requests (the benchmark passes no ``store``).
+saved, so the measured prompts' outputs are not kept either. A ``Generator`` keeps what its
+drafters learned from its own answers (``sam``'s store of earlier outputs), so every timed run
+gets a new one (the untimed calls before have paid for calibration and compiled kernels).
 
 Every row of every arm is compared with its own single-sequence plain decoding (the ``none``
 spec at ``B = 1``, or, without one, a lone ``specdec.run(drafter="none")``) by
@@ -132,9 +133,13 @@ class Arms:
                 self.specs.append(spec)
         self.generators: dict[str, tuple[Generator, dict[str, Any]]] = {}
         for spec in self.specs:
-            construction, decoding = _generator_options(spec)
-            generator = Generator(model, tokenizer, drafter=spec.name, **construction)
-            self.generators[spec.label] = (generator, decoding)
+            self.generators[spec.label] = self._fresh(spec)
+
+    def _fresh(self, spec: MethodSpec) -> tuple[Generator, dict[str, Any]]:
+        """A new Generator of ``spec`` (and its decoding options): a Generator keeps what its drafters
+        learned from its own outputs (``sam``'s store of earlier answers), so every timed run gets its own."""
+        construction, decoding = _generator_options(spec)
+        return Generator(self.model, self.tokenizer, drafter=spec.name, **construction), decoding
 
     def save_learned(self) -> None:
         """Save the shared Token Recycling matrices as they are now (where the planner cache is on)."""
@@ -152,7 +157,8 @@ class Arms:
             rows, seconds = hf_batched(self.model, self.eos, self.pad, prompts, batch_size, max_new_tokens)
             return ArmRun(arm, batch_size, rows, seconds)
         single = arm.startswith(SINGLE)
-        generator, decoding = self.generators[arm.removeprefix(SINGLE)]
+        spec = next(spec for spec in self.specs if spec.label == arm.removeprefix(SINGLE))
+        generator, decoding = self.generators[spec.label] = self._fresh(spec)
         started = time.perf_counter()
         if single:
             results = [generator.generate(list(p), max_new_tokens=max_new_tokens, **decoding) for p in prompts]
