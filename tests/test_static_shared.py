@@ -92,7 +92,8 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
     stores = len(static_shared._STORES)
     del model, generator, store
     gc.collect()
-    assert alive() is None and len(static_shared._STORES) == stores - 1
+    # its entry went with it (other tests' models may be collected by the same gc.collect(): at most, not exactly)
+    assert alive() is None and len(static_shared._STORES) <= stores - 1
 
 
 def test_verifiers_of_other_settings_do_not_share() -> None:
