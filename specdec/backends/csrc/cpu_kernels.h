@@ -16,6 +16,14 @@
 #include <optional>
 #include <string>
 
+// SPECDEC_X86: x86-64 with GCC or Clang, where the kernels compile AVX2 and AVX-512 paths per function.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPECDEC_X86 1
+#include <immintrin.h>
+#else
+#define SPECDEC_X86 0
+#endif
+
 namespace specdec_cpu_kernels {
 
 enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };

@@ -25,13 +25,6 @@
 #include "cpu_kernels.h"
 #include "skinny_linear.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SPECDEC_X86 1
-#include <immintrin.h>
-#else
-#define SPECDEC_X86 0
-#endif
-
 namespace specdec_cpu_kernels {
 
 namespace portable {

@@ -21,13 +21,6 @@
 #include "cpu_kernels.h"
 #include "tree_attention.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SPECDEC_X86 1
-#include <immintrin.h>
-#else
-#define SPECDEC_X86 0
-#endif
-
 namespace specdec_cpu_kernels {
 
 // Where row i's visible slots are: the committed slots [0, start), then `tree` (absolute slots).
