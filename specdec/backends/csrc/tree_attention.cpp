@@ -80,16 +80,20 @@ inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
-// Sixteen dot products q . k[j] (j < count; the rest zero), each by the contract's lanes and tree,
-// times `scale`, stored at out[0 .. count).
-template <typename scalar_t>
-inline void scores16(const __m512* qv, const __mmask16* masks, int chunks, const scalar_t* const* k, int64_t count,
+// Sixteen dot products q . k[j], each by the contract's lanes and tree, times `scale`, stored at
+// out[0 .. count). CHUNKS (the 16-lane pieces of a head, D <= 16 * CHUNKS) is a compile-time
+// constant and the sixteen keys are always sixteen (the pointers past `count` repeat a real key,
+// their results are not stored): every loop unrolls and the accumulators stay in registers.
+template <int CHUNKS, typename scalar_t>
+inline void scores16(const __m512* qv, const __mmask16* masks, const scalar_t* const* k, int64_t count,
                      __m512 scale, float* out) {
   __m512 acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < count; ++j)
-    for (int c = 0; c < chunks; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(k[j] + 16 * c, masks[c]), acc[j]);
-  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1u), _mm512_mul_ps(lane_sums16(acc), scale));
+  for (int j = 0; j < 16; ++j) {
+    acc[j] = _mm512_setzero_ps();
+    for (int c = 0; c < CHUNKS; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(k[j] + 16 * c, masks[c]), acc[j]);
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
+  _mm512_mask_storeu_ps(out, keep, _mm512_mul_ps(lane_sums16(acc), scale));
 }
 
 // The query vectors of one KV head that one task serves: rows x query heads of the group.
@@ -97,53 +101,78 @@ struct Vectors {
   int64_t first, count;  // vector j = row * group + (query head - kv head * group), for j in [first, first + count)
 };
 
+// VP vectors' weighted values over slots [v0, v1) (weights p_j[v]), added to their running sums in
+// `outs` (VP x CHUNKS accumulators: each value chunk is loaded once for the VP vectors). Each vector's
+// sum is the contract's fma chain over the slots in increasing order.
+template <int CHUNKS, int VP, typename scalar_t>
+inline void weighted_values(const float* const* p, float* const* out, const scalar_t* values, int64_t D,
+                            const __mmask16* masks, int64_t v0, int64_t v1) {
+  __m512 o[VP][CHUNKS];
+  for (int a = 0; a < VP; ++a)
+    for (int c = 0; c < CHUNKS; ++c) o[a][c] = _mm512_maskz_loadu_ps(masks[c], out[a] + 16 * c);
+  for (int64_t v = v0; v < v1; ++v) {
+    const scalar_t* value = values + v * D;
+    __m512 w[VP];
+    for (int a = 0; a < VP; ++a) w[a] = _mm512_set1_ps(p[a][v]);
+    for (int c = 0; c < CHUNKS; ++c) {
+      const __m512 x = load16(value + 16 * c, masks[c]);
+      for (int a = 0; a < VP; ++a) o[a][c] = _mm512_fmadd_ps(w[a], x, o[a][c]);
+    }
+  }
+  for (int a = 0; a < VP; ++a)
+    for (int c = 0; c < CHUNKS; ++c) _mm512_mask_storeu_ps(out[a] + 16 * c, masks[c], o[a][c]);
+}
+
 // Every vector of `task` (one KV head) attended over its visible slots, on AVX-512 (float accumulation).
 // Keys and values are read block by block (KEY_BLOCK slots, ~16 KB each: they stay in L1) for all the
 // task's vectors, so the cache is read once per task, not once per row and query head. Per vector the
 // contract's order holds: scores are independent values; the sums and the weighted values run over
 // the visible slots in increasing order (committed blocks ascending, then the vector's tree slots).
-template <typename scalar_t>
+template <int CHUNKS, typename scalar_t>
 void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, const scalar_t* keys,
                  const scalar_t* values, int64_t D, int64_t start, int64_t T, int64_t group, int64_t kv_head,
                  const std::vector<std::vector<int64_t>>& tree_slots, float scale, Vectors task, float* scores,
                  float* outs, float* totals) {
   constexpr int64_t KEY_BLOCK = 64;
-  const int chunks = static_cast<int>((D + 15) / 16);
-  __mmask16 masks[16];
-  for (int c = 0; c < chunks; ++c) masks[c] = static_cast<__mmask16>((1u << std::min<int64_t>(16, D - 16 * c)) - 1u);
+  // Vectors per pass of the weighted values: VP x CHUNKS accumulators, at most 16 registers.
+  constexpr int VP = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 2 : 1;
+  __mmask16 masks[CHUNKS];
+  for (int c = 0; c < CHUNKS; ++c) masks[c] = static_cast<__mmask16>((1u << std::min<int64_t>(16, D - 16 * c)) - 1u);
   const int64_t width = start + T;  // a vector's scores row: committed slots, then its tree part
   const __m512 scale_v = _mm512_set1_ps(scale);
   auto query_of = [&](int64_t j) {
     const int64_t row = j / group, head = kv_head * group + j % group;
     return query_base + head * q_head + row * q_row;
   };
+  auto load_query = [&](int64_t j, __m512* qv) {
+    const scalar_t* q = query_of(task.first + j);
+    for (int c = 0; c < CHUNKS; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+  };
   // Pass 1: scores over the committed slots, block by block, every vector.
   for (int64_t b0 = 0; b0 < start; b0 += KEY_BLOCK) {
     const int64_t b1 = std::min(start, b0 + KEY_BLOCK);
     for (int64_t j = 0; j < task.count; ++j) {
-      const scalar_t* q = query_of(task.first + j);
-      __m512 qv[16];
-      for (int c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+      __m512 qv[CHUNKS];
+      load_query(j, qv);
       const scalar_t* k[16];
       for (int64_t v0 = b0; v0 < b1; v0 += 16) {
         const int64_t count = std::min<int64_t>(16, b1 - v0);
-        for (int64_t i = 0; i < count; ++i) k[i] = keys + (v0 + i) * D;
-        scores16(qv, masks, chunks, k, count, scale_v, scores + j * width + v0);
+        for (int64_t i = 0; i < 16; ++i) k[i] = keys + (v0 + (i < count ? i : 0)) * D;
+        scores16<CHUNKS>(qv, masks, k, count, scale_v, scores + j * width + v0);
       }
     }
   }
   // The tree part's scores, then per vector: max, exponentials and their sum, all in slot order.
   for (int64_t j = 0; j < task.count; ++j) {
     const std::vector<int64_t>& tree = tree_slots[(task.first + j) / group];
-    const scalar_t* q = query_of(task.first + j);
-    __m512 qv[16];
-    for (int c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c, masks[c]);
+    __m512 qv[CHUNKS];
+    load_query(j, qv);
     const scalar_t* k[16];
     const int64_t tree_size = static_cast<int64_t>(tree.size());
     for (int64_t t0 = 0; t0 < tree_size; t0 += 16) {
       const int64_t count = std::min<int64_t>(16, tree_size - t0);
-      for (int64_t i = 0; i < count; ++i) k[i] = keys + tree[t0 + i] * D;
-      scores16(qv, masks, chunks, k, count, scale_v, scores + j * width + start + t0);
+      for (int64_t i = 0; i < 16; ++i) k[i] = keys + tree[t0 + (i < count ? i : 0)] * D;
+      scores16<CHUNKS>(qv, masks, k, count, scale_v, scores + j * width + start + t0);
     }
     float* row = scores + j * width;
     const int64_t n = start + tree_size;
@@ -164,48 +193,57 @@ void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, cons
     _mm512_store_ps(lanes16, sums);
     totals[j] = lane_sum<float, 16>(lanes16);
   }
-  // Pass 2: the weighted values over the committed slots, block by block, two vectors at a time
-  // (eight independent accumulator chains), each vector's running sums kept in `outs` between blocks.
+  // Pass 2: the weighted values over the committed slots, block by block, VP vectors at a time (the
+  // last pass repeats a real vector in the unused places and stores it to a scratch row), each
+  // vector's running sums kept in `outs` between blocks.
   for (int64_t j = 0; j < task.count * D; ++j) outs[j] = 0.0f;
+  alignas(64) float scratch[VP > 1 ? VP - 1 : 1][16 * CHUNKS];
   for (int64_t b0 = 0; b0 < start; b0 += KEY_BLOCK) {
     const int64_t b1 = std::min(start, b0 + KEY_BLOCK);
-    for (int64_t j = 0; j < task.count; j += 2) {
-      const bool pair = j + 1 < task.count;
-      __m512 oa[16], ob[16];
-      for (int c = 0; c < chunks; ++c) {
-        oa[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
-        ob[c] = pair ? _mm512_maskz_loadu_ps(masks[c], outs + (j + 1) * D + 16 * c) : _mm512_setzero_ps();
+    for (int64_t j = 0; j < task.count; j += VP) {
+      const float* p[VP];
+      float* out[VP];
+      for (int a = 0; a < VP; ++a) {
+        const bool real = j + a < task.count;
+        p[a] = scores + (real ? j + a : j) * width;
+        out[a] = real ? outs + (j + a) * D : scratch[a - 1];
       }
-      const float* pa = scores + j * width;
-      const float* pb = pair ? scores + (j + 1) * width : pa;
-      for (int64_t v = b0; v < b1; ++v) {
-        const scalar_t* value = values + v * D;
-        const __m512 wa = _mm512_set1_ps(pa[v]), wb = _mm512_set1_ps(pb[v]);
-        for (int c = 0; c < chunks; ++c) {
-          const __m512 x = load16(value + 16 * c, masks[c]);
-          oa[c] = _mm512_fmadd_ps(wa, x, oa[c]);
-          ob[c] = _mm512_fmadd_ps(wb, x, ob[c]);
-        }
-      }
-      for (int c = 0; c < chunks; ++c) {
-        _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], oa[c]);
-        if (pair) _mm512_mask_storeu_ps(outs + (j + 1) * D + 16 * c, masks[c], ob[c]);
-      }
+      weighted_values<CHUNKS, VP>(p, out, values, D, masks, b0, b1);
     }
   }
   for (int64_t j = 0; j < task.count; ++j) {  // the tree part, then the division by the sum
     const std::vector<int64_t>& tree = tree_slots[(task.first + j) / group];
     const float* p = scores + j * width + start;
-    __m512 o[16];
-    for (int c = 0; c < chunks; ++c) o[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
+    __m512 o[CHUNKS];
+    for (int c = 0; c < CHUNKS; ++c) o[c] = _mm512_maskz_loadu_ps(masks[c], outs + j * D + 16 * c);
     for (size_t t = 0; t < tree.size(); ++t) {
       const scalar_t* value = values + tree[t] * D;
       const __m512 w = _mm512_set1_ps(p[t]);
-      for (int c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(w, load16(value + 16 * c, masks[c]), o[c]);
+      for (int c = 0; c < CHUNKS; ++c) o[c] = _mm512_fmadd_ps(w, load16(value + 16 * c, masks[c]), o[c]);
     }
     const __m512 total = _mm512_set1_ps(totals[j]);
-    for (int c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], _mm512_div_ps(o[c], total));
+    for (int c = 0; c < CHUNKS; ++c) _mm512_mask_storeu_ps(outs + j * D + 16 * c, masks[c], _mm512_div_ps(o[c], total));
   }
+}
+
+// head_avx512 for a head of D <= 256 values: the instance whose CHUNKS covers D.
+template <typename scalar_t>
+void head_avx512_any(const scalar_t* query_base, int64_t q_head, int64_t q_row, const scalar_t* keys,
+                     const scalar_t* values, int64_t D, int64_t start, int64_t T, int64_t group, int64_t kv_head,
+                     const std::vector<std::vector<int64_t>>& tree_slots, float scale, Vectors task, float* scores,
+                     float* outs, float* totals) {
+#define SPECDEC_HEAD(C)                                                                                         \
+  case C:                                                                                                        \
+    return head_avx512<C, scalar_t>(query_base, q_head, q_row, keys, values, D, start, T, group, kv_head,       \
+                                    tree_slots, scale, task, scores, outs, totals);
+  switch ((D + 15) / 16) {
+    SPECDEC_HEAD(1) SPECDEC_HEAD(2) SPECDEC_HEAD(3) SPECDEC_HEAD(4) SPECDEC_HEAD(5) SPECDEC_HEAD(6)
+    SPECDEC_HEAD(7) SPECDEC_HEAD(8) SPECDEC_HEAD(9) SPECDEC_HEAD(10) SPECDEC_HEAD(11) SPECDEC_HEAD(12)
+    SPECDEC_HEAD(13) SPECDEC_HEAD(14) SPECDEC_HEAD(15) SPECDEC_HEAD(16)
+    default:
+      TORCH_CHECK(false, "specdec_cpu::tree_attention: the AVX-512 path takes head dims up to 256, got ", D);
+  }
+#undef SPECDEC_HEAD
 }
 
 #pragma GCC pop_options
@@ -249,7 +287,7 @@ void attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& v
           scores.resize(static_cast<size_t>(vectors.count * (start + T)));
           outs.resize(static_cast<size_t>(vectors.count * D));
           totals.resize(static_cast<size_t>(vectors.count));
-          head_avx512<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head, tree_slots,
+          head_avx512_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head, tree_slots,
                                 static_cast<float>(scale), vectors, scores.data(), outs.data(), totals.data());
           for (int64_t j = 0; j < vectors.count; ++j) {
             const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
