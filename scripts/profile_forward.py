@@ -18,7 +18,7 @@ torch.manual_seed(0)
 model, tok = load_model()
 runner = DecoderRunner(model)
 cpu_kernels.load()
-K = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention)
+K = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears)
 ctx = 1024
 cache = StaticKVCache(runner.num_layers, 2048, torch.device("cpu"))
 ids = torch.randint(0, 49152, (1, ctx))

@@ -71,6 +71,48 @@ def test_skinny_linear_is_linear_and_every_path_gives_the_same_bits(
         assert torch.equal(result, first), f"isa {isa!r} differs from the portable path"
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    fan_in=st.integers(1, 200),
+    fan_outs=st.lists(st.integers(1, 300), min_size=1, max_size=4),
+    biases=st.lists(st.booleans(), min_size=4, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 2**31),
+)
+def test_a_group_of_weights_gives_each_weight_s_own_bits(
+    rows: int, fan_in: int, fan_outs: list[int], biases: list[bool], dtype: torch.dtype, seed: int
+) -> None:
+    """skinny_linears (one parallel pass over several weights) equals skinny_linear per weight, bit for bit."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, rows, fan_in, generator=generator).to(dtype)
+    layers = []
+    for n, b in zip(fan_outs, biases, strict=False):
+        weight = torch.randn(n, fan_in, generator=generator).to(dtype)
+        layers.append((weight, torch.randn(n, generator=generator).to(dtype) if b else None))
+    for isa in runnable_isas():
+        together = skinny.skinny_linears(x, layers, isa)
+        assert len(together) == len(layers)
+        for (weight, bias), got in zip(layers, together, strict=True):
+            assert got.shape == (1, rows, weight.shape[0]) and got.dtype == dtype
+            assert torch.equal(got, skinny.skinny_linear(x, weight, bias, isa)), isa
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: [(torch.randn(3, 4), None), (torch.randn(3, 5), None)], "the weight's in-features are 5"),
+        (lambda: [(torch.randn(3, 4), None), (torch.randn(3, 4).double(), None)], "x is Float, the weight is Double"),
+        (lambda: [(torch.randn(3, 4), torch.randn(2))], "bias must be [3]"),
+        (lambda: [], "at least one weight"),
+    ],
+)
+def test_a_bad_group_is_refused_naming_the_value(make: Any, message: str) -> None:
+    with pytest.raises(RuntimeError) as raised:
+        skinny.skinny_linears(torch.randn(2, 4), make())
+    assert message in str(raised.value)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("fan_in", [576, 1536, 37, 16])
 def test_a_row_gives_the_same_bits_whatever_rows_come_with_it(dtype: torch.dtype, fan_in: int) -> None:

@@ -39,7 +39,7 @@ OTHERS = [arch for arch in ARCHITECTURES if arch not in RUNNER_ARCHITECTURES]
 @pytest.fixture(scope="module")
 def kernels() -> Kernels:
     native_or_skip("cpu_kernels", cpu_kernels.load)
-    return Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention)
+    return Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears)
 
 
 def tree_segment(cache: StaticKVCache, committed: int, tree: DraftTree) -> Segment:

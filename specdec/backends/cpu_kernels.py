@@ -42,6 +42,7 @@ the same bits; ``isa=`` forces one (the tests check each against the others).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,6 +85,7 @@ def load() -> ModuleType:
             raise
         if not _FAKES_REGISTERED:
             torch.library.register_fake("specdec_cpu::skinny_linear", _skinny_linear_fake)
+            torch.library.register_fake("specdec_cpu::skinny_linears", _skinny_linears_fake)
             torch.library.register_fake("specdec_cpu::tree_attention", _tree_attention_fake)
             _FAKES_REGISTERED = True
         return module
@@ -108,6 +110,13 @@ def _skinny_linear_fake(
 ) -> torch.Tensor:
     del bias, isa
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _skinny_linears_fake(
+    x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], isa: str = "auto"
+) -> list[torch.Tensor]:
+    del biases, isa
+    return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]
 
 
 def _tree_attention_fake(
@@ -155,6 +164,22 @@ def skinny_linear(
     :func:`load` first.
     """
     out: torch.Tensor = torch.ops.specdec_cpu.skinny_linear(x, weight, bias, isa)
+    return out
+
+
+def skinny_linears(
+    x: torch.Tensor, layers: Sequence[tuple[torch.Tensor, torch.Tensor | None]], isa: str = "auto"
+) -> list[torch.Tensor]:
+    """:func:`skinny_linear` of one ``x`` by each ``(weight, bias)`` of ``layers``, in one parallel pass.
+
+    Bitwise each :func:`skinny_linear` alone (the same kernel per output row); what changes is
+    that the threads split the rows of all the weights at once and meet once, not once per
+    weight: a layer's query, key and value projections (or its gate and up projections) cost one
+    fork and join, and the small key/value weights fill in beside the larger ones.
+    """
+    weights = [weight for weight, _ in layers]
+    biases = [bias for _, bias in layers]
+    out: list[torch.Tensor] = torch.ops.specdec_cpu.skinny_linears(x, weights, biases, isa)
     return out
 
 

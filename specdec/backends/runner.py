@@ -14,7 +14,7 @@ changes the user's model while it runs, which another thread can see.
 norms), written out: the model's own embedding, norms, rotary embedding, activation and
 ``apply_rotary_pos_emb`` are called as they are (so their numerics are the model's), the
 linear layers' weights are read in place through the verifier's linear kernel (e.g.
-:func:`specdec.backends.skinny.skinny_linear`), attention is one
+:func:`specdec.backends.cpu_kernels.skinny_linear`, several weights of one input in one call), attention is one
 ``scaled_dot_product_attention`` per layer over the grouped heads as they are (no repeat),
 and keys and values go straight into a :class:`~specdec.backends.static_cache.StaticKVCache`
 at the tree's slots. Nothing of the model is changed or wrapped; a runner holds references
@@ -43,6 +43,8 @@ from specdec.backends.static_cache import StaticKVCache
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (x, [(weight, bias), ...]) -> [linear(x, weight, bias), ...]: several weights of one input at once
+Linears = Callable[[torch.Tensor, Sequence[tuple[torch.Tensor, "torch.Tensor | None"]]], list[torch.Tensor]]
 # (query [1, Hq, T, D], keys, values [1, Hkv, S, D], start, ancestors [T, T] | None, scale) -> [1, T, Hq * D]
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None", float], torch.Tensor]
 
@@ -105,10 +107,20 @@ class Segment:
 class Kernels:
     """How a forward computes: ``linear(x, weight, bias)`` for every linear layer, and
     ``attention`` (:func:`specdec.backends.cpu_kernels.tree_attention`'s signature) for the
-    attention of each segment, or None for ``torch.nn.functional.scaled_dot_product_attention``."""
+    attention of each segment, or None for ``torch.nn.functional.scaled_dot_product_attention``.
+    ``linears`` (optional): the same products as ``linear`` for several weights of one input in one
+    call (:func:`specdec.backends.cpu_kernels.skinny_linears`): the query/key/value and the
+    gate/up projections."""
 
     linear: Linear
     attention: Attention | None = None
+    linears: Linears | None = None
+
+    def group(self, x: torch.Tensor, *layers: tuple[torch.Tensor, torch.Tensor | None]) -> list[torch.Tensor]:
+        """``linear(x, weight, bias)`` for each of ``layers``: by ``linears`` in one call where given."""
+        if self.linears is not None:
+            return self.linears(x, layers)
+        return [self.linear(x, *layer) for layer in layers]
 
 
 def _weights(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -213,12 +225,10 @@ class DecoderRunner:
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = layer.input_norm(hidden)
-            query = linear(x, *layer.q).view(shape)
-            key = linear(x, *layer.k).view(shape)
+            query, key, value = (y.view(shape) for y in kernels.group(x, layer.q, layer.k, layer.v))
             if layer.q_norm is not None:
                 query, key = layer.q_norm(query), layer.k_norm(key)
-            query, key = query.transpose(1, 2), key.transpose(1, 2)  # [1, H, R, D]
-            value = linear(x, *layer.v).view(shape).transpose(1, 2)
+            query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [1, H, R, D]
             query, key = self.apply_rotary(query, key, cos, sin)
             outputs = []
             offset = 0
@@ -244,7 +254,8 @@ class DecoderRunner:
             hidden = residual + linear(attended, *layer.o)
             residual = hidden
             x = layer.post_norm(hidden)
-            hidden = residual + linear(layer.act(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
+            gate, up = kernels.group(x, layer.gate, layer.up)
+            hidden = residual + linear(layer.act(gate) * up, *layer.down)
         # The rows whose logits are wanted: all of a segment's, or its last.
         keep = []
         offset = 0

@@ -55,6 +55,9 @@ TORCH_LIBRARY(specdec_cpu, m) {
   // x [..., K] and weight [N, K] of one dtype (float32, bfloat16, float64), bias [N] or None ->
   // [..., N]. isa: 'auto' (the best this CPU has), 'avx512', 'avx2' or 'portable' (the same bits).
   m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, str isa='auto') -> Tensor");
+  // skinny_linear of one x by each weight (same in-features, one dtype), biases one per weight
+  // (None or [N_i]): the outputs bitwise skinny_linear's, computed in one parallel pass.
+  m.def("skinny_linears(Tensor x, Tensor[] weights, Tensor?[] biases, str isa='auto') -> Tensor[]");
   // query [1, Hq, T, D], keys/values [1, Hkv, S, D] (a cache layer), ancestors bool [T, T] or None
   // (causal) -> [1, T, Hq * D]; rows see slots [0, start) and their tree part (tree_attention.h).
   m.def(
@@ -64,6 +67,7 @@ TORCH_LIBRARY(specdec_cpu, m) {
 
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
   m.impl("skinny_linear", &specdec_cpu_kernels::skinny_linear_cpu);
+  m.impl("skinny_linears", &specdec_cpu_kernels::skinny_linears_cpu);
   m.impl("tree_attention", &specdec_cpu_kernels::tree_attention_cpu);
 }
 

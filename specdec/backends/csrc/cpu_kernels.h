@@ -1,7 +1,8 @@
 // specdec's CPU kernels: the ops of torch.ops.specdec_cpu, and what their source files share.
 //
-// Two ops, one extension (built and cached by specdec/native.py):
+// Three ops, one extension (built and cached by specdec/native.py):
 //   skinny_linear   y = x @ W^T for a few rows of x, one pass over W  (skinny_linear.h: the contract)
+//   skinny_linears  the same for several weights of one input in one parallel pass (q/k/v, gate/up)
 //   tree_attention  attention of a few query rows over a KV cache     (tree_attention.h: the contract)
 // Each has a hand-written AVX-512 path and a portable path; an `isa` argument forces one
 // ('auto': the best this CPU has), and every path computes the same bits (the contracts), which the
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 // SPECDEC_X86: x86-64 with GCC or Clang, where the kernels compile AVX2 and AVX-512 paths per function.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -37,6 +39,9 @@ std::string cpu_isa();
 
 at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                              c10::string_view isa);
+
+std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList weights,
+                                           const c10::List<std::optional<at::Tensor>>& biases, c10::string_view isa);
 
 at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                               int64_t start, const std::optional<at::Tensor>& ancestors, double scale,

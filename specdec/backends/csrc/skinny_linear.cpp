@@ -192,92 +192,127 @@ namespace {
 
 // Weight rows per parallel task: enough that a task streams tens of KB (the fork/join and the
 // prefetch ramp-up are paid per task), few enough that both threads get work on small layers.
+// Tasks start at multiples of 16 rows, so the AVX-512 blocks tile each task whole.
 int64_t grain_rows(int64_t N, int64_t K) {
   const int64_t rows = std::max<int64_t>(16, (int64_t(1) << 15) / std::max<int64_t>(K, 1));
-  return std::min<int64_t>(std::max<int64_t>(N, 1), rows);
+  return (std::min<int64_t>(std::max<int64_t>(N, 1), rows) + 15) / 16 * 16;
 }
 
-template <typename Kernel>
-void parallel_rows(int64_t N, int64_t K, Kernel kernel) {
-  // Tasks start at multiples of 16 rows, so the AVX-512 blocks tile each task whole.
-  const int64_t grain = (grain_rows(N, K) + 15) / 16 * 16;
-  const int64_t tasks = (N + grain - 1) / grain;
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) kernel(t * grain, std::min(N, (t + 1) * grain));
+// One weight's checks (shape, dtype, layout, bias), naming `op`.
+void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": CPU tensors only, got ", x.device(), " and ",
+              weight.device());
+  TORCH_CHECK(weight.dim() == 2, op, ": weight must be [out, in], got shape ", weight.sizes());
+  const int64_t K = weight.size(1);
+  const int64_t N = weight.size(0);
+  TORCH_CHECK(x.size(-1) == K, op, ": x's last dimension is ", x.size(-1), ", the weight's in-features are ", K);
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), op, ": x is ", x.scalar_type(), ", the weight is ",
+              weight.scalar_type());
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble, op,
+              ": float32, bfloat16 or float64 only, got ", dtype);
+  TORCH_CHECK(weight.is_contiguous(), op, ": the weight must be contiguous");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dtype, op, ": bias must be [", N,
+                "] of ", dtype, ", got ", bias->sizes(), " of ", bias->scalar_type());
+  }
+}
+
+// y_i = x @ W_i^T (+ b_i) for every weight of the group, all in one parallel pass: the tasks of
+// every weight are one list, so the threads meet once per group (not once per weight) and a small
+// weight's few tasks fill in beside a large one's. Each output is computed as skinny_linear alone
+// computes it (the same kernel over the same rows): the group changes only who computes what when.
+std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
+                                const std::vector<std::optional<at::Tensor>>& biases, Isa isa) {
+  const at::Tensor& first = weights[0];
+  const int64_t K = first.size(1);
+  const auto dtype = first.scalar_type();
+  const at::Tensor rows = x.reshape({-1, K}).contiguous();  // [M, K]
+  const int64_t M = rows.size(0);
+  // float sums [M, N]; bfloat16 inputs are widened to float first (x is small) and the sums
+  // rounded to bfloat16 at the end (round to nearest even, as torch rounds).
+  const at::Tensor x_in = dtype == at::kBFloat16 ? rows.to(at::kFloat) : rows;
+  struct Task {
+    size_t weight;
+    int64_t begin, end;
+  };
+  std::vector<Task> tasks;
+  std::vector<at::Tensor> sums;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const int64_t N = weights[i].size(0);
+    sums.push_back(at::empty({M, N}, x_in.options()));
+    const int64_t grain = grain_rows(N, K);
+    for (int64_t b = 0; b < N; b += grain) tasks.push_back({i, b, std::min(N, b + grain)});
+  }
+  auto run = [&](const Task& task) {
+    const int64_t N = weights[task.weight].size(0);
+    const int64_t b = task.begin, e = task.end;
+    if (dtype == at::kDouble) {
+      const double* xp = x_in.const_data_ptr<double>();
+      const double* wp = weights[task.weight].const_data_ptr<double>();
+      double* yp = sums[task.weight].mutable_data_ptr<double>();
+#if SPECDEC_X86
+      if (isa != Isa::kPortable) return avx2::rows_f64(xp, wp, yp, M, K, N, b, e);
+#endif
+      return portable::rows_f64(xp, wp, yp, M, K, N, b, e);
+    }
+    const float* xp = x_in.const_data_ptr<float>();
+    float* yp = sums[task.weight].mutable_data_ptr<float>();
+    if (dtype == at::kFloat) {
+      const float* wp = weights[task.weight].const_data_ptr<float>();
+#if SPECDEC_X86
+      if (isa == Isa::kAvx512) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e);
+      if (isa == Isa::kAvx2) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
+#endif
+      return portable::rows_f32(xp, wp, yp, M, K, N, b, e);
+    }
+    const auto* wp = reinterpret_cast<const uint16_t*>(weights[task.weight].const_data_ptr<at::BFloat16>());
+#if SPECDEC_X86
+    if (isa == Isa::kAvx512) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e);
+    if (isa == Isa::kAvx2) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
+#endif
+    portable::rows_bf16(xp, wp, yp, M, K, N, b, e);
+  };
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) run(tasks[static_cast<size_t>(t)]);
   });
+  std::vector<at::Tensor> outputs;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    at::Tensor y = dtype == at::kBFloat16 ? sums[i].to(dtype) : sums[i];
+    if (biases[i].has_value()) y.add_(*biases[i]);
+    std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+    out_shape.back() = weights[i].size(0);
+    outputs.push_back(y.view(out_shape));
+  }
+  return outputs;
 }
 
 }  // namespace
 
 at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                              c10::string_view isa_name) {
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "specdec_cpu::skinny_linear: CPU tensors only, got ",
-              x.device(), " and ", weight.device());
-  TORCH_CHECK(weight.dim() == 2, "specdec_cpu::skinny_linear: weight must be [out, in], got shape ", weight.sizes());
-  TORCH_CHECK(x.dim() >= 1, "specdec_cpu::skinny_linear: x must have at least one dimension");
-  const int64_t K = weight.size(1);
-  const int64_t N = weight.size(0);
-  TORCH_CHECK(x.size(-1) == K, "specdec_cpu::skinny_linear: x's last dimension is ", x.size(-1),
-              ", the weight's in-features are ", K);
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "specdec_cpu::skinny_linear: x is ", x.scalar_type(),
-              ", the weight is ", weight.scalar_type());
-  const auto dtype = weight.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble,
-              "specdec_cpu::skinny_linear: float32, bfloat16 or float64 only, got ", dtype);
-  TORCH_CHECK(weight.is_contiguous(), "specdec_cpu::skinny_linear: the weight must be contiguous");
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dtype,
-                "specdec_cpu::skinny_linear: bias must be [", N, "] of ", dtype, ", got ", bias->sizes(), " of ",
-                bias->scalar_type());
-  }
+  const char* op = "specdec_cpu::skinny_linear";
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
+  check_weight(x, weight, bias, op);
   const Isa isa = parse_isa(std::string(isa_name), "skinny_linear");
+  return linears(x, {weight}, {bias}, isa)[0];
+}
 
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  const at::Tensor rows = x.reshape({-1, K}).contiguous();  // [M, K]
-  const int64_t M = rows.size(0);
-  at::Tensor y;
-  if (dtype == at::kDouble) {
-    y = at::empty({M, N}, rows.options());
-    const double* xp = rows.const_data_ptr<double>();
-    const double* wp = weight.const_data_ptr<double>();
-    double* yp = y.mutable_data_ptr<double>();
-    parallel_rows(N, K, [&](int64_t b, int64_t e) {
-#if SPECDEC_X86
-      if (isa != Isa::kPortable) return avx2::rows_f64(xp, wp, yp, M, K, N, b, e);
-#endif
-      portable::rows_f64(xp, wp, yp, M, K, N, b, e);
-    });
-  } else {
-    // float sums [M, N]; bfloat16 inputs are widened to float first (x is small) and the sums
-    // rounded to bfloat16 at the end (round to nearest even, as torch rounds).
-    const at::Tensor x32 = dtype == at::kFloat ? rows : rows.to(at::kFloat);
-    at::Tensor sums = at::empty({M, N}, rows.options().dtype(at::kFloat));
-    const float* xp = x32.const_data_ptr<float>();
-    float* yp = sums.mutable_data_ptr<float>();
-    if (dtype == at::kFloat) {
-      const float* wp = weight.const_data_ptr<float>();
-      parallel_rows(N, K, [&](int64_t b, int64_t e) {
-#if SPECDEC_X86
-        if (isa == Isa::kAvx512) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e);
-        if (isa == Isa::kAvx2) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
-#endif
-        portable::rows_f32(xp, wp, yp, M, K, N, b, e);
-      });
-    } else {
-      const auto* wp = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
-      parallel_rows(N, K, [&](int64_t b, int64_t e) {
-#if SPECDEC_X86
-        if (isa == Isa::kAvx512) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e);
-        if (isa == Isa::kAvx2) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
-#endif
-        portable::rows_bf16(xp, wp, yp, M, K, N, b, e);
-      });
-    }
-    y = dtype == at::kFloat ? sums : sums.to(dtype);
+std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList weights,
+                                           const c10::List<std::optional<at::Tensor>>& biases,
+                                           c10::string_view isa_name) {
+  const char* op = "specdec_cpu::skinny_linears";
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
+  TORCH_CHECK(!weights.empty(), op, ": at least one weight");
+  TORCH_CHECK(biases.size() == weights.size(), op, ": ", weights.size(), " weights and ", biases.size(), " biases");
+  std::vector<std::optional<at::Tensor>> bias_list;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    bias_list.push_back(biases.get(i));
+    check_weight(x, weights[i], bias_list.back(), op);
   }
-  if (bias.has_value()) y.add_(*bias);
-  return y.view(out_shape);
+  const Isa isa = parse_isa(std::string(isa_name), "skinny_linears");
+  return linears(x, weights, bias_list, isa);
 }
 
 }  // namespace specdec_cpu_kernels
