@@ -137,7 +137,7 @@ def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("arch", KNOWN)
-@pytest.mark.parametrize("variant", ["default", "cpu"])
+@pytest.mark.parametrize("variant", ["default", "cpu", "cpu-attention"])
 def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels: Kernels) -> None:
     model = tiny_model(arch)
     rng = random.Random(f"native-{arch}-{variant}")
@@ -150,11 +150,12 @@ def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels:
             verifier = generator.verifier
             assert isinstance(verifier, RunnerVerifier)
             verifier.use_kernels(KernelChoice.uniform(variant))
-            expected = verifier.cpu_kernels if variant == "cpu" else PLAIN
+            expected = {"cpu": verifier.cpu_kernels, "cpu-attention": verifier.cpu_attention}.get(variant, PLAIN)
             assert all(verifier._kernels_for(rows) is expected for rows in (1, 7, 40))  # the variant runs
             result = generator.generate(prompt, max_new_tokens=40)
             assert result.tokens == truth, f"{arch}/{drafter}: prompt {prompt}"
-            IDENTITY_COUNTS[f"{arch}/native/{'cpu-kernels' if variant == 'cpu' else 'torch'}"] += 1
+            names = {"cpu": "cpu-kernels", "cpu-attention": "torch-linear+tree-attention"}
+            IDENTITY_COUNTS[f"{arch}/native/{names.get(variant, 'torch')}"] += 1
         assert result.stats.steps < 39  # sam+recycling's trees were accepted: speculation happened
 
 

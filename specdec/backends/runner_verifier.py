@@ -7,12 +7,15 @@ budget (grown if it must), written in place at the tree's slots and compacted in
 No compilation and no warm-up: the first step of the first call is as fast as any later
 one.
 
-**Kernels**: two variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
+**Kernels**: three variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
 kernels (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention), the
 choice for forwards of up to :data:`CPU_KERNEL_MAX_ROWS` rows from the start, where they are
 available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_product_attention``
-(what the prompt's hundreds of rows take). The calibration times both at every tree size and
-the :class:`~specdec.Generator` passes its verdict on. While the CPU kernels serve both a
+(what the prompt's hundreds of rows take); ``"cpu-attention"``: torch's linear layers with
+specdec's tree attention, for the sizes where a GEMM library's blocked products beat the
+skinny kernels (many rows; bfloat16 GEMMs with AVX512_BF16) but SDPA's masked attention costs
+twice the tree attention's. The calibration times all three at every tree size and the
+:class:`~specdec.Generator` passes its verdict on. While the CPU kernels serve both a
 plain step and a tree, a tree node's logits are bitwise those of the same token verified
 alone (their contracts), so speculative output is plain decoding's exactly.
 
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 
 from specdec.backends import cpu_kernels
-from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment
+from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
 from specdec.backends.static import capacity_for
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
@@ -42,6 +45,7 @@ from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser,
 # The most nodes one verification may hold: the engine's own cap on tree size.
 MAX_NODES = 512
 CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
+CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
 CPU_KERNEL_MAX_ROWS = 64  # past this many rows a GEMM library's blocked products win: not worth timing
 
 
@@ -53,12 +57,13 @@ class RunnerVerifier(ModelVerifier):
     (:func:`specdec.backends.cpu_kernels.supports`); :meth:`use_kernels` changes that.
     """
 
-    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL)
+    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION)
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         super().__init__(model, ops, chooser)
         self.runner = DecoderRunner(model)
         self.cpu_kernels = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears)
+        self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention)
         self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
         if self.kernels_available:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
@@ -70,14 +75,19 @@ class RunnerVerifier(ModelVerifier):
         return "native"
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
-        """``("default", "cpu")`` where the CPU kernels serve the model and ``rows`` is worth timing."""
+        """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
+        worth timing."""
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
             return self.KERNELS
         return (DEFAULT_KERNEL,)
 
     def _kernels_for(self, rows: int) -> Kernels:
-        if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS and self._kernels.variant_for(rows) == CPU_KERNEL:
-            return self.cpu_kernels
+        if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
+            variant = self._kernels.variant_for(rows)
+            if variant == CPU_KERNEL:
+                return self.cpu_kernels
+            if variant == CPU_ATTENTION:
+                return self.cpu_attention
         return PLAIN
 
     # -- the model-side hooks of ModelVerifier -----------------------------------------------
