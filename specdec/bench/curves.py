@@ -10,7 +10,8 @@ of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at ever
 - ``dynamic``: the model's own forward on Hugging Face's ``DynamicCache``;
 - ``native``: specdec's own forward (:mod:`specdec.backends.runner`) with torch's kernels;
 - ``native+cpu``: that, with specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`:
-  skinny linear layers and tree attention).
+  skinny linear layers and tree attention);
+- ``native+cpu-attention``: torch's linear layers with specdec's tree attention.
 
 All variants share one model and are timed in the same interleaved rounds (a drift of the
 machine's load hits all alike); round 0 warms up and the fastest of ``repeats`` rounds is
@@ -40,7 +41,8 @@ from specdec.errors import SpecDecError
 from specdec.types import DraftTree, KernelChoice
 
 DEFAULT_VARIANTS = (
-    "dynamic=auto:cache=dynamic,native=auto:cache=native:kernels=default,native+cpu=auto:cache=native:kernels=cpu"
+    "dynamic=auto:cache=dynamic,native=auto:cache=native:kernels=default,native+cpu=auto:cache=native:kernels=cpu,"
+    "native+cpu-attention=auto:cache=native:kernels=cpu-attention"
 )
 
 
