@@ -234,6 +234,55 @@ def test_tree_attention_is_masked_attention_and_every_path_gives_the_same_bits(
         assert torch.equal(result, first), f"isa {isa!r} differs from the portable path"
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(trees(max_nodes=12), st.booleans(), st.integers(0, 70), st.integers(0, 8)), min_size=1, max_size=4
+    ),
+    heads=st.sampled_from([(1, 1), (9, 3), (4, 2)]),
+    head_dim=st.sampled_from([16, 20, 64]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 2**31),
+)
+def test_segments_in_one_call_give_each_segment_s_own_bits(
+    shapes: list[tuple[tuple[int, ...], bool, int, int]], heads: tuple[int, int], head_dim: int, dtype: torch.dtype,
+    seed: int,
+) -> None:
+    """tree_attention_segments (several sequences' rows, each over its own cache, one call) equals
+    tree_attention per segment, bit for bit, on every path."""
+    query_heads, kv_heads = heads
+    generator = torch.Generator().manual_seed(seed)
+    segments, queries = [], []
+    for parents, causal, start, spare in shapes:
+        rows = len(parents)
+        slots = start + rows + spare
+        keys = torch.randn(1, kv_heads, slots, head_dim, generator=generator).to(dtype)
+        values = torch.randn(1, kv_heads, slots, head_dim, generator=generator).to(dtype)
+        ancestors = None if causal else torch.from_numpy(ancestor_matrix(parents))
+        segments.append((keys, values, start, rows, ancestors))
+        queries.append(torch.randn(1, rows, query_heads, head_dim, generator=generator).to(dtype))
+    query = torch.cat(queries, dim=1).transpose(1, 2)  # [1, Hq, R, D], as the runner hands it over
+    for isa in runnable_isas():
+        together = skinny.tree_attention_segments(query, segments, 0.125, isa)
+        first = 0
+        for (keys, values, start, rows, ancestors), alone_query in zip(segments, queries, strict=True):
+            alone = skinny.tree_attention(alone_query.transpose(1, 2), keys, values, start, ancestors, 0.125, isa)
+            assert torch.equal(together[:, first : first + rows], alone), (isa, first)
+            first += rows
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [([2, 2], "counts sum to 4, the query has 3 rows"), ([3, 0], "segment 1 has 0 rows")],
+)
+def test_bad_segments_are_refused_naming_the_value(counts: list[int], message: str) -> None:
+    keys = torch.randn(1, 3, 20, 64)
+    segments = [(keys, keys.clone(), 5, count, None) for count in counts]
+    with pytest.raises(RuntimeError) as raised:
+        skinny.tree_attention_segments(torch.randn(1, 9, 3, 64), segments, 0.125)
+    assert message in str(raised.value)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_a_tree_row_equals_the_same_query_after_its_ancestors_were_committed(dtype: torch.dtype) -> None:
     parents = (-1, 0, 0, 1, 1, 3, 2, 5, 0)

@@ -87,6 +87,7 @@ def load() -> ModuleType:
             torch.library.register_fake("specdec_cpu::skinny_linear", _skinny_linear_fake)
             torch.library.register_fake("specdec_cpu::skinny_linears", _skinny_linears_fake)
             torch.library.register_fake("specdec_cpu::tree_attention", _tree_attention_fake)
+            torch.library.register_fake("specdec_cpu::tree_attention_segments", _tree_attention_segments_fake)
             _FAKES_REGISTERED = True
         return module
 
@@ -130,6 +131,46 @@ def _tree_attention_fake(
 ) -> torch.Tensor:
     del keys, values, start, ancestors, scale, isa
     return query.new_empty((1, query.shape[2], query.shape[1] * query.shape[3]))
+
+
+def _tree_attention_segments_fake(
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    starts: list[int],
+    counts: list[int],
+    ancestors: list[torch.Tensor | None],
+    scale: float,
+    isa: str = "auto",
+) -> torch.Tensor:
+    del keys, values, starts, counts, ancestors, scale, isa
+    return query.new_empty((1, query.shape[2], query.shape[1] * query.shape[3]))
+
+
+# One segment of tree_attention_segments: (keys, values, start, rows, ancestors or None).
+AttentionSegment = tuple[torch.Tensor, torch.Tensor, int, int, "torch.Tensor | None"]
+
+
+def tree_attention_segments(
+    query: torch.Tensor, segments: Sequence[AttentionSegment], scale: float, isa: str = "auto"
+) -> torch.Tensor:
+    """:func:`tree_attention` for several sequences' rows at once, each over its own cache; ``[1, R, Hq * D]``.
+
+    ``query`` ``[1, Hq, R, D]`` holds the segments' rows one after another; segment ``s`` is
+    ``(keys, values, start, rows, ancestors)`` as :func:`tree_attention` takes them. Each row is
+    bitwise what :func:`tree_attention` gives its segment alone; what changes is that all the
+    segments' tasks share one parallel pass (a batch of B rows meets its threads once per layer,
+    not B times).
+    """
+    keys = [segment[0] for segment in segments]
+    values = [segment[1] for segment in segments]
+    starts = [segment[2] for segment in segments]
+    counts = [segment[3] for segment in segments]
+    ancestors = [segment[4] for segment in segments]
+    out: torch.Tensor = torch.ops.specdec_cpu.tree_attention_segments(
+        query, keys, values, starts, counts, ancestors, scale, isa
+    )
+    return out
 
 
 def tree_attention(

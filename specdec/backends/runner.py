@@ -43,6 +43,10 @@ from specdec.backends.static_cache import StaticKVCache
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (query [1, Hq, R, D], [(keys, values, start, rows, ancestors | None) per segment], scale) -> [1, R, Hq * D]
+AttentionSegments = Callable[
+    [torch.Tensor, Sequence[tuple[torch.Tensor, torch.Tensor, int, int, "torch.Tensor | None"]], float], torch.Tensor
+]
 # (x, [(weight, bias), ...]) -> [linear(x, weight, bias), ...]: several weights of one input at once
 Linears = Callable[[torch.Tensor, Sequence[tuple[torch.Tensor, "torch.Tensor | None"]]], list[torch.Tensor]]
 # (query [1, Hq, T, D], keys, values [1, Hkv, S, D], start, ancestors [T, T] | None, scale) -> [1, T, Hq * D]
@@ -110,11 +114,13 @@ class Kernels:
     attention of each segment, or None for ``torch.nn.functional.scaled_dot_product_attention``.
     ``linears`` (optional): the same products as ``linear`` for several weights of one input in one
     call (:func:`specdec.backends.cpu_kernels.skinny_linears`): the query/key/value and the
-    gate/up projections."""
+    gate/up projections. ``attention_segments`` (optional, with ``attention``): every segment's
+    attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`)."""
 
     linear: Linear
     attention: Attention | None = None
     linears: Linears | None = None
+    attention_segments: AttentionSegments | None = None
 
     def group(self, x: torch.Tensor, *layers: tuple[torch.Tensor, torch.Tensor | None]) -> list[torch.Tensor]:
         """``linear(x, weight, bias)`` for each of ``layers``: by ``linears`` in one call where given."""
@@ -231,6 +237,7 @@ class DecoderRunner:
             query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [1, H, R, D]
             query, key = self.apply_rotary(query, key, cos, sin)
             outputs = []
+            together = []  # (keys, values, start, rows, ancestors) per segment, for attention_segments
             offset = 0
             for segment, mask, count in zip(segments, masks, rows, strict=True):
                 part = slice(offset, offset + count)
@@ -239,6 +246,9 @@ class DecoderRunner:
                 keys, values = segment.cache.ensure(index, key[:, :, part], value[:, :, part])  # [1, Hkv, S, D]
                 keys[:, :, segment.start : width] = key[:, :, part]
                 values[:, :, segment.start : width] = value[:, :, part]
+                if kernels.attention_segments is not None and len(segments) > 1:
+                    together.append((keys, values, segment.start, count, segment.ancestors))
+                    continue
                 if kernels.attention is not None:
                     attended = kernels.attention(
                         query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling
@@ -250,6 +260,9 @@ class DecoderRunner:
                     scale=self.scaling, is_causal=mask is None and count > 1, enable_gqa=grouped,  # count > 1: start 0
                 )  # fmt: skip
                 outputs.append(attended.transpose(1, 2).reshape(1, count, -1))  # [1, T_s, Hq * D]
+            if together:
+                assert kernels.attention_segments is not None
+                outputs.append(kernels.attention_segments(query, together, self.scaling))  # [1, R, Hq * D]
             attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
             hidden = residual + linear(attended, *layer.o)
             residual = hidden

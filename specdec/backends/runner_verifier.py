@@ -62,8 +62,11 @@ class RunnerVerifier(ModelVerifier):
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         super().__init__(model, ops, chooser)
         self.runner = DecoderRunner(model)
-        self.cpu_kernels = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears)
-        self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention)
+        self.cpu_kernels = Kernels(
+            cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
+            cpu_kernels.tree_attention_segments,
+        )  # fmt: skip
+        self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments)
         self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
         if self.kernels_available:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))

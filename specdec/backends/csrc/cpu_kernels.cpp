@@ -63,12 +63,19 @@ TORCH_LIBRARY(specdec_cpu, m) {
   m.def(
       "tree_attention(Tensor query, Tensor keys, Tensor values, int start, Tensor? ancestors, float scale, "
       "str isa='auto') -> Tensor");
+  // query [1, Hq, R, D] holding the rows of several segments one after another (counts[s] rows each),
+  // segment s over its own cache keys[s]/values[s] after starts[s] committed slots, under ancestors[s]
+  // (or causal) -> [1, R, Hq * D]; each row bitwise what tree_attention gives its segment alone.
+  m.def(
+      "tree_attention_segments(Tensor query, Tensor[] keys, Tensor[] values, int[] starts, int[] counts, "
+      "Tensor?[] ancestors, float scale, str isa='auto') -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
   m.impl("skinny_linear", &specdec_cpu_kernels::skinny_linear_cpu);
   m.impl("skinny_linears", &specdec_cpu_kernels::skinny_linears_cpu);
   m.impl("tree_attention", &specdec_cpu_kernels::tree_attention_cpu);
+  m.impl("tree_attention_segments", &specdec_cpu_kernels::tree_attention_segments_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

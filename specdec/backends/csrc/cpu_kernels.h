@@ -1,9 +1,10 @@
 // specdec's CPU kernels: the ops of torch.ops.specdec_cpu, and what their source files share.
 //
-// Three ops, one extension (built and cached by specdec/native.py):
+// Four ops, one extension (built and cached by specdec/native.py):
 //   skinny_linear   y = x @ W^T for a few rows of x, one pass over W  (skinny_linear.h: the contract)
 //   skinny_linears  the same for several weights of one input in one parallel pass (q/k/v, gate/up)
 //   tree_attention  attention of a few query rows over a KV cache     (tree_attention.h: the contract)
+//   tree_attention_segments  the same for several sequences' rows, each over its own cache, in one pass
 // Each has a hand-written AVX-512 path and a portable path; an `isa` argument forces one
 // ('auto': the best this CPU has), and every path computes the same bits (the contracts), which the
 // tests check by forcing each. The whole extension is compiled with -ffp-contract=off: a compiler
@@ -46,5 +47,10 @@ std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList w
 at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                               int64_t start, const std::optional<at::Tensor>& ancestors, double scale,
                               c10::string_view isa);
+
+at::Tensor tree_attention_segments_cpu(const at::Tensor& query, at::TensorList keys, at::TensorList values,
+                                       at::IntArrayRef starts, at::IntArrayRef counts,
+                                       const c10::List<std::optional<at::Tensor>>& ancestors, double scale,
+                                       c10::string_view isa);
 
 }  // namespace specdec_cpu_kernels

@@ -249,49 +249,73 @@ void head_avx512_any(const scalar_t* query_base, int64_t q_head, int64_t q_row, 
 #pragma GCC pop_options
 #endif  // SPECDEC_X86
 
-template <typename scalar_t>
-void attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, int64_t start,
-            const bool* ancestors, double scale, Isa isa, at::Tensor& out) {
-  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-  const int64_t Hq = query.size(1), T = query.size(2), D = query.size(3);
-  const int64_t Hkv = keys.size(1), S = keys.size(2);
-  const int64_t group = Hq / Hkv;
-  const scalar_t* qp = query.const_data_ptr<scalar_t>();
-  const scalar_t* kp = keys.const_data_ptr<scalar_t>();
-  const scalar_t* vp = values.const_data_ptr<scalar_t>();
-  scalar_t* op = out.mutable_data_ptr<scalar_t>();  // [1, T, Hq * D]
-  const int64_t q_head = query.stride(1), q_row = query.stride(2);
-  // Row i's tree part: the slots of its ancestors and itself (or of every row up to it: causal).
+// One segment of a call: T query rows (from row `first` of the query) over their own cache.
+struct Part {
+  at::Tensor keys, values;  // [1, Hkv, S, D] contiguous
+  int64_t start, T, first;
+  std::vector<std::vector<int64_t>> tree_slots;  // row i's tree part: the slots of its ancestors and itself
+};
+
+// Row i's tree part: the slots of its ancestors and itself (or of every row up to it: causal).
+std::vector<std::vector<int64_t>> tree_slots_of(int64_t start, int64_t T, const bool* ancestors) {
   std::vector<std::vector<int64_t>> tree_slots(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i)
     for (int64_t a = 0; a < T; ++a)
       if (ancestors != nullptr ? ancestors[i * T + a] : a <= i) tree_slots[i].push_back(start + a);
-  // Tasks: each KV head's T * group query vectors, cut into pieces so both threads get work on a
-  // model with few KV heads; every piece reads its KV head's keys and values once.
-  const int64_t per_head = T * group;
-  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(per_head, (2 * at::get_num_threads() + Hkv - 1) / Hkv));
-  const int64_t piece = (per_head + pieces - 1) / pieces;
-  at::parallel_for(0, Hkv * pieces, 1, [&](int64_t begin, int64_t end) {
+  return tree_slots;
+}
+
+// Every part's rows attended over its own cache, all parts' tasks in one parallel pass.
+template <typename scalar_t>
+void attend(const at::Tensor& query, const std::vector<Part>& parts, double scale, Isa isa, at::Tensor& out) {
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  const int64_t Hq = query.size(1), D = query.size(3);
+  const int64_t Hkv = parts[0].keys.size(1);
+  const int64_t group = Hq / Hkv;
+  const int64_t q_head = query.stride(1), q_row = query.stride(2);
+  // Tasks: each part's KV heads' T * group query vectors, cut into pieces so both threads get work
+  // on a model with few KV heads; every piece reads its KV head's keys and values once.
+  struct Task {
+    size_t part;
+    int64_t kv_head;
+    Vectors vectors;
+  };
+  std::vector<Task> tasks;
+  const int64_t wanted = 2 * at::get_num_threads();
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const int64_t per_head = parts[p].T * group;
+    const int64_t heads = Hkv * static_cast<int64_t>(parts.size());
+    const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(per_head, (wanted + heads - 1) / heads));
+    const int64_t piece = (per_head + pieces - 1) / pieces;
+    for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head)
+      for (int64_t first = 0; first < per_head; first += piece)
+        tasks.push_back({p, kv_head, Vectors{first, std::min(piece, per_head - first)}});
+  }
+  scalar_t* op = out.mutable_data_ptr<scalar_t>();  // [1, R, Hq * D]
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> scores;
     std::vector<acc_t> outs, totals;
-    Visible seen{start, {}};
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t kv_head = task / pieces;
-      const Vectors vectors{(task % pieces) * piece, std::min(piece, per_head - (task % pieces) * piece)};
-      if (vectors.count <= 0) continue;
-      const scalar_t* head_keys = kp + kv_head * S * D;
-      const scalar_t* head_values = vp + kv_head * S * D;
+    for (int64_t t = begin; t < end; ++t) {
+      const Task& task = tasks[static_cast<size_t>(t)];
+      const Part& part = parts[task.part];
+      const int64_t start = part.start, T = part.T, S = part.keys.size(2), kv_head = task.kv_head;
+      const Vectors vectors = task.vectors;
+      const scalar_t* qp = query.const_data_ptr<scalar_t>() + part.first * q_row;
+      scalar_t* part_out = op + part.first * Hq * D;
+      const scalar_t* head_keys = part.keys.const_data_ptr<scalar_t>() + kv_head * S * D;
+      const scalar_t* head_values = part.values.const_data_ptr<scalar_t>() + kv_head * S * D;
 #if SPECDEC_X86
       if constexpr (!std::is_same_v<scalar_t, double>) {
         if (isa == Isa::kAvx512 && D <= 256) {
           scores.resize(static_cast<size_t>(vectors.count * (start + T)));
           outs.resize(static_cast<size_t>(vectors.count * D));
           totals.resize(static_cast<size_t>(vectors.count));
-          head_avx512_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head, tree_slots,
-                                static_cast<float>(scale), vectors, scores.data(), outs.data(), totals.data());
+          head_avx512_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head,
+                                    part.tree_slots, static_cast<float>(scale), vectors, scores.data(), outs.data(),
+                                    totals.data());
           for (int64_t j = 0; j < vectors.count; ++j) {
             const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
-            scalar_t* o = op + (row * Hq + head) * D;
+            scalar_t* o = part_out + (row * Hq + head) * D;
             for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[j * D + d]);
           }
           continue;
@@ -300,9 +324,10 @@ void attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& v
 #endif
       scores.resize(static_cast<size_t>(start + T));
       outs.resize(static_cast<size_t>(D));
+      Visible seen{start, {}};
       for (int64_t j = 0; j < vectors.count; ++j) {
         const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
-        seen.tree = tree_slots[row];
+        seen.tree = part.tree_slots[row];
         const scalar_t* q = qp + head * q_head + row * q_row;
 #if SPECDEC_X86
         if (isa == Isa::kAvx2) {
@@ -314,34 +339,27 @@ void attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& v
           row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale), scores.data(),
                                         outs.data());
         }
-        scalar_t* o = op + (row * Hq + head) * D;
+        scalar_t* o = part_out + (row * Hq + head) * D;
         for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[d]);
       }
     }
   });
 }
 
-}  // namespace
-
-at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                              int64_t start, const std::optional<at::Tensor>& ancestors, double scale,
-                              c10::string_view isa_name) {
-  const char* op = "specdec_cpu::tree_attention";
-  TORCH_CHECK(query.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), op,
-              ": CPU tensors only");
-  TORCH_CHECK(query.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && query.size(0) == 1 && keys.size(0) == 1,
-              op, ": query [1, Hq, T, D] and keys/values [1, Hkv, S, D], got ", query.sizes(), " and ", keys.sizes());
+// One segment's checks (naming `op`), and the segment as a Part.
+Part checked_part(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, int64_t start,
+                  int64_t T, int64_t first, const std::optional<at::Tensor>& ancestors, const char* op) {
+  TORCH_CHECK(keys.device().is_cpu() && values.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(keys.dim() == 4 && values.dim() == 4 && keys.size(0) == 1, op,
+              ": query [1, Hq, T, D] and keys/values [1, Hkv, S, D], got ", query.sizes(), " and ", keys.sizes());
   TORCH_CHECK(keys.sizes() == values.sizes(), op, ": keys ", keys.sizes(), " and values ", values.sizes(), " differ");
   const auto dtype = query.scalar_type();
   TORCH_CHECK(keys.scalar_type() == dtype && values.scalar_type() == dtype, op, ": query, keys and values must share a dtype");
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble, op,
-              ": float32, bfloat16 or float64 only, got ", dtype);
-  const int64_t Hq = query.size(1), T = query.size(2), D = query.size(3);
+  const int64_t Hq = query.size(1), D = query.size(3);
   const int64_t Hkv = keys.size(1), S = keys.size(2);
   TORCH_CHECK(keys.size(3) == D, op, ": head dim ", D, " of the queries, ", keys.size(3), " of the keys");
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, op, ": ", Hq, " query heads over ", Hkv, " KV heads");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), op, ": keys and values must be contiguous");
-  TORCH_CHECK(query.stride(3) == 1, op, ": the query's head dim must be contiguous");
   TORCH_CHECK(start >= 0 && start + T <= S, op, ": rows at slots ", start, "..", start + T - 1, " outside the ", S,
               " slots of the cache");
   const bool* anc = nullptr;
@@ -354,16 +372,68 @@ at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, c
     anc_contiguous = ancestors->contiguous();
     anc = anc_contiguous.const_data_ptr<bool>();
   }
-  const Isa isa = parse_isa(std::string(isa_name), "tree_attention");
-  at::Tensor out = at::empty({1, T, Hq * D}, query.options());
+  return Part{keys, values, start, T, first, tree_slots_of(start, T, anc)};
+}
+
+void check_query(const at::Tensor& query, const char* op) {
+  TORCH_CHECK(query.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(query.dim() == 4 && query.size(0) == 1, op, ": query [1, Hq, T, D], got ", query.sizes());
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble, op,
+              ": float32, bfloat16 or float64 only, got ", dtype);
+  TORCH_CHECK(query.stride(3) == 1, op, ": the query's head dim must be contiguous");
+}
+
+at::Tensor attend_parts(const at::Tensor& query, const std::vector<Part>& parts, double scale, Isa isa) {
+  const int64_t Hq = query.size(1), R = query.size(2), D = query.size(3);
+  at::Tensor out = at::empty({1, R, Hq * D}, query.options());
+  if (R == 0) return out;
+  const auto dtype = query.scalar_type();
   if (dtype == at::kFloat) {
-    attend<float>(query, keys, values, start, anc, scale, isa, out);
+    attend<float>(query, parts, scale, isa, out);
   } else if (dtype == at::kBFloat16) {
-    attend<c10::BFloat16>(query, keys, values, start, anc, scale, isa, out);
+    attend<c10::BFloat16>(query, parts, scale, isa, out);
   } else {
-    attend<double>(query, keys, values, start, anc, scale, isa, out);
+    attend<double>(query, parts, scale, isa, out);
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                              int64_t start, const std::optional<at::Tensor>& ancestors, double scale,
+                              c10::string_view isa_name) {
+  const char* op = "specdec_cpu::tree_attention";
+  check_query(query, op);
+  std::vector<Part> parts;
+  parts.push_back(checked_part(query, keys, values, start, query.size(2), 0, ancestors, op));
+  return attend_parts(query, parts, scale, parse_isa(std::string(isa_name), "tree_attention"));
+}
+
+at::Tensor tree_attention_segments_cpu(const at::Tensor& query, at::TensorList keys, at::TensorList values,
+                                       at::IntArrayRef starts, at::IntArrayRef counts,
+                                       const c10::List<std::optional<at::Tensor>>& ancestors, double scale,
+                                       c10::string_view isa_name) {
+  const char* op = "specdec_cpu::tree_attention_segments";
+  check_query(query, op);
+  const size_t n = keys.size();
+  TORCH_CHECK(n > 0, op, ": at least one segment");
+  TORCH_CHECK(values.size() == n && starts.size() == n && counts.size() == n && ancestors.size() == n, op, ": ", n,
+              " keys, ", values.size(), " values, ", starts.size(), " starts, ", counts.size(), " counts and ",
+              ancestors.size(), " ancestors: one of each per segment");
+  std::vector<Part> parts;
+  int64_t first = 0;
+  for (size_t s = 0; s < n; ++s) {
+    TORCH_CHECK(counts[s] >= 1, op, ": segment ", s, " has ", counts[s], " rows");
+    TORCH_CHECK(keys[s].dim() == 4 && keys[s].size(1) == keys[0].size(1), op, ": segment ", s, "'s keys ",
+                keys[s].sizes(), " have another number of KV heads than segment 0's ", keys[0].sizes());
+    parts.push_back(checked_part(query, keys[s], values[s], starts[s], counts[s], first, ancestors.get(s), op));
+    first += counts[s];
+  }
+  TORCH_CHECK(first == query.size(2), op, ": the segments' counts sum to ", first, ", the query has ",
+              query.size(2), " rows");
+  return attend_parts(query, parts, scale, parse_isa(std::string(isa_name), "tree_attention_segments"));
 }
 
 }  // namespace specdec_cpu_kernels
