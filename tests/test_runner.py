@@ -13,6 +13,7 @@ while it runs.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -88,6 +89,21 @@ def test_logits_equal_the_models_own_forward(arch: str) -> None:
             use_cache=True, **{cache_keyword(model): theirs_cache},
         ).logits[0]  # fmt: skip
         torch.testing.assert_close(ours_tree, theirs_tree, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", KNOWN)
+def test_queries_and_keys_are_rotated_in_one_call_only_where_that_gives_the_same_bits(arch: str) -> None:
+    model = tiny_model(arch)
+    runner = DecoderRunner(model)
+    assert runner.rotary_together  # every architecture the runner knows rotates queries and keys alike
+    plain = runner.apply_rotary
+
+    def keys_apart(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
+        q_out, k_out = plain(q, k, cos, sin)
+        return q_out, k_out * 2.0  # a rotary that treats keys unlike queries
+
+    runner.apply_rotary = keys_apart
+    assert not runner._rotary_works_on_heads_together(model)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

@@ -206,6 +206,26 @@ class DecoderRunner:
             for layer in base.layers
         ]
         self.num_layers = len(self.layers)
+        self.rotary_together = self._rotary_works_on_heads_together(model)
+
+    def _rotary_works_on_heads_together(self, model: Any) -> bool:
+        """Whether the model's rotary function gives the same bits on the query and key heads side by side
+        (one call over ``[1, Hq + Hkv, R, D]``) as on each apart: then a forward rotates both in one call,
+        half the small operations. Checked on random values at construction, so a model whose rotary
+        treats queries and keys differently keeps two calls."""
+        parameter = next(model.parameters())
+        generator = torch.Generator().manual_seed(0)
+        rows = 3
+        hidden = torch.randn(1, rows, self.embed.embedding_dim, generator=generator).to(parameter)
+        with torch.inference_mode():
+            cos, sin = self.rotary(hidden, torch.arange(rows, device=parameter.device)[None])
+            shape = (1, rows, self.head_dim)
+            query = torch.randn(1, self.query_heads, *shape[1:], generator=generator).to(parameter)
+            key = torch.randn(1, self.kv_heads, *shape[1:], generator=generator).to(parameter)
+            apart = self.apply_rotary(query, key, cos, sin)
+            both, _ = self.apply_rotary(torch.cat([query, key], dim=1), key[:, :0], cos, sin)
+        together = (both[:, : self.query_heads], both[:, self.query_heads :])
+        return all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(apart, together, strict=True))
 
     def forward(self, segments: Sequence[Segment], kernels: Kernels) -> list[torch.Tensor]:
         """Logits for every segment: ``[T_s, V]`` each (``[1, V]`` with ``last_only``): :meth:`forward_rows`, split."""
@@ -235,7 +255,11 @@ class DecoderRunner:
             if layer.q_norm is not None:
                 query, key = layer.q_norm(query), layer.k_norm(key)
             query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [1, H, R, D]
-            query, key = self.apply_rotary(query, key, cos, sin)
+            if self.rotary_together:  # one call over the query and key heads side by side: the same bits
+                both, _ = self.apply_rotary(torch.cat([query, key], dim=1), key[:, :0], cos, sin)
+                query, key = both[:, : self.query_heads], both[:, self.query_heads :]
+            else:
+                query, key = self.apply_rotary(query, key, cos, sin)
             outputs = []
             together = []  # (keys, values, start, rows, ancestors) per segment, for attention_segments
             offset = 0
