@@ -121,7 +121,7 @@ def auto_run(generator: specdec.Generator, prompt: list[int], max_new: int, seco
     return decode(generator.verifier, generator.new_drafter(), prompt, config, planner=planner)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("drafter", ["pld", "sam+recycling"])
 def test_auto_budget_drafts_when_verification_is_cheap(arch: str, drafter: str) -> None:
     """Cheap verification: budget="auto" must draft and accept (prompts built to repeat), output = plain greedy."""
