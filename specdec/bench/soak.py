@@ -69,7 +69,8 @@ SHORT_PROMPTS = (
 DEFAULT_WARMUP = 50
 # The RSS bound's default (MiB): see docs/benchmarks.md "Soak" for the growth measured against it.
 DEFAULT_RSS_GROWTH_MB = 64.0
-DEFAULT_STORE_TOKENS = 4096
+# The store's default budget: about a third of what ~500 prompts' sam-drafted outputs hold, so a full soak evicts.
+DEFAULT_STORE_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class SoakReport:
     rss_warm_mb: float | None = None  # after ``warmup`` prompts
     warmup: int = DEFAULT_WARMUP
     store_budget: int = 0
+    evicted_tokens: int = 0  # tokens the store evicted to stay within its budget (by the end)
     rss_growth_bound_mb: float = DEFAULT_RSS_GROWTH_MB
     seconds: float = 0.0
 
@@ -190,7 +192,7 @@ class SoakReport:
             "rss_end_mb": round(self.rss_end_mb, 1), "rss_max_mb": round(self.rss_max_mb, 1),
             "rss_growth_mb": None if growth is None else round(growth, 1),
             "rss_growth_bound_mb": self.rss_growth_bound_mb, "warmup": self.warmup,
-            "store_budget": self.store_budget, "store_max": self.store_max,
+            "store_budget": self.store_budget, "store_max": self.store_max, "store_evicted": self.evicted_tokens,
             "store_end": self.rows[-1].store_tokens if self.rows else 0, "seconds": round(self.seconds, 1),
         }
 
@@ -347,6 +349,7 @@ def soak(model: Any, tokenizer: Any, cases: Sequence[SoakCase], *, store: Shared
             report.rss_warm_mb = row.rss_mb
         bar.set_postfix(rss=f"{row.rss_mb:.0f}M", store=row.store_tokens, bad=len(report.failures))
     report.seconds = time.perf_counter() - started
+    report.evicted_tokens = shared.evicted_tokens
     return report
 
 

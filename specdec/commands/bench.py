@@ -490,7 +490,8 @@ def register(sub: Any) -> None:
     soak.add_argument("--new-tokens", default="24,32,48", metavar="N,N,...",
                       help="max new tokens in rotation (default: %(default)s)")
     soak.add_argument("--budget", default="auto", help="the generator's draft budget: auto, full or N")
-    soak.add_argument("--store-tokens", type=int, default=4096, help="the shared store's budget (default 4096)")
+    soak.add_argument("--store-tokens", type=int, default=1024,
+                      help="the shared store's budget (default 1024: a 500-prompt soak evicts)")
     soak.add_argument("--warmup", type=int, default=50, help="prompts before RSS growth is measured (default 50)")
     soak.add_argument("--rss-growth-mb", type=float, default=64.0,
                       help="largest RSS after the warm-up minus the RSS at its end, in MiB, above which the "
