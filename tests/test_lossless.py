@@ -8,6 +8,7 @@ difference can flip a choice, so identity is demanded with no tie tolerance.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,10 @@ from oracle_drafter import OracleTreeDrafter
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
+from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.cost_model import CostTable, VerifyCostModel
+from specdec.budget.planner import PROBE_EVERY, BudgetPlanner, Throughput
+from specdec.engine import decode
 
 DRAFTERS = ["none", "pld"]
 PROMPTS_PER_CASE = 4
@@ -94,3 +99,68 @@ def test_max_nodes_caps_every_tree() -> None:
     result = specdec.run(model, [5, 6, 7], OracleTreeDrafter(truth, VOCAB, size=30), max_new_tokens=40, max_nodes=4)
     assert result.tokens == truth
     assert max(r.tree_size for r in result.stats.records) <= 4
+
+
+# budget="auto" without the clock: the planner prices trees with a frozen cost table (learn=False) and counts
+# each step's time as that table's prediction plus a fixed overhead (Throughput(fixed_overhead_s=0)), so whether
+# a step drafts depends on the table and the acceptance statistics only, never on how busy the machine is.
+CHEAP = (0.010, 0.010, 0.010, 0.010, 0.011)  # seconds for 1, 2, 8, 32, 128 nodes: drafting always pays
+DEAR = (0.010, 1.0, 4.0, 16.0, 64.0)  # a draft token costs ~100x a plain step: no draft can pay
+
+
+def frozen_cost(seconds: tuple[float, ...]) -> VerifyCostModel:
+    table = CostTable((1, 2, 8, 32, 128), (0, 4096), (seconds, seconds), {"device": "test"})
+    return VerifyCostModel(table, learn=False)
+
+
+def auto_run(generator: specdec.Generator, prompt: list[int], max_new: int, seconds: tuple[float, ...]) -> Any:
+    """One generation of ``generator``'s drafter under budget="auto" priced by ``seconds``, clock-free."""
+    planner = BudgetPlanner(generator.verifier, "auto", AcceptanceModel(), Throughput(fixed_overhead_s=0.0),
+                            cost=frozen_cost(seconds))
+    config = generator.decoding_config(max_new_tokens=max_new, budget="auto")
+    return decode(generator.verifier, generator.new_drafter(), prompt, config, planner=planner)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("drafter", ["pld", "sam+recycling"])
+def test_auto_budget_drafts_when_verification_is_cheap(arch: str, drafter: str) -> None:
+    """Cheap verification: budget="auto" must draft and accept (prompts built to repeat), output = plain greedy."""
+    model = tiny_model(arch)
+    generator = specdec.Generator(model, drafter=drafter, planner_cache=False)
+    rng = random.Random(f"auto-{arch}-{drafter}")
+    accepted = drafted = 0
+    for _ in range(PROMPTS_PER_CASE):
+        prompt = random_prompt(rng)
+        prompt += prompt  # the whole prompt again: lookup drafters find it, so some draft is accepted
+        result = auto_run(generator, prompt, 40, CHEAP)
+        assert result.tokens == hf_greedy(model, prompt, 40), f"{arch}/{drafter}: prompt {prompt}"
+        again = auto_run(generator, prompt, 40, CHEAP)  # the same decisions: nothing read a clock
+        assert [(r.tree_size, r.reason) for r in again.stats.records] == \
+            [(r.tree_size, r.reason) for r in result.stats.records]
+        assert {r.reason for r in result.stats.records} <= {"no draft", "auto", "probe"}
+        drafted += sum(r.tree_size > 1 for r in result.stats.records)
+        accepted += sum(r.accepted for r in result.stats.records)
+    assert drafted > 0 and accepted > 0, f"{arch}/{drafter}: budget='auto' drafted {drafted}, accepted {accepted}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("drafter", ["pld", "sam+recycling"])
+def test_auto_budget_drafts_nothing_when_verification_is_dear(arch: str, drafter: str) -> None:
+    """Dear verification: every offered draft is declined; only the planner's bounded probes verify two nodes."""
+    model = tiny_model(arch)
+    generator = specdec.Generator(model, drafter=drafter, planner_cache=False)
+    rng = random.Random(f"auto-{arch}-{drafter}")
+    declined = 0
+    for _ in range(PROMPTS_PER_CASE):
+        prompt = random_prompt(rng)
+        prompt += prompt
+        result = auto_run(generator, prompt, 40, DEAR)
+        assert result.tokens == hf_greedy(model, prompt, 40), f"{arch}/{drafter}: prompt {prompt}"
+        records = result.stats.records
+        probes = [r for r in records if r.reason == "probe"]
+        assert all(r.tree_size == 1 for r in records if r.reason != "probe")
+        assert all(r.tree_size == 2 for r in probes)  # twice the chosen single node
+        cut = sum(r.reason == "declined" for r in records)
+        assert len(probes) <= (cut + len(probes)) // PROBE_EVERY
+        declined += cut
+    assert declined > 0, f"{arch}/{drafter}: no draft was offered, so the test decided nothing"

@@ -13,12 +13,14 @@
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
     specdec bench margins --dtype bfloat16          # logit gap of verification vs one-token forwards (near-tie margins)
     specdec bench batch --batch-size 1,2,4,8 --out runs/batch   # many prompts: tokens/s by batch size vs HF
+    specdec bench soak --out runs/soak              # one Generator, 500+ prompts: identity, store budget, RSS
     specdec bench ratios backend.json               # cuda_ext vs torch op ratios from pytest-benchmark
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -290,6 +292,44 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    """One generator over every prompt kind (:mod:`specdec.bench.soak`); exit 1 on any failed check."""
+    from specdec.bench import soak
+
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    new_tokens = [int(n) for n in args.new_tokens.split(",") if n.strip()]
+    model, tokenizer = load(args)
+    prompts = soak.default_prompts(tokenizer, args.questions)
+    if args.prompts is not None:
+        prompts = prompts[: args.prompts]
+    cases = soak.build_cases(prompts, drafters, new_tokens)
+    if not args.quiet:
+        print(f"{len(cases)} prompts, drafters {', '.join(drafters)}, store budget {args.store_tokens} tokens, "
+              f"warm-up {args.warmup} prompts", file=sys.stderr)
+    on_row = None
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        rows = Path(args.out) / "rows.jsonl"
+        rows.write_text("", encoding="utf-8")
+
+        def on_row(row: soak.SoakRow) -> None:
+            with rows.open("a", encoding="utf-8") as file:
+                file.write(json.dumps(dataclasses.asdict(row)) + "\n")
+
+    report = soak.soak(model, tokenizer, cases, store=args.store_tokens, warmup=args.warmup,
+                       rss_growth_mb=args.rss_growth_mb, budget=args.budget, on_row=on_row,
+                       progress=not args.quiet)
+    text = soak.format_report(report, _command_line())
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "results.json", {"command": _command_line(), **soak.to_json(report)})
+        (out / REPORT_FILE).write_text(text + "\n", encoding="utf-8")
+        soak.plot_rss(report, out / "rss.png", f"soak: {len(cases)} prompts, one Generator ({args.model}, CPU)")
+    return 1 if report.problems() else 0
+
+
 def _model_options(parser: argparse.ArgumentParser, sub: bool) -> None:
     """``--model``, ``--device``, ``--dtype`` (on a subcommand, unset ones keep the ``bench`` level's value)."""
     default = argparse.SUPPRESS if sub else None
@@ -343,7 +383,7 @@ def register(sub: Any) -> None:
                        "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
     commands = bench.add_subparsers(dest="bench_command",
-                                    metavar="{replay,judge,quality,costs,curves,oneoff,batch,ratios}")
+                                    metavar="{replay,judge,quality,margins,costs,curves,oneoff,batch,soak,ratios}")
 
     replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
                                  "modelled speedup under frozen cost tables, no model, no clock")
@@ -436,6 +476,29 @@ def register(sub: Any) -> None:
     batch.add_argument("--no-plot", action="store_true")
     batch.add_argument("--quiet", action="store_true", help="no progress bar")
     batch.set_defaults(func=cmd_batch)
+
+    soak = commands.add_parser("soak", help="one Generator over Spec-Bench, held-out and short prompts with "
+                               "rotating drafters, greedy and sampled, stop strings: every output against plain "
+                               "decoding, the shared store against its budget, RSS after the warm-up; exit 1 on "
+                               "a failure")
+    _model_options(soak, sub=True)
+    soak.add_argument("--questions", default=str(DEFAULT_QUESTIONS),
+                      help=f"Spec-Bench question.jsonl (default: {DEFAULT_QUESTIONS})")
+    soak.add_argument("--prompts", type=int, default=None, help="the first N interleaved prompts (default: all)")
+    soak.add_argument("--drafters", default="sam+recycling,pld,sam,recycling,none", metavar="NAMES",
+                      help="drafters in rotation, one per prompt (default: %(default)s)")
+    soak.add_argument("--new-tokens", default="24,32,48", metavar="N,N,...",
+                      help="max new tokens in rotation (default: %(default)s)")
+    soak.add_argument("--budget", default="auto", help="the generator's draft budget: auto, full or N")
+    soak.add_argument("--store-tokens", type=int, default=1024,
+                      help="the shared store's budget (default 1024: a 500-prompt soak evicts)")
+    soak.add_argument("--warmup", type=int, default=50, help="prompts before RSS growth is measured (default 50)")
+    soak.add_argument("--rss-growth-mb", type=float, default=64.0,
+                      help="largest RSS after the warm-up minus the RSS at its end, in MiB, above which the "
+                      "soak fails (default 64: docs/benchmarks.md 'Soak')")
+    soak.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, rss.png go")
+    soak.add_argument("--quiet", action="store_true", help="no progress bar")
+    soak.set_defaults(func=cmd_soak)
 
     ratios = commands.add_parser("ratios", help="the cuda_ext vs torch table from a pytest-benchmark JSON of "
                                  "benchmarks/test_bench_backend.py")

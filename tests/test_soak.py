@@ -1,0 +1,103 @@
+"""The soak (specdec.bench.soak) in short: one Generator over 60 prompts of a tiny fp64 model, every check on.
+
+The full soak (``specdec bench soak``: 500+ prompts of the default model) is a benchmark, its figures in
+docs/benchmarks.md "Soak". Here: identity against plain decoding (greedy and seeded sampling) for every
+drafter in rotation, the shared store within its budget, RSS growth within the bound; and each check
+shown able to fail (a generator that changes a token, a store over the budget, a growing RSS).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_models import VOCAB, tiny_model
+
+from specdec.bench import soak
+from specdec.datastores.shared_store import SharedStore
+
+PROMPTS = 60
+WARMUP = 10
+STORE_TOKENS = 256  # ~20 outputs' worth: the store evicts many times over 60 prompts
+
+
+def soak_prompts(count: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """Random prompts, short and long, most with a repeated stretch (lookup drafters find it)."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        prompt = [rng.randrange(2, VOCAB) for _ in range(rng.choice((3, 12, 60)))]
+        if i % 4 != 3:
+            prompt += prompt[: rng.randrange(2, 12)]
+        prompts.append((f"random:{len(prompt)}", prompt))
+    return prompts
+
+
+def early_eos(model: Any, prompts: list[tuple[str, list[int]]]) -> int:
+    """A token the model produces early after the first prompt: as eos_token_id it ends some outputs early."""
+    from specdec.testing import plain_continuation
+
+    return plain_continuation(model, prompts[0][1], 3)[2]
+
+
+def run_soak(count: int, warmup: int, **options: Any) -> soak.SoakReport:
+    model = tiny_model("llama")
+    prompts = soak_prompts(count)
+    cases = soak.build_cases(prompts, new_tokens=(8, 24, 40), stops=(), eos_every=4,
+                             eos_token_id=early_eos(model, prompts))
+    # budget="full": under "auto" whether a tiny model's steps draft depends on measured costs (a busy
+    # machine declines them all), and the identity checked here is worth something only if drafts were taken.
+    return soak.soak(model, None, cases, warmup=warmup, budget="full", progress=False, **options)
+
+
+def test_soak_on_a_tiny_model_is_identical_within_budget_and_flat(tmp_path: Path) -> None:
+    report = run_soak(PROMPTS, WARMUP, store=STORE_TOKENS, rss_growth_mb=soak.DEFAULT_RSS_GROWTH_MB)
+    assert report.problems() == []
+    assert len(report.rows) == PROMPTS and report.identical == PROMPTS  # fp64: no near-tie is tolerated
+    assert {row.drafter for row in report.rows} == set(soak.DRAFTERS)
+    assert {row.mode == "greedy" for row in report.rows} == {True, False}
+    assert any(row.stop_reason == "eos" and row.new_tokens < 8 for row in report.rows)  # early ends happened
+    drafted = sum(row.accepted for row in report.rows if row.drafter != "none")
+    assert drafted > 0 and all(row.accepted == 0 for row in report.rows if row.drafter == "none")
+    assert 0 < report.store_max <= STORE_TOKENS and report.evicted_tokens > 0  # within budget by evicting
+    growth = report.rss_growth_mb
+    assert growth is not None and growth <= soak.DEFAULT_RSS_GROWTH_MB
+    text = soak.format_report(report, "test")
+    assert "**passed**" in text and "| sam+recycling | greedy |" in text
+    assert soak.plot_rss(report, tmp_path / "rss.png").stat().st_size > 0
+
+
+class TamperingGenerator(soak.Generator):
+    """The soaked generator (the one drafting) changes its output's last token: a lossy decoder."""
+
+    def generate(self, prompt: Any, **options: Any) -> Any:
+        result = super().generate(prompt, **options)
+        if isinstance(self._drafter_spec, soak.RotatingFactory) and result.tokens:
+            result.tokens[-1] = (result.tokens[-1] + 1) % VOCAB
+        return result
+
+
+def test_soak_reports_a_changed_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(soak, "Generator", TamperingGenerator)
+    report = run_soak(10, 4)
+    assert len(report.failures) == 10
+    greedy = [row for row in report.failures if row.mode == "greedy"]
+    assert greedy and all(row.verdict.startswith("DIFFERENT: ") for row in greedy)
+    assert any("prompt 0 " in problem for problem in report.problems())
+
+
+def test_soak_reports_a_store_over_its_budget() -> None:
+    report = run_soak(10, 4, store=SharedStore(100_000), store_budget=16)
+    assert report.failures == []
+    assert any("over its budget of 16" in problem for problem in report.problems())
+
+
+def test_soak_reports_rss_growth_after_the_warm_up() -> None:
+    readings = iter(range(1000, 2000, 4))  # 4 MiB more after every prompt
+    report = run_soak(12, 4, rss=lambda: float(next(readings)), rss_growth_mb=16.0)
+    assert report.rss_growth_mb == pytest.approx(4.0 * 8)
+    assert [p for p in report.problems() if p.startswith("RSS grew 32.0 MiB")]
+    flat = run_soak(12, 4, rss=lambda: 1000.0, rss_growth_mb=16.0)
+    assert flat.problems() == []
