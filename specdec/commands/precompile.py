@@ -7,8 +7,9 @@ again. This command builds them all up front, as ``specdec.run(model, ..., cache
 would (the same drafter, dtype, device and calibrated kernels), with a progress bar; it prints
 the time it took, the process's peak memory and where the compiled code went.
 
-The forwards are specialised to the cache's capacity (a power of two, 256 slots at least):
-``--max-tokens`` is the longest prompt plus new tokens that later calls should find compiled.
+The forwards are specialised to the cache's capacity (a power of two, 256 slots at least,
+holding the sequence and the largest tree): ``--max-tokens`` is the longest prompt plus new
+tokens that later calls should find compiled (128: 512-slot caches).
 """
 
 from __future__ import annotations
