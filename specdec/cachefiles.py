@@ -80,6 +80,8 @@ KINDS = (
     Kind("planner", _HASH_JSON, "what budget='auto' learned per model, tokenizer, drafter and device"),
     Kind("recycling", re.compile(rf"(\.)?{_HASH16}(\.npz|-.*)$"), "Token Recycling's matrix per model (what its "
          "drafts start from)"),
+    Kind("compiled", re.compile(_HASH16), "cache='static' forwards compiled by inductor, per torch version and CPU "
+         "(a later process skips most of the compile: specdec compile fills it)"),
     Kind("trusted", _HASH_JSON, "stamps of fully verified large datastores (they load without a full read)"),
     Kind("datastores", re.compile(r"\w+-bench\.\w+"), "datastores built by the benchmarks"),
     Kind("vllm_check", re.compile(_HASH16), "corpora of the vLLM integration check"),

@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 # fresh temporary cache directory (calibration, planner statistics, datastore stamps, ...), removed
 # at exit. Only the kinds that are slow to rebuild and decide nothing stay in the user's cache
 # (SPECDEC_<KIND>_DIR, specdec.cachefiles): the default model's converted checkpoint (~20 s) and
-# the compiled extensions (~40 s each; keyed by a hash of their sources and flags).
-SHARED_KINDS = ("models", "extensions")
+# the compiled extensions (~40 s each; keyed by a hash of their sources and flags), and inductor's
+# compiled static-cache forwards (minutes; every compiled forward is checked against the eager one).
+SHARED_KINDS = ("models", "extensions", "compiled")
 
 
 def _isolate_cache() -> Path:

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec.backends import compile_cache
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
 from specdec.backends.tree import ancestor_matrix
@@ -259,6 +260,10 @@ class BucketRunner:
                 verifier.additive_dtype, 0, verifier.cache_keyword,
             )  # fmt: skip
 
+    def reset_compiled(self) -> None:
+        """Take :attr:`shared`'s function again at the next forward (it was replaced)."""
+        self._compiled = None
+
     def _capture(self, forward: Callable[[], torch.Tensor]) -> None:
         """Warm up on a side stream, then capture ``forward`` into a CUDA graph (shared memory pool)."""
         side = torch.cuda.Stream(device=self.tokens.device)  # type: ignore[no-untyped-call]
@@ -339,6 +344,11 @@ class StaticVerifier(ModelVerifier):
         self._fallback_reason: str | None = None
 
     @property
+    def fallback_reason(self) -> str | None:
+        """Why this verifier's compiled or captured forwards gave way to eager ones (None: they did not)."""
+        return self._fallback_reason
+
+    @property
     def cache_kind(self) -> str:
         """The cache name that makes this verifier: ``static-eager``, ``static-inductor``, ..."""
         return f"static-{self.mode}"
@@ -371,6 +381,8 @@ class StaticVerifier(ModelVerifier):
         capacity = self.cache.capacity
 
         def build() -> Callable[..., torch.Tensor]:
+            if self.device.type == "cpu":
+                compile_cache.activate()  # compiled code on disk, for later processes too
             tag = f"t{size}_s{capacity}_{mode.replace('-', '_')}_{next(_CODE_TAGS)}"
             return compile_forward(_fresh_code(tree_forward, tag))
 
@@ -448,8 +460,12 @@ class StaticVerifier(ModelVerifier):
             logits = runner.run()
         except Exception as error:  # any compiler or capture failure: fall back, loudly
             first_line = str(error).splitlines()[0] if str(error) else ""
-            self._fall_back(f"{type(error).__name__}: {first_line}", "are not possible for this model")
-            return runner.eager()  # a failed forward may have written the slots: write them again
+            reason = f"{type(error).__name__}: {first_line}"
+            retried = self._compile_again(runner, reason)
+            if retried is None:
+                self._fall_back(reason, "are not possible for this model")
+                return runner.eager()  # a failed forward may have written the slots: write them again
+            logits = retried
         problem = disagreement(logits[: runner.filled], reference[: runner.filled])
         if problem is not None:
             self._fall_back(f"the {runner.size}-node bucket, {problem}", "disagree with the eager forward")
@@ -458,6 +474,22 @@ class StaticVerifier(ModelVerifier):
         if runner.shared is not None and runner.mode == "inductor":  # later verifiers take it as checked
             runner.shared.checked = True
         return logits
+
+    def _compile_again(self, runner: BucketRunner, reason: str) -> torch.Tensor | None:
+        """A compile that failed while reading compiled code from disk: empty that folder and compile the
+        bucket once more without it (:func:`~specdec.backends.compile_cache.discard`, once per process);
+        the retry's logits, or None (nothing to retry, or it failed too: the caller falls back)."""
+        if runner.shared is None or runner.mode != "inductor" or not compile_cache.discard(reason):
+            return None
+        capacity = self.cache.capacity
+        self.shared_store().drop(runner.mode, runner.size, capacity)
+        runner.shared = self.shared_forward(runner.size, runner.mode)
+        runner.reset_compiled()
+        try:
+            with compile_cache.disabled():
+                return runner.run()
+        except Exception:
+            return None
 
     def _fall_back(self, reason: str, what: str) -> None:
         """Run eager forwards from now on (this verifier, and the model's later ones in this mode), saying why."""
@@ -472,13 +504,14 @@ class StaticVerifier(ModelVerifier):
         for bucket in list(self._runners):
             self._runners[bucket] = BucketRunner(self, bucket, "eager")
 
-    def warm_up(self, max_tokens: int) -> None:
+    def warm_up(self, max_tokens: int, on_bucket: Callable[[int], None] | None = None) -> None:
         """Compile or capture every bucket's forward for sequences of up to ``max_tokens`` tokens.
 
         The cache is grown to the capacity those sequences need (so no later request of that
         length regrows it and recompiles), and each bucket runs once on a throw-away
         sequence; a live sequence is kept (:meth:`preserving`). Compiled code is cached on
-        disk by inductor, so a later process pays much less than the first.
+        disk by inductor (:mod:`specdec.backends.compile_cache`), so a later process pays much
+        less than the first. ``on_bucket(size)`` is called after each bucket (progress).
         """
         if max_tokens < 1:
             raise SpecDecError(f"warm_up needs a positive token count, got {max_tokens}")
@@ -487,6 +520,8 @@ class StaticVerifier(ModelVerifier):
             for size in self.buckets:
                 self.verify(state, DraftTree.chain(pending, [pending] * (size - 1)))
                 self.rewind(state, 1)
+                if on_bucket is not None:
+                    on_bucket(size)
 
     # -- the hooks of ModelVerifier ------------------------------------------------------
     def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:

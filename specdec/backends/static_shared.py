@@ -82,6 +82,11 @@ class ForwardStore:
                         del self.forwards[key]
             return shared
 
+    def drop(self, mode: str, size: int, capacity: int) -> None:
+        """Forget one bucket's compiled function (its compile failed: the next :meth:`forward` builds anew)."""
+        with _LOCK:
+            self.forwards.pop((mode, size, capacity), None)
+
     def reserved(self, mode: str) -> int:
         """The capacity a new verifier in ``mode`` reserves at least, to run the forwards compiled already."""
         with _LOCK:

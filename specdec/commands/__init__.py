@@ -14,11 +14,21 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from specdec.commands import bench, cache, calibrate, coldstart, datastore, demo, generate, recycling_template
+from specdec.commands import (
+    bench,
+    cache,
+    calibrate,
+    coldstart,
+    datastore,
+    demo,
+    generate,
+    precompile,
+    recycling_template,
+)
 from specdec.errors import SpecDecError
 
 # The subcommands, in the order ``specdec --help`` lists them; each module has ``register(subparsers)``.
-SUBCOMMANDS = (generate, demo, datastore, calibrate, bench, recycling_template, cache, coldstart)
+SUBCOMMANDS = (generate, demo, datastore, calibrate, precompile, bench, recycling_template, cache, coldstart)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from specdec import cachefiles
+from specdec.backends import compile_cache
 from specdec.budget.planner_stats import enabled, summarize
 from specdec.errors import SpecDecError
 
@@ -25,6 +26,7 @@ def report() -> dict[str, Any]:
         **cachefiles.info(),
         "planner_statistics": "on" if enabled() else "off (SPECDEC_PLANNER_CACHE)",
         "planner": [summarize(p) for p in planner.entries() if p.suffix == ".json" and not p.name.startswith(".")],
+        "compiled": [compile_cache.describe(p) for p in cachefiles.kind("compiled").entries()],
     }
 
 
@@ -49,6 +51,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     print(f"planner statistics: {found['planner_statistics']}")
     for row in found["kinds"]:
         print(f"  {row['kind']:<12} {row['entries']:>4} entries {_megabytes(row['bytes']):>10}   {row['about']}")
+    for item in found["compiled"]:
+        use = "used by this torch and CPU" if item["usable"] else "another torch or CPU: unused (cache clear compiled)"
+        print(f"  compiled forwards for torch {item['torch']} ({item['capability']}): {use}")
     if found["planner"]:
         print("saved planner statistics:")
     for item in found["planner"]:

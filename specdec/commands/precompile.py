@@ -1,0 +1,79 @@
+"""``specdec compile``: compile ``cache="static"``'s bucket forwards now, for this and every later process.
+
+A static-cache verifier compiles each tree-size bucket's forward at its first use; inductor
+keeps the generated code in specdec's cache (:mod:`specdec.backends.compile_cache`), so a
+later process that compiles the same bucket reads it instead of generating and building it
+again. This command builds them all up front, as ``specdec.run(model, ..., cache="static")``
+would (the same drafter, dtype, device and calibrated kernels), with a progress bar; it prints
+the time it took, the process's peak memory and where the compiled code went.
+
+The forwards are specialised to the cache's capacity (a power of two, 256 slots at least,
+holding the sequence and the largest tree): ``--max-tokens`` is the longest prompt plus new
+tokens that later calls should find compiled (128: 512-slot caches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from specdec.api import Generator
+from specdec.backends import compile_cache
+from specdec.backends.static import StaticVerifier
+from specdec.commands.arguments import add_model_argument
+from specdec.errors import SpecDecError
+
+
+def peak_rss_gb() -> float:
+    """The largest resident set of this process or of any child it waited for (compile workers), in GB."""
+    peaks = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return max(peaks) * 1024 / 1e9  # ru_maxrss is in KiB on Linux
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    if args.max_tokens < 1:
+        raise SpecDecError(f"--max-tokens must be positive, got {args.max_tokens}")
+    print(f"Loading the model ({args.model}) ...", file=sys.stderr)
+    generator = Generator(args.model, drafter=args.drafter, cache="static", device=args.device, dtype=args.dtype)
+    verifier = generator.verifier
+    if not isinstance(verifier, StaticVerifier):
+        raise SpecDecError(f"cache='static' made a {type(verifier).__name__}, which compiles nothing")
+    if "inductor" not in verifier.mode:
+        print(f"static-{verifier.mode}: nothing is compiled ahead of time (graphs are captured per process)")
+        return 0
+    folder = compile_cache.activate()
+    started = time.perf_counter()
+    with tqdm(total=len(verifier.buckets), desc="compiling buckets", unit="bucket", disable=args.quiet) as bar:
+
+        def done(size: int) -> None:
+            bar.set_postfix(nodes=size)
+            bar.update()
+
+        verifier.warm_up(args.max_tokens, on_bucket=done)
+    seconds = time.perf_counter() - started
+    if verifier.fallback_reason is not None:
+        print("the compiled forwards fell back to eager ones (see the warning above): nothing useful was stored")
+        return 1
+    where = folder if folder is not None else f"inductor's own cache ({compile_cache.INDUCTOR_ENV})"
+    print(f"compiled {len(verifier.buckets)} buckets ({', '.join(map(str, verifier.buckets))} nodes) for "
+          f"{verifier.cache.capacity}-slot caches in {seconds:.1f} s; peak memory {peak_rss_gb():.2f} GB")
+    print(f"stored in {where}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("compile", help="compile cache='static''s forwards up front (kept for later processes)",
+                            description=__doc__.split("\n\n")[1] if __doc__ else None)
+    add_model_argument(parser)
+    parser.add_argument("--drafter", default="sam+recycling", help="the drafter later calls use (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="torch device (default: cpu)")
+    parser.add_argument("--dtype", default=None, help="model dtype (default: float32)")
+    parser.add_argument("--max-tokens", type=int, default=128,
+                        help="prompt plus new tokens the compiled forwards must hold (default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=cmd_compile)
