@@ -58,7 +58,11 @@ HEADERS = (
     CSRC / "tree_attention_portable.inc", CSRC / "lane_sums_avx512.inc",
 )
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
-CFLAGS = ("-O3", "-ffp-contract=off")
+# -fopenmp: at::parallel_for is a header whose OpenMP loop compiles to a serial one without it (the
+# kernels ran on one thread until 2026-11-25: a 2-thread forward's linear layers cost what one thread's
+# did); the extension then shares the libgomp torch itself loaded (same soname), one thread pool.
+CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 ISAS = ("auto", "avx512", "avx2", "portable")
 
@@ -79,7 +83,9 @@ def load() -> ModuleType:
         if _FAILURE is not None:
             raise _FAILURE
         try:
-            module = load_extension("cpu_kernels", SOURCES, depends=HEADERS, extra_cflags=CFLAGS)
+            module = load_extension(
+                "cpu_kernels", SOURCES, depends=HEADERS, extra_cflags=CFLAGS, extra_ldflags=LDFLAGS
+            )
         except NativeBuildError as error:
             _FAILURE = error
             raise
