@@ -199,7 +199,13 @@ def test_a_forward_that_fails_to_compile_falls_back_to_eager(
     monkeypatch.setattr(static, "compile_forward", compile_forward)
     tokens, truth, _ = oracle_run(private_model("llama", seed=4), seed=4)
     assert tokens == truth
-    (message,) = static_warnings(record)
+    messages = static_warnings(record)
+    # Where an earlier compile in this process filled the compiled-code folder, the failure is first
+    # blamed on that folder: one warning that it was emptied and the bucket compiled again (which fails
+    # again here). Then exactly one warning of the fallback itself.
+    retried = [m for m in messages if "removed it, compiling again" in m]
+    (message,) = [m for m in messages if m not in retried]
+    assert len(retried) <= 1 and all("the compiler gave up" in m for m in retried)
     assert "static-inductor forwards are not possible" in message and "the compiler gave up" in message
 
 
