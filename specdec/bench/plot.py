@@ -45,13 +45,13 @@ def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return save_figure(figure, path)
 
 
-def save_figure(figure: Any, path: str | os.PathLike[str]) -> Path:
-    """Lay ``figure`` out, write it to ``path`` as a PNG (folders made) and close it."""
+def save_figure(figure: Any, path: str | os.PathLike[str], dpi: int = 130) -> Path:
+    """Lay ``figure`` out, write it to ``path`` as a PNG at ``dpi`` (folders made) and close it."""
     import matplotlib.pyplot as plt
 
     figure.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=130)
+    figure.savefig(out, dpi=dpi)
     plt.close(figure)
     return out

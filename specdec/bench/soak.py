@@ -41,6 +41,7 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.api import Generator
+from specdec.bench.plot import save_figure
 from specdec.datastores.shared_store import SharedStore
 from specdec.drafters import DrafterContext, make_factory
 from specdec.errors import SpecDecError
@@ -404,12 +405,7 @@ def plot_rss(report: SoakReport, path: str | os.PathLike[str], title: str = "") 
     more = store_axes.get_legend_handles_labels()
     axes.legend(handles[0] + more[0], handles[1] + more[1], loc="lower right", fontsize=8)
     axes.set_title(title or f"soak: {len(report.rows)} prompts through one Generator")
-    figure.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-    return out
+    return save_figure(figure, path, dpi=110)
 
 
 def to_json(report: SoakReport) -> dict[str, Any]:
