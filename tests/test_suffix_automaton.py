@@ -703,6 +703,8 @@ def test_crafted_files_cannot_crash_or_hang(sam_native: Any, tmp_path: Path) -> 
         sam = StaticSuffixAutomaton.load(write(tmp_path, f"{name}.sam", arrays), tokenizer=identity(4))
         with pytest.raises(DatastoreError, match=message):
             sam.check()
+        if name == "target":  # every edge leads nowhere: a step from the root matches nothing
+            assert [sam.step((0, 0), token) for token in range(5)] == [(0, 0)] * 5
         for state in range(sam.num_states):
             for token in range(5):
                 sam.step((state, 3), token)

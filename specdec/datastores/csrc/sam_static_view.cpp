@@ -40,7 +40,10 @@ StaticView<Tok>::StaticView(const py::dict& arrays) {
   uint32_t root_end = std::min<uint64_t>(edge_start_[1], uint64_t(edges_));
   for (uint32_t e = edge_start_[0]; e < root_end && int64_t(edge_token_[e]) < kDenseRoot; ++e) {
     if (size_t(edge_token_[e]) >= root_.size()) root_.resize(size_t(edge_token_[e]) + 1, -1);
-    root_[edge_token_[e]] = edge_target_[e];
+    // A damaged file's wild target stays out of the table (next() checks every other edge's
+    // target; a root lookup is not checked again, so an out-of-range one must not get in).
+    int32_t target = edge_target_[e];
+    root_[edge_token_[e]] = (target > kRoot && target < states_) ? target : -1;
   }
 }
 
