@@ -4,7 +4,8 @@ Each row is one prompt's :class:`~specdec.engine.LiveSequence` (its verifier sta
 token, drafter, stop rules, token chooser and stats), exactly what :func:`specdec.engine.decode`
 runs for a lone sequence. A step of the batch is the loop's step for every row at once::
 
-    trees   = [row.draft() for row in rows]               # each row's drafter, pruned by its own rules
+    trees   = [row.draft(planner.drafts(row.gate, B))     # each row's drafter (where its gate says drafting
+               for row in rows]                           #   pays), pruned by its own rules
     plan    = planner.plan(trees, committed)              # how many nodes each row verifies (one cost)
     results = verifier.verify_batch(states, plan.trees)   # one forward over every row's tree
     for row, result: row.learn(result); row.emit(result)  # each row's drafter, output and stop rules
@@ -45,7 +46,7 @@ from typing import Any
 
 import torch
 
-from specdec.budget.batch_planner import BatchPlan, BatchPlanner
+from specdec.budget.batch_planner import BatchPlan, BatchPlanner, RowGate
 from specdec.decoding import DecodingConfig
 from specdec.engine import LiveSequence, tree_cap
 from specdec.errors import SpecDecError
@@ -162,6 +163,7 @@ def decode_batch(
     budget = None if planner is None else str(planner.budget)
     queue = iter(requests)
     rows: list[tuple[BatchRequest, LiveSequence]] = []
+    gates: dict[int, RowGate] = {}  # by request index: whether each row's drafting pays (batch_planner.RowGate)
     try:
         while True:
             while len(rows) < places:  # continuous batching: finished rows' places go to the next prompts
@@ -173,9 +175,10 @@ def decode_batch(
                     yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
                     continue
                 rows.append((request, sequence))
+                gates[request.index] = RowGate()
             if not rows:
                 return
-            yield from _step(verifier, rows, planner)
+            yield from _step(verifier, rows, planner, gates)
     finally:  # the caller stopped early (or a step raised): the live rows' caches go now
         for _, sequence in rows:
             if not sequence.finished:
@@ -183,52 +186,62 @@ def decode_batch(
 
 
 def _step(
-    verifier: Verifier[Any], rows: list[tuple[BatchRequest, LiveSequence]], planner: BatchPlanner | None
+    verifier: Verifier[Any],
+    rows: list[tuple[BatchRequest, LiveSequence]],
+    planner: BatchPlanner | None,
+    gates: dict[int, RowGate],
 ) -> Iterator[FinishedRow]:
     """One step of every row (module docstring); finished rows leave ``rows`` and are yielded."""
     started = time.perf_counter()
-    drafted: list[tuple[BatchRequest, LiveSequence, DraftTree, float]] = []
+    batch = len(rows)
+    drafted: list[tuple[BatchRequest, LiveSequence, DraftTree, float, bool]] = []
     for request, sequence in rows:
         mark = time.perf_counter()
-        tree = sequence.draft()
+        asked = planner is None or planner.drafts(gates[request.index], batch)
+        tree = sequence.draft(asked)
         if tree is None:  # the context is full: the row stops here
             yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
             continue
-        drafted.append((request, sequence, tree, time.perf_counter() - mark))
-    rows[:] = [(request, sequence) for request, sequence, _, _ in drafted]
+        drafted.append((request, sequence, tree, time.perf_counter() - mark, asked))
+    rows[:] = [(request, sequence) for request, sequence, *_ in drafted]
     if not drafted:
         return
-    trees = [tree for _, _, tree, _ in drafted]
+    trees = [tree for _, _, tree, _, _ in drafted]
     offered = [tree.size for tree in trees]
     plan: BatchPlan | None = None
     planned = time.perf_counter()
     if planner is not None:
-        plan = planner.plan(trees, [sequence.committed_len for _, sequence, _, _ in drafted])
+        plan = planner.plan(trees, [sequence.committed_len for _, sequence, *_ in drafted])
         trees = [row_plan.tree for row_plan in plan.plans]
     calibration_s = 0.0 if plan is None else plan.calibration_s
     planning_s = time.perf_counter() - planned - calibration_s
-    topk = max(sequence.drafter.feedback_topk for _, sequence, _, _ in drafted)
+    # Feedback (the top ids after each node) for the drafters that were asked; none when no row drafted.
+    topk = max((sequence.drafter.feedback_topk for _, sequence, _, _, asked in drafted if asked), default=0)
     verify_started = time.perf_counter()
-    results = verify_rows(verifier, [sequence.state for _, sequence, _, _ in drafted], trees, topk)
+    results = verify_rows(verifier, [sequence.state for _, sequence, *_ in drafted], trees, topk)
     verify_s = time.perf_counter() - verify_started
     learned = []
-    for (_, sequence, _, _), result in zip(drafted, results, strict=True):
+    for (_, sequence, *_), result in zip(drafted, results, strict=True):
         mark = time.perf_counter()
         sequence.learn(result)
         learned.append(time.perf_counter() - mark)
     step_s = time.perf_counter() - started - calibration_s
-    for b, ((_, sequence, _, draft_s), result) in enumerate(zip(drafted, results, strict=True)):
+    askers = sum(asked for *_, asked in drafted)
+    for b, ((request, sequence, _, draft_s, asked), result) in enumerate(zip(drafted, results, strict=True)):
         row_plan = None if plan is None else plan.plans[b]
         sequence.record.stats.calibration_s += calibration_s
         sequence.record.add_step(trees[b], offered[b], row_plan, result, draft_s + planning_s + learned[b], verify_s,
                                  step_s)  # fmt: skip
+        if asked:  # what drafting gained this row, against what it cost (its share of the planning too)
+            gates[request.index].observe(len(result.accepted_nodes) - 1, draft_s + learned[b] + planning_s / askers)
     if planner is not None and plan is not None:
         planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
     staying = []
-    for (request, sequence, _, _), result in zip(drafted, results, strict=True):
+    for (request, sequence, *_), result in zip(drafted, results, strict=True):
         sequence.emit(result)
         if sequence.stop is None:
             staying.append((request, sequence))
         else:
+            gates.pop(request.index, None)
             yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
     rows[:] = staying

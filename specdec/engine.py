@@ -156,9 +156,10 @@ class LiveSequence:
         self.streamed = len(self.output)
         return tokens
 
-    def draft(self) -> DraftTree | None:
+    def draft(self, drafting: bool = True) -> DraftTree | None:
         """The drafter's tree rooted at the pending token, pruned; None when the context is full
-        (the sequence stops)."""
+        (the sequence stops). ``drafting=False``: the one-node tree, the drafter not asked (a
+        batch's plain step, :class:`~specdec.budget.batch_planner.DraftGate`)."""
         # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
         # max_new_tokens, and its positions stay inside the context.
         max_depth = self.config.rules.max_new_tokens - len(self.output) - 1
@@ -168,6 +169,8 @@ class LiveSequence:
             if max_depth < 0:
                 self.stop = (len(self.output), "context_length")
                 return None
+        if not drafting:
+            return DraftTree.single(self.pending, source=self.drafter.name)
         tree = self.drafter.propose(self.pending, self.cap).pruned(self.cap, max_depth)
         if tree.tokens[0] != self.pending:
             raise SpecDecError(

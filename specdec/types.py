@@ -275,6 +275,11 @@ class Drafter(Protocol):
             ...verify...
             drafter.update(accepted_tokens, feedback)  # accepted_tokens[0] is the old pending
 
+    A batch may skip ``propose`` on a step where drafting does not pay
+    (:class:`~specdec.budget.batch_planner.DraftGate`): that step verifies the pending token
+    alone, and ``update`` still follows (with no feedback), so a drafter keeps its state in
+    ``reset`` and ``update``, never in ``propose``.
+
     ``feedback_topk`` is how many top token ids per verified node the drafter wants in
     :class:`Feedback` (0: none, and the verifier skips computing them). A drafter object
     keeps its learned state across :meth:`reset` calls if it has any (Token Recycling's

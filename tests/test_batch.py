@@ -32,7 +32,7 @@ from specdec.backends.runner import ARCHITECTURES as NATIVE
 from specdec.backends.verifier import TorchTreeOps
 from specdec.batching import BatchRequest, check_memory
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.batch_planner import BatchPlanner
+from specdec.budget.batch_planner import ROW_PROBE_EVERY, BatchPlanner, RowGate
 from specdec.budget.cost_model import CostTable, VerifyCostModel
 from specdec.budget.planner import Throughput, best_nodes
 from specdec.errors import SpecDecError
@@ -317,6 +317,58 @@ def test_the_batch_planner_probes_twice_the_rows_now_and_then() -> None:
         if probed:
             assert plan.rows == min(8, sum(t.size for t in trees))
     assert 1 <= reasons.count("probe") <= 3
+
+
+def test_a_row_drafts_while_its_gain_pays_for_its_drafting_and_probes_otherwise() -> None:
+    """RowGate: clock-free, from the gains and costs fed to it (batch_planner's module docstring)."""
+    gate = RowGate()
+    assert gate.drafts(0.004)  # nothing measured yet: draft
+    gate.observe(0, 0.001)  # drafting gained nothing and cost a millisecond
+    decisions = [gate.drafts(0.004) for _ in range(3 * ROW_PROBE_EVERY)]
+    assert decisions.count(True) == 3 and decisions[ROW_PROBE_EVERY - 1]  # one probe in ROW_PROBE_EVERY steps
+    for _ in range(5):
+        gate.observe(2, 0.001)  # the text turned repetitive: two extra tokens a step
+    assert all(gate.drafts(0.004) for _ in range(3 * ROW_PROBE_EVERY))  # 2 x 4 ms >> 1 ms: always
+    assert not gate.drafts(0.0001)  # at a tenth of a millisecond per token, 2 tokens do not pay 1 ms
+
+
+def test_the_batch_planner_gates_rows_only_under_the_auto_budget() -> None:
+    cost = flat_costs(0.02, 0.004)
+    auto = planner_with(cost)
+    auto.plan(labelled_trees(random.Random(5), 4), [64] * 4)  # loads the cost model
+    gate = RowGate()
+    gate.observe(0, 1.0)  # a second of drafting for nothing
+    assert not auto.drafts(gate, 4)
+    full = BatchPlanner("full", AcceptanceModel(), {}, lambda: (cost, 0.0))
+    assert full.drafts(gate, 4)  # a fixed budget drafts every row: the user asked for its trees
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under budget="auto", rows the gate keeps from drafting verify their pending token alone while
+    others draft in the same forward; the drafters still learn every committed token. A scripted gate
+    (random decisions, seeded) makes both kinds of row meet in many steps: every row equals its lone
+    plain decoding."""
+    model = tiny_model(arch)
+    cache = cache_for(arch)
+    prompts = ragged_prompts(f"gated-{arch}", 6)
+    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    rng = random.Random(arch)
+    decisions: list[bool] = []
+
+    def scripted(self: BatchPlanner, gate: RowGate, rows: int) -> bool:
+        decisions.append(rng.random() < 0.5)
+        return decisions[-1]
+
+    monkeypatch.setattr(BatchPlanner, "drafts", scripted)
+    oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
+    for drafter in (oracle, "sam+recycling"):
+        decisions.clear()
+        generator = specdec.Generator(model, drafter=drafter, cache=cache, budget="auto")
+        results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
+        assert [r.tokens for r in results] == truth, f"{arch}/{drafter}"
+        assert decisions.count(True) > 10 and decisions.count(False) > 10
+        IDENTITY_COUNTS[f"{arch}/batch-gated/{getattr(drafter, 'name', drafter)}"] += len(results)
 
 
 # -- the API: options, bad input, memory ---------------------------------------------------------------------

@@ -283,6 +283,53 @@ def test_bad_segments_are_refused_naming_the_value(counts: list[int], message: s
     assert message in str(raised.value)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=6),
+    kv_heads=st.sampled_from([1, 3]),
+    head_dim=st.sampled_from([8, 64]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    seed=st.integers(0, 2**31),
+)
+def test_write_segments_equals_a_slice_assignment_per_segment(
+    shapes: list[tuple[int, int, int]], kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int
+) -> None:
+    """write_segments puts each segment's rows of the runner's transposed key/value view at its cache's
+    slots, exactly as the slice assignments it replaces, and touches no other slot."""
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(rows for rows, _, _ in shapes)
+    # As the runner hands them over: [1, R, H, D] projections viewed as [1, H, R, D] (D contiguous).
+    key = torch.randn(1, total, kv_heads, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    value = torch.randn(1, total, kv_heads, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    caches = [tuple(torch.randn(1, kv_heads, start + rows + spare, head_dim, generator=generator).to(dtype)
+                    for _ in range(2)) for rows, start, spare in shapes]  # fmt: skip
+    expected = [(keys.clone(), values.clone()) for keys, values in caches]
+    first = 0
+    for (keys, values), (rows, start, _) in zip(expected, shapes, strict=True):
+        keys[:, :, start : start + rows] = key[:, :, first : first + rows]
+        values[:, :, start : start + rows] = value[:, :, first : first + rows]
+        first += rows
+    skinny.write_segments(key, value, caches, [start for _, start, _ in shapes], [rows for rows, _, _ in shapes])
+    for (keys, values), (want_keys, want_values) in zip(caches, expected, strict=True):
+        assert torch.equal(keys, want_keys) and torch.equal(values, want_values)
+
+
+@pytest.mark.parametrize(
+    ("starts", "counts", "message"),
+    [([0, 18], [2, 3], "segment 1: 3 rows at slot 18 do not fit its 20 slots"),
+     ([0, 0], [2, 2], "counts sum to 4, key has 5 rows"),
+     ([0, 0], [5, 0], "segment 1: 0 rows")],
+)  # fmt: skip
+def test_bad_writes_are_refused_before_any_write(starts: list[int], counts: list[int], message: str) -> None:
+    """A bad segment anywhere raises naming it, and no cache was written (the checks come first)."""
+    key = torch.randn(1, 5, 3, 64).transpose(1, 2)
+    caches = [(torch.zeros(1, 3, 20, 64), torch.zeros(1, 3, 20, 64)) for _ in counts]
+    with pytest.raises(RuntimeError) as raised:
+        skinny.write_segments(key, key.clone(), caches, starts, counts)
+    assert message in str(raised.value)
+    assert all(not keys.any() and not values.any() for keys, values in caches)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_a_tree_row_equals_the_same_query_after_its_ancestors_were_committed(dtype: torch.dtype) -> None:
     parents = (-1, 0, 0, 1, 1, 3, 2, 5, 0)

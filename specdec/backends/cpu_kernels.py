@@ -94,6 +94,7 @@ def load() -> ModuleType:
             torch.library.register_fake("specdec_cpu::skinny_linears", _skinny_linears_fake)
             torch.library.register_fake("specdec_cpu::tree_attention", _tree_attention_fake)
             torch.library.register_fake("specdec_cpu::tree_attention_segments", _tree_attention_segments_fake)
+            torch.library.register_fake("specdec_cpu::write_segments", _write_segments_fake)
             _FAKES_REGISTERED = True
         return module
 
@@ -151,6 +152,34 @@ def _tree_attention_segments_fake(
 ) -> torch.Tensor:
     del keys, values, starts, counts, ancestors, scale, isa
     return query.new_empty((1, query.shape[2], query.shape[1] * query.shape[3]))
+
+
+def _write_segments_fake(
+    key: torch.Tensor, value: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], starts: list[int],
+    counts: list[int],
+) -> None:
+    del key, value, keys, values, starts, counts
+
+
+def write_segments(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    starts: Sequence[int],
+    counts: Sequence[int],
+) -> None:
+    """Write several segments' new keys and values into their caches in one call.
+
+    ``key``, ``value`` ``[1, Hkv, R, D]`` (any strides, ``D`` contiguous) hold the segments' rows
+    one after another, ``counts[s]`` each; segment ``s``'s go to slots ``starts[s] ..`` of its
+    cache layer ``caches[s]`` = (keys, values) ``[1, Hkv, S, D]`` (contiguous). The same bytes as
+    ``keys[:, :, start : start + count] = key[:, :, rows]`` per segment, without a batch of
+    ``B`` rows paying ``4 B`` slicing operations per layer in Python. Every segment is checked
+    before the first write: a bad call raises and changes no cache.
+    """
+    torch.ops.specdec_cpu.write_segments(
+        key, value, [keys for keys, _ in caches], [values for _, values in caches], list(starts), list(counts)
+    )
 
 
 # One segment of tree_attention_segments: (keys, values, start, rows, ancestors or None).

@@ -47,6 +47,10 @@ Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Ten
 AttentionSegments = Callable[
     [torch.Tensor, Sequence[tuple[torch.Tensor, torch.Tensor, int, int, "torch.Tensor | None"]], float], torch.Tensor
 ]
+# (key, value [1, Hkv, R, D], [(keys, values) cache layer per segment], starts, counts) -> None
+WriteSegments = Callable[
+    [torch.Tensor, torch.Tensor, Sequence[tuple[torch.Tensor, torch.Tensor]], Sequence[int], Sequence[int]], None
+]
 # (x, [(weight, bias), ...]) -> [linear(x, weight, bias), ...]: several weights of one input at once
 Linears = Callable[[torch.Tensor, Sequence[tuple[torch.Tensor, "torch.Tensor | None"]]], list[torch.Tensor]]
 # (query [1, Hq, T, D], keys, values [1, Hkv, S, D], start, ancestors [T, T] | None, scale) -> [1, T, Hq * D]
@@ -115,12 +119,15 @@ class Kernels:
     ``linears`` (optional): the same products as ``linear`` for several weights of one input in one
     call (:func:`specdec.backends.cpu_kernels.skinny_linears`): the query/key/value and the
     gate/up projections. ``attention_segments`` (optional, with ``attention``): every segment's
-    attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`)."""
+    attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`), its
+    caches written beforehand by ``write_segments`` (:func:`specdec.backends.cpu_kernels.write_segments`)
+    where given, else by a slice assignment per segment."""
 
     linear: Linear
     attention: Attention | None = None
     linears: Linears | None = None
     attention_segments: AttentionSegments | None = None
+    write_segments: WriteSegments | None = None
 
     def group(self, x: torch.Tensor, *layers: tuple[torch.Tensor, torch.Tensor | None]) -> list[torch.Tensor]:
         """``linear(x, weight, bias)`` for each of ``layers``: by ``linears`` in one call where given."""
@@ -248,6 +255,9 @@ class DecoderRunner:
         cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
         shape = (1, total, -1, self.head_dim)
         grouped = self.kv_heads != self.query_heads
+        batched = kernels.attention_segments is not None and len(segments) > 1
+        starts = [segment.start for segment in segments]
+        firsts = [sum(rows[:s]) for s in range(len(rows))]  # each segment's first row in the forward
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = layer.input_norm(hidden)
@@ -261,32 +271,39 @@ class DecoderRunner:
             else:
                 query, key = self.apply_rotary(query, key, cos, sin)
             outputs = []
-            together = []  # (keys, values, start, rows, ancestors) per segment, for attention_segments
-            offset = 0
-            for segment, mask, count in zip(segments, masks, rows, strict=True):
-                part = slice(offset, offset + count)
-                offset += count
-                width = segment.start + count
-                keys, values = segment.cache.ensure(index, key[:, :, part], value[:, :, part])  # [1, Hkv, S, D]
-                keys[:, :, segment.start : width] = key[:, :, part]
-                values[:, :, segment.start : width] = value[:, :, part]
-                if kernels.attention_segments is not None and len(segments) > 1:
-                    together.append((keys, values, segment.start, count, segment.ancestors))
-                    continue
-                if kernels.attention is not None:
-                    attended = kernels.attention(
-                        query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling
-                    )
-                    outputs.append(attended)  # [1, T_s, Hq * D]
-                    continue
-                attended = F.scaled_dot_product_attention(
-                    query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=mask,
-                    scale=self.scaling, is_causal=mask is None and count > 1, enable_gqa=grouped,  # count > 1: start 0
-                )  # fmt: skip
-                outputs.append(attended.transpose(1, 2).reshape(1, count, -1))  # [1, T_s, Hq * D]
-            if together:
+            if batched:  # every segment's cache written, then attended, in one call each
+                caches = [segment.cache.ensure(index, key, value) for segment in segments]
+                if kernels.write_segments is not None:
+                    kernels.write_segments(key, value, caches, starts, rows)
+                else:
+                    for (keys, values), start, first, count in zip(caches, starts, firsts, rows, strict=True):
+                        keys[:, :, start : start + count] = key[:, :, first : first + count]
+                        values[:, :, start : start + count] = value[:, :, first : first + count]
+                together = [(keys, values, start, count, segment.ancestors) for (keys, values), start, count, segment
+                            in zip(caches, starts, rows, segments, strict=True)]  # fmt: skip
                 assert kernels.attention_segments is not None
                 outputs.append(kernels.attention_segments(query, together, self.scaling))  # [1, R, Hq * D]
+            else:
+                offset = 0
+                for segment, mask, count in zip(segments, masks, rows, strict=True):
+                    part = slice(offset, offset + count)
+                    offset += count
+                    width = segment.start + count
+                    keys, values = segment.cache.ensure(index, key[:, :, part], value[:, :, part])  # [1, Hkv, S, D]
+                    keys[:, :, segment.start : width] = key[:, :, part]
+                    values[:, :, segment.start : width] = value[:, :, part]
+                    if kernels.attention is not None:
+                        attended = kernels.attention(
+                            query[:, :, part], keys, values, segment.start, segment.ancestors, self.scaling
+                        )
+                        outputs.append(attended)  # [1, T_s, Hq * D]
+                        continue
+                    attended = F.scaled_dot_product_attention(
+                        query[:, :, part], keys[:, :, :width], values[:, :, :width], attn_mask=mask,
+                        scale=self.scaling, is_causal=mask is None and count > 1,  # count > 1: start 0
+                        enable_gqa=grouped,
+                    )  # fmt: skip
+                    outputs.append(attended.transpose(1, 2).reshape(1, count, -1))  # [1, T_s, Hq * D]
             attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
             hidden = residual + linear(attended, *layer.o)
             residual = hidden

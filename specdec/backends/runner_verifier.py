@@ -64,9 +64,10 @@ class RunnerVerifier(ModelVerifier):
         self.runner = DecoderRunner(model)
         self.cpu_kernels = Kernels(
             cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
-            cpu_kernels.tree_attention_segments,
+            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments,
         )  # fmt: skip
-        self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments)
+        self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
+                                     cpu_kernels.write_segments)  # fmt: skip
         self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
         if self.kernels_available:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))

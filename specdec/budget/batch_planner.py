@@ -38,6 +38,19 @@ run at different rates.
 which the rule cut some tree verifies the next best nodes up to twice the rows (``R = 2(B +
 j)``), so the sizes just past the decision keep being measured.
 
+**Which rows draft at all.** The rule above weighs the forward's extra rows against the tokens
+they are expected to bring; it cannot weigh what a row's drafting itself costs, since that is
+spent before there is a tree to plan (a ``sam+recycling`` row drafts, is planned and learns in
+about half a millisecond; at ``B = 8`` a plain forward costs ~4.5 ms per row, so drafting on every
+row that brings nothing costs a plain batch ~10% of its speed, as measured on this CPU). So under
+``budget="auto"`` each row has a :class:`RowGate`: the row drafts while the tokens its drafts
+gained lately, at the batch's seconds per token, are worth the seconds its drafting took;
+otherwise it verifies its pending token alone (its drafter is not asked, but still learns the
+committed tokens, so its next draft continues the text), and drafts again one step in
+:data:`ROW_PROBE_EVERY` to see whether its text turned repetitive. Rows that copy from their
+prompt keep drafting beside rows that do not. Lossless either way: a skipped draft is a
+one-node tree.
+
 Budgets ``"full"`` and a node count cut each row's tree as for one sequence (the engine caps a
 fixed budget's trees already); the plans still carry each row's expected acceptance and the
 forward's predicted cost.
@@ -54,6 +67,44 @@ from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import PROBE_EVERY, Budget, Plan, Throughput, choose_budget
 from specdec.types import DraftTree
+
+ROW_PROBE_EVERY = 8  # a row whose drafting does not pay drafts again after this many steps without
+
+
+@dataclass
+class RowGate:
+    """Whether one row of a batch drafts: what its drafting gained lately against what it cost.
+
+    ``gain``: decayed mean of the extra tokens (accepted draft nodes) per drafting step;
+    ``cost_s``: decayed mean of the row's drafting seconds per drafting step (its drafter, its
+    share of the planning, its learning). A row drafts first, then while ``gain *
+    seconds_per_token >= cost_s``; otherwise one step in :data:`ROW_PROBE_EVERY`. The
+    decision depends on the observed figures only: tests and replays feed them.
+    """
+
+    memory: float = 0.7
+    gain: float = 0.0
+    cost_s: float = 0.0
+    drafted_steps: int = 0
+    skipped: int = 0
+
+    def drafts(self, seconds_per_token: float) -> bool:
+        """Whether the row drafts this step, a plain step of the batch costing ``seconds_per_token`` per token."""
+        if self.drafted_steps == 0 or self.gain * seconds_per_token >= self.cost_s:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        if self.skipped >= ROW_PROBE_EVERY:
+            self.skipped = 0
+            return True
+        return False
+
+    def observe(self, extra_tokens: int, cost_s: float) -> None:
+        """A drafting step of the row: ``extra_tokens`` draft tokens accepted, ``cost_s`` seconds spent drafting."""
+        weight = 1.0 if self.drafted_steps == 0 else 1.0 - self.memory
+        self.gain += weight * (extra_tokens - self.gain)
+        self.cost_s += weight * (cost_s - self.cost_s)
+        self.drafted_steps += 1
 
 
 @dataclass(frozen=True)
@@ -94,6 +145,16 @@ class BatchPlanner:
         self._load_cost = load_cost
         self._cost: VerifyCostModel | None = None
         self._since_probe = 0
+        self._context = 0  # the mean committed length of the last plan
+
+    def drafts(self, gate: RowGate, rows: int) -> bool:
+        """Whether a row drafts this step in a batch of ``rows`` (module docstring): always, unless the budget
+        is ``"auto"`` and its :class:`RowGate` says its drafting does not pay at the batch's plain rate."""
+        if self.budget.mode != "auto" or self._cost is None:  # no cost model yet: draft (and calibrate)
+            return True
+        throughput = self.throughput(rows)
+        plain = self._cost.predict(np.array([rows]), self._context)[0] + throughput.overhead_s
+        return gate.drafts(plain / rows)
 
     @property
     def cost(self) -> VerifyCostModel | None:
@@ -109,7 +170,7 @@ class BatchPlanner:
         calibration_s = 0.0
         if self._cost is None and any(tree.size > 1 for tree in trees):
             self._cost, calibration_s = self._load_cost()  # also switches the verifier to the calibrated kernels
-        context = round(sum(committed) / len(committed))
+        context = self._context = round(sum(committed) / len(committed))
         if self.budget.mode != "auto" or all(tree.size == 1 for tree in trees):
             return self._as_drafted(trees, keys, context, calibration_s)
         assert self._cost is not None  # loaded above: some tree has a draft
@@ -163,12 +224,12 @@ class BatchPlanner:
         ``accepted[b]``: row ``b``'s accepted node indices (root first); ``verify_s`` the batched
         verification's seconds, ``step_s`` the whole step's (every row's drafting and update too).
         """
+        emitted = sum(len(nodes) for nodes in accepted)
         for plan, nodes in zip(batch.plans, accepted, strict=True):
             self.acceptance.observe(plan.tree, plan.keys, nodes)
         if self._cost is not None:
             self._cost.observe(batch.rows, batch.context, verify_s)
-        emitted = sum(len(nodes) for nodes in accepted)
         self.throughput(len(batch.plans)).observe(emitted, step_s, verify_s, batch.predicted_s)
 
 
-__all__ = ["BatchPlan", "BatchPlanner"]
+__all__ = ["ROW_PROBE_EVERY", "BatchPlan", "BatchPlanner", "RowGate"]

@@ -69,6 +69,11 @@ TORCH_LIBRARY(specdec_cpu, m) {
   m.def(
       "tree_attention_segments(Tensor query, Tensor[] keys, Tensor[] values, int[] starts, int[] counts, "
       "Tensor?[] ancestors, float scale, str isa='auto') -> Tensor");
+  // key/value [1, Hkv, R, D] holding the segments' new rows one after another (counts[s] each) ->
+  // written into keys[s]/values[s] [1, Hkv, S, D] at slots starts[s] ..; every check before any write.
+  m.def(
+      "write_segments(Tensor key, Tensor value, Tensor(a!)[] keys, Tensor(b!)[] values, int[] starts, "
+      "int[] counts) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
@@ -76,6 +81,7 @@ TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
   m.impl("skinny_linears", &specdec_cpu_kernels::skinny_linears_cpu);
   m.impl("tree_attention", &specdec_cpu_kernels::tree_attention_cpu);
   m.impl("tree_attention_segments", &specdec_cpu_kernels::tree_attention_segments_cpu);
+  m.impl("write_segments", &specdec_cpu_kernels::write_segments_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

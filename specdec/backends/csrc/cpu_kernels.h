@@ -53,4 +53,11 @@ at::Tensor tree_attention_segments_cpu(const at::Tensor& query, at::TensorList k
                                        const c10::List<std::optional<at::Tensor>>& ancestors, double scale,
                                        c10::string_view isa);
 
+// Writes the new rows of several segments into their caches: rows offset .. offset + counts[s] - 1
+// of key/value [1, Hkv, R, D] (any strides, D contiguous; offset the sum of the earlier counts) go
+// to slots starts[s] .. of keys[s]/values[s] [1, Hkv, S, D] (contiguous, one dtype): the slice
+// assignments of a batched forward's every segment and layer in one call.
+void write_segments_cpu(const at::Tensor& key, const at::Tensor& value, at::TensorList keys, at::TensorList values,
+                        at::IntArrayRef starts, at::IntArrayRef counts);
+
 }  // namespace specdec_cpu_kernels

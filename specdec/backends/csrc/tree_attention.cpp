@@ -436,4 +436,61 @@ at::Tensor tree_attention_segments_cpu(const at::Tensor& query, at::TensorList k
   return attend_parts(query, parts, scale, parse_isa(std::string(isa_name), "tree_attention_segments"));
 }
 
+namespace {
+
+void check_new_rows(const at::Tensor& rows, const char* name, const char* op) {
+  TORCH_CHECK(rows.device().is_cpu() && rows.dim() == 4 && rows.size(0) == 1 && rows.stride(3) == 1, op, ": ", name,
+              " must be a CPU tensor [1, Hkv, R, D] with D contiguous, got ", rows.sizes(), " strides ",
+              rows.strides());
+}
+
+void copy_rows(const at::Tensor& rows, const at::Tensor& cache, int64_t first, int64_t start, int64_t count) {
+  const int64_t heads = rows.size(1), dim = rows.size(3), slots = cache.size(2);
+  const size_t bytes = size_t(dim) * rows.element_size();
+  const char* from = static_cast<const char*>(rows.data_ptr());
+  char* to = static_cast<char*>(cache.data_ptr());
+  const int64_t item = rows.element_size();
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < count; ++i)
+      std::memcpy(to + ((h * slots + start + i) * dim) * item,
+                  from + (h * rows.stride(1) + (first + i) * rows.stride(2)) * item, bytes);
+}
+
+}  // namespace
+
+void write_segments_cpu(const at::Tensor& key, const at::Tensor& value, at::TensorList keys, at::TensorList values,
+                        at::IntArrayRef starts, at::IntArrayRef counts) {
+  const char* op = "specdec_cpu::write_segments";
+  check_new_rows(key, "key", op);
+  check_new_rows(value, "value", op);
+  TORCH_CHECK(key.sizes() == value.sizes() && key.scalar_type() == value.scalar_type(), op,
+              ": key and value differ: ", key.sizes(), " ", key.scalar_type(), " vs ", value.sizes(), " ",
+              value.scalar_type());
+  const size_t n = keys.size();
+  TORCH_CHECK(values.size() == n && starts.size() == n && counts.size() == n, op, ": ", n, " keys, ",
+              values.size(), " values, ", starts.size(), " starts and ", counts.size(), " counts: one of each per segment");
+  int64_t first = 0;
+  for (size_t s = 0; s < n; ++s) {  // every check before the first write: a bad call changes nothing
+    for (const at::Tensor* cache : {&keys[s], &values[s]}) {
+      TORCH_CHECK(cache->device().is_cpu() && cache->is_contiguous() && cache->dim() == 4 && cache->size(0) == 1 &&
+                      cache->size(1) == key.size(1) && cache->size(3) == key.size(3) &&
+                      cache->scalar_type() == key.scalar_type(),
+                  op, ": segment ", s, "'s cache ", cache->sizes(), " ", cache->scalar_type(),
+                  " is not a contiguous CPU [1, ", key.size(1), ", S, ", key.size(3), "] of ", key.scalar_type());
+    }
+    TORCH_CHECK(counts[s] >= 1 && starts[s] >= 0 && starts[s] + counts[s] <= keys[s].size(2) &&
+                    starts[s] + counts[s] <= values[s].size(2),
+                op, ": segment ", s, ": ", counts[s], " rows at slot ", starts[s], " do not fit its ",
+                keys[s].size(2), " slots");
+    first += counts[s];
+  }
+  TORCH_CHECK(first == key.size(2), op, ": the segments' counts sum to ", first, ", key has ", key.size(2), " rows");
+  first = 0;
+  for (size_t s = 0; s < n; ++s) {
+    copy_rows(key, keys[s], first, starts[s], counts[s]);
+    copy_rows(value, values[s], first, starts[s], counts[s]);
+    first += counts[s];
+  }
+}
+
 }  // namespace specdec_cpu_kernels
