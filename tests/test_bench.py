@@ -794,3 +794,20 @@ def test_datastore_costs_on_a_small_corpus(tmp_path: Path) -> None:
     assert loaded["tokens"] == 4000 and loaded["documents"] == 20 and loaded["states_per_token"] > 1
     rebuilt = rest_build_alone(str(tmp_path / "c.rest"))
     assert rebuilt["tokens"] == 4000 and rebuilt["bytes_per_token"] > 0 and not (tmp_path / "c.rebuilt").exists()
+
+
+def test_batch_summary_takes_each_figures_median_over_repeats() -> None:
+    """``specdec bench batch --repeats 3``: each (arm, B) figure is the median of its runs, ratios from
+    the medians, identity counted over every run."""
+    from specdec.bench.batched import ArmRun, format_summary
+    from specdec.bench.batched import summarize as summarize_batch
+
+    rows = [[1] * 10, [2] * 10]  # 20 tokens a run
+    runs = [ArmRun("none", 2, rows, seconds, identical=2, acceptable=2) for seconds in (1.0, 0.5, 2.0)]
+    runs += [ArmRun("sam+recycling", 2, rows, seconds, identical=same, acceptable=2)
+             for seconds, same in ((0.4, 2), (0.25, 1), (10.0, 2))]  # fmt: skip
+    summary = summarize_batch(runs)
+    assert summary["tokens_per_s"][2] == {"none": 20.0, "sam+recycling": 50.0}  # medians of 20/10/40 and 50/80/2
+    assert summary["ratios"][2] == {"sam+recycling / none": 2.5}
+    assert summary["identical"] == {"none@2": "6/6", "sam+recycling@2": "5/6"} and summary["repeats"] == 3
+    assert "median of 3 run(s)" in format_summary(summary)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -171,11 +172,14 @@ class Arms:
 
 def measure(
     model: Any, tokenizer: Any, texts: Sequence[str], specs: str, batch_sizes: Sequence[int], max_new_tokens: int,
-    progress: bool = True,
+    progress: bool = True, repeats: int = 1,
 ) -> list[ArmRun]:
-    """Every arm at every batch size (module docstring); each run's rows judged against plain decoding."""
+    """Every arm at every batch size (module docstring), ``repeats`` rounds of the whole plan one after
+    another (:func:`summarize` takes each figure's median); each run's rows judged against plain decoding."""
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise SpecDecError(f"batch sizes must be positive ints, got {list(batch_sizes)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise SpecDecError(f"repeats must be a positive int, got {repeats!r}")
     if not texts:
         raise SpecDecError("no prompts to decode")
     arms = Arms(model, tokenizer, specs)
@@ -198,7 +202,7 @@ def measure(
         for arm, batch in dict.fromkeys(plan):
             arms.run(arm, warm, batch, 8)
         learned = snapshot_shared()  # warmed on the warm-up prompts alone
-        for arm, batch in tqdm(plan, desc="batched runs", disable=not progress):
+        for arm, batch in tqdm(plan * repeats, desc="batched runs", disable=not progress):
             restore_shared(learned)  # no run drafts from an earlier run's outputs
             runs.append(arms.run(arm, prompts, batch, max_new_tokens))
     finally:
@@ -220,11 +224,21 @@ def measure(
 
 
 def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
-    """Tokens/s by batch size and arm, and the ratios the issue asks for: each spec over ``none`` and over
-    ``hf-generate`` at the same ``B``, and ``B = 1`` batched over the single-sequence path."""
-    table: dict[int, dict[str, float]] = {}
+    """Tokens/s by batch size and arm (the median over repeated runs), and the ratios the issue asks for: each
+    spec over ``none`` and over ``hf-generate`` at the same ``B``, and ``B = 1`` batched over the
+    single-sequence path."""
+    rates: dict[int, dict[str, list[float]]] = {}
     for r in runs:
-        table.setdefault(r.batch_size, {})[r.arm] = round(r.tokens_per_s, 2)
+        rates.setdefault(r.batch_size, {}).setdefault(r.arm, []).append(r.tokens_per_s)
+    table = {batch: {arm: round(float(np.median(values)), 2) for arm, values in row.items()}
+             for batch, row in rates.items()}  # fmt: skip
+    identical: dict[str, list[int]] = {}
+    acceptable: dict[str, list[int]] = {}
+    for r in runs:
+        for counts, value in ((identical, r.identical), (acceptable, r.acceptable)):
+            total = counts.setdefault(f"{r.arm}@{r.batch_size}", [0, 0])
+            total[0] += value
+            total[1] += len(r.rows)
     ratios: dict[int, dict[str, float]] = {}
     for batch, row in table.items():
         out: dict[str, float] = {}
@@ -241,9 +255,10 @@ def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
     return {
         "tokens_per_s": table,
         "ratios": ratios,
-        "identical": {f"{r.arm}@{r.batch_size}": f"{r.identical}/{len(r.rows)}" for r in runs},
-        "acceptable": {f"{r.arm}@{r.batch_size}": f"{r.acceptable}/{len(r.rows)}" for r in runs},
+        "identical": {key: f"{same}/{rows}" for key, (same, rows) in identical.items()},
+        "acceptable": {key: f"{same}/{rows}" for key, (same, rows) in acceptable.items()},
         "prompts": len(runs[0].rows) if runs else 0,
+        "repeats": max((len(values) for row in rates.values() for values in row.values()), default=0),
     }
 
 
@@ -260,7 +275,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += ["", markdown_table(["B", *names], ratio_rows)]
     bad = {k: v for k, v in summary["acceptable"].items() if v.split("/")[0] != v.split("/")[1]}
     lines.append(
-        f"\n{summary['prompts']} prompts; rows identical to their single-sequence plain decoding: "
+        f"\n{summary['prompts']} prompts, median of {summary.get('repeats', 1)} run(s) per figure; rows identical "
+        "to their single-sequence plain decoding: "
         + ", ".join(f"{k} {v}" for k, v in summary["identical"].items())
         + ("; every difference at a near-tie" if not bad else f"; NOT at a near-tie: {bad}")
     )

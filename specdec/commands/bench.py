@@ -278,7 +278,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise SpecDecError(f"--batch-size takes comma-separated ints, got {args.batch_size!r}") from None
     model, tokenizer = load(args)
     texts = [prompt.text for prompt in oneoff.heldout_prompts()[: args.prompts]]
-    runs = batched.measure(model, tokenizer, texts, args.drafters, sizes, args.max_new_tokens, not args.quiet)
+    runs = batched.measure(model, tokenizer, texts, args.drafters, sizes, args.max_new_tokens, not args.quiet,
+                           args.repeats)
     summary = batched.summarize(runs)
     text = batched.format_summary(summary)
     print(text)
@@ -472,6 +473,8 @@ def register(sub: Any) -> None:
                        "(default: %(default)s)")
     batch.add_argument("--max-new-tokens", type=int, default=128)
     batch.add_argument("--prompts", type=int, default=None, help="the first N held-out prompts (default: all 16)")
+    batch.add_argument("--repeats", type=int, default=1,
+                       help="rounds of the whole plan, interleaved; each figure is the median (default: %(default)s)")
     batch.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, batch.png go")
     batch.add_argument("--no-plot", action="store_true")
     batch.add_argument("--quiet", action="store_true", help="no progress bar")
