@@ -34,6 +34,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -153,6 +155,45 @@ def _checked(module: ModuleType, build_dir: Path) -> None:
     stamp.write_text(f"{library.name}\n")
 
 
+# torch's build lock (``<build dir>/lock``, a FileBaton) is left behind when a process is killed mid-build,
+# and every later process would wait on it forever. A build takes about a minute here (tens of minutes on
+# nothing we know of), so a lock this old is a killed build's.
+STALE_LOCK_S = 15 * 60.0
+
+
+def wait_for_build_lock(build_dir: Path, name: str, poll_s: float = 1.0) -> None:
+    """Return once ``build_dir`` holds no build lock: another process's build finished, or its lock was stale.
+
+    A lock is waited on (one message on stderr) until it goes or is :data:`STALE_LOCK_S` old; a stale one
+    is removed with a warning that names it, so a build killed earlier costs a later process at most
+    that long instead of a hang.
+    """
+    lock = build_dir / "lock"
+    said = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age >= STALE_LOCK_S:
+            warnings.warn(
+                f"specdec: extension {name!r}: removing a build lock {age / 60:.0f} minutes old ({lock}), left by "
+                "a build that was killed; proceeding",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            lock.unlink(missing_ok=True)
+            return
+        if not said:
+            print(
+                f"specdec: extension {name!r}: waiting for another process's build (lock {lock}, {age:.0f} s old; "
+                f"one older than {STALE_LOCK_S / 60:.0f} minutes is taken for a killed build's and removed)",
+                file=sys.stderr,
+            )
+            said = True
+        time.sleep(poll_s)
+
+
 def load_extension(
     name: str,
     sources: Sequence[str | os.PathLike[str]],
@@ -195,6 +236,7 @@ def load_extension(
             )
         build_dir = folder("extensions") / f"{name}-{key}"
         build_dir.mkdir(parents=True, exist_ok=True)
+        wait_for_build_lock(build_dir, name)
         output = io.StringIO()
         try:
             # torch prints compiler output to stdout/stderr; keep it for the error message.

@@ -91,3 +91,33 @@ def test_a_failed_build_fails_its_tests_unless_the_machine_says_it_has_no_compil
     with pytest.raises(pytest.skip.Exception, match="(?s)SPECDEC_ALLOW_NO_COMPILER=1.*command not found"):
         native_or_skip("demo", broken)
     assert native_or_skip("demo", lambda: "built") == "built"
+
+
+def test_a_killed_builds_lock_is_removed_once_stale_and_a_live_one_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's build lock left by a killed build would hang every later process: a stale one is removed
+    with a warning; a fresh one is waited for (one message) until its build ends or it turns stale."""
+    import os
+    import threading
+    import time
+
+    lock = tmp_path / "lock"
+    native.wait_for_build_lock(tmp_path, "x", poll_s=0.01)  # no lock: returns at once
+    lock.touch()
+    old = time.time() - native.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    with pytest.warns(RuntimeWarning, match="removing a build lock 15 minutes old"):
+        native.wait_for_build_lock(tmp_path, "x", poll_s=0.01)
+    assert not lock.exists()
+
+    lock.touch()  # a live build: it ends (its lock goes) while we wait
+    threading.Timer(0.2, lock.unlink).start()
+    native.wait_for_build_lock(tmp_path, "x", poll_s=0.01)
+    assert "waiting for another process's build" in capsys.readouterr().err
+
+    lock.touch()  # a lock that turns stale while we wait
+    monkeypatch.setattr(native, "STALE_LOCK_S", 0.3)
+    with pytest.warns(RuntimeWarning, match="left by a build that was killed"):
+        native.wait_for_build_lock(tmp_path, "x", poll_s=0.01)
+    assert not lock.exists()
