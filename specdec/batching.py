@@ -4,7 +4,8 @@ Each row is one prompt's :class:`~specdec.engine.LiveSequence` (its verifier sta
 token, drafter, stop rules, token chooser and stats), exactly what :func:`specdec.engine.decode`
 runs for a lone sequence. A step of the batch is the loop's step for every row at once::
 
-    trees   = [row.draft(planner.drafts(row.gate, B))     # each row's drafter (where its gate says drafting
+    price   = planner.plain_seconds_per_token(B)         # a plain step's seconds per token at B rows
+    trees   = [row.draft(gates[row].drafts(price))        # each row's drafter (where its gate says drafting
                for row in rows]                           #   pays), pruned by its own rules
     plan    = planner.plan(trees, committed)              # how many nodes each row verifies (one cost)
     results = verifier.verify_batch(states, plan.trees)   # one forward over every row's tree
@@ -193,13 +194,14 @@ def _step(
 ) -> Iterator[FinishedRow]:
     """One step of every row (module docstring); finished rows leave ``rows`` and are yielded."""
     started = time.perf_counter()
-    batch = len(rows)
+    price = None if planner is None else planner.plain_seconds_per_token(len(rows))
     drafted: list[tuple[BatchRequest, LiveSequence, DraftTree, float, bool]] = []
     for request, sequence in rows:
         mark = time.perf_counter()
-        asked = planner is None or planner.drafts(gates[request.index], batch)
+        asked = price is None or gates[request.index].drafts(price)
         tree = sequence.draft(asked)
         if tree is None:  # the context is full: the row stops here
+            gates.pop(request.index, None)
             yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
             continue
         drafted.append((request, sequence, tree, time.perf_counter() - mark, asked))

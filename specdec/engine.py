@@ -159,7 +159,7 @@ class LiveSequence:
     def draft(self, drafting: bool = True) -> DraftTree | None:
         """The drafter's tree rooted at the pending token, pruned; None when the context is full
         (the sequence stops). ``drafting=False``: the one-node tree, the drafter not asked (a
-        batch's plain step, :class:`~specdec.budget.batch_planner.DraftGate`)."""
+        batch's row whose drafting does not pay, :class:`~specdec.budget.batch_planner.RowGate`)."""
         # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
         # max_new_tokens, and its positions stay inside the context.
         max_depth = self.config.rules.max_new_tokens - len(self.output) - 1

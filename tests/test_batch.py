@@ -338,9 +338,10 @@ def test_the_batch_planner_gates_rows_only_under_the_auto_budget() -> None:
     auto.plan(labelled_trees(random.Random(5), 4), [64] * 4)  # loads the cost model
     gate = RowGate()
     gate.observe(0, 1.0)  # a second of drafting for nothing
-    assert not auto.drafts(gate, 4)
+    price = auto.plain_seconds_per_token(4)
+    assert price is not None and not gate.drafts(price)
     full = BatchPlanner("full", AcceptanceModel(), {}, lambda: (cost, 0.0))
-    assert full.drafts(gate, 4)  # a fixed budget drafts every row: the user asked for its trees
+    assert full.plain_seconds_per_token(4) is None  # a fixed budget drafts every row: the user asked for its trees
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -356,11 +357,11 @@ def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: py
     rng = random.Random(arch)
     decisions: list[bool] = []
 
-    def scripted(self: BatchPlanner, gate: RowGate, rows: int) -> bool:
+    def scripted(self: RowGate, seconds_per_token: float) -> bool:
         decisions.append(rng.random() < 0.5)
         return decisions[-1]
 
-    monkeypatch.setattr(BatchPlanner, "drafts", scripted)
+    monkeypatch.setattr(RowGate, "drafts", scripted)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
     for drafter in (oracle, "sam+recycling"):
         decisions.clear()

@@ -119,9 +119,9 @@ class Kernels:
     ``linears`` (optional): the same products as ``linear`` for several weights of one input in one
     call (:func:`specdec.backends.cpu_kernels.skinny_linears`): the query/key/value and the
     gate/up projections. ``attention_segments`` (optional, with ``attention``): every segment's
-    attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`), its
-    caches written beforehand by ``write_segments`` (:func:`specdec.backends.cpu_kernels.write_segments`)
-    where given, else by a slice assignment per segment."""
+    attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`), with
+    ``write_segments`` (:func:`specdec.backends.cpu_kernels.write_segments`) writing every segment's
+    cache beforehand; a batch runs segment by segment unless both are given."""
 
     linear: Linear
     attention: Attention | None = None
@@ -255,9 +255,8 @@ class DecoderRunner:
         cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
         shape = (1, total, -1, self.head_dim)
         grouped = self.kv_heads != self.query_heads
-        batched = kernels.attention_segments is not None and len(segments) > 1
+        batched = kernels.attention_segments is not None and kernels.write_segments is not None and len(segments) > 1
         starts = [segment.start for segment in segments]
-        firsts = [sum(rows[:s]) for s in range(len(rows))]  # each segment's first row in the forward
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = layer.input_norm(hidden)
@@ -272,16 +271,11 @@ class DecoderRunner:
                 query, key = self.apply_rotary(query, key, cos, sin)
             outputs = []
             if batched:  # every segment's cache written, then attended, in one call each
+                assert kernels.attention_segments is not None and kernels.write_segments is not None
                 caches = [segment.cache.ensure(index, key, value) for segment in segments]
-                if kernels.write_segments is not None:
-                    kernels.write_segments(key, value, caches, starts, rows)
-                else:
-                    for (keys, values), start, first, count in zip(caches, starts, firsts, rows, strict=True):
-                        keys[:, :, start : start + count] = key[:, :, first : first + count]
-                        values[:, :, start : start + count] = value[:, :, first : first + count]
+                kernels.write_segments(key, value, caches, starts, rows)
                 together = [(keys, values, start, count, segment.ancestors) for (keys, values), start, count, segment
                             in zip(caches, starts, rows, segments, strict=True)]  # fmt: skip
-                assert kernels.attention_segments is not None
                 outputs.append(kernels.attention_segments(query, together, self.scaling))  # [1, R, Hq * D]
             else:
                 offset = 0

@@ -147,14 +147,14 @@ class BatchPlanner:
         self._since_probe = 0
         self._context = 0  # the mean committed length of the last plan
 
-    def drafts(self, gate: RowGate, rows: int) -> bool:
-        """Whether a row drafts this step in a batch of ``rows`` (module docstring): always, unless the budget
-        is ``"auto"`` and its :class:`RowGate` says its drafting does not pay at the batch's plain rate."""
-        if self.budget.mode != "auto" or self._cost is None:  # no cost model yet: draft (and calibrate)
-            return True
-        throughput = self.throughput(rows)
-        plain = self._cost.predict(np.array([rows]), self._context)[0] + throughput.overhead_s
-        return gate.drafts(plain / rows)
+    def plain_seconds_per_token(self, rows: int) -> float | None:
+        """What a token of a plain step of ``rows`` sequences costs, the price each row's :class:`RowGate`
+        weighs its drafting against (module docstring); None: every row drafts (a budget other than
+        ``"auto"``, or no cost model yet: the first drafts calibrate). Once per step, not per row."""
+        if self.budget.mode != "auto" or self._cost is None:
+            return None
+        plain = self._cost.predict(np.array([rows]), self._context)[0] + self.throughput(rows).overhead_s
+        return float(plain) / rows
 
     @property
     def cost(self) -> VerifyCostModel | None:
