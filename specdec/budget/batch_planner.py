@@ -41,8 +41,8 @@ j)``), so the sizes just past the decision keep being measured.
 **Which rows draft at all.** The rule above weighs the forward's extra rows against the tokens
 they are expected to bring; it cannot weigh what a row's drafting itself costs, since that is
 spent before there is a tree to plan (a ``sam+recycling`` row drafts, is planned and learns in
-about half a millisecond; at ``B = 8`` a plain forward costs ~4.5 ms per row, so drafting on every
-row that brings nothing costs a plain batch ~10% of its speed, as measured on this CPU). So under
+about half a millisecond; at ``B = 8`` a plain forward costs ~4.5 ms per row, and drafting on every
+row made the batch ~5% slower than plain batched decoding, as measured on this CPU). So under
 ``budget="auto"`` each row has a :class:`RowGate`: the row drafts while the tokens its drafts
 gained lately, at the batch's seconds per token, are worth the seconds its drafting took;
 otherwise it verifies its pending token alone (its drafter is not asked, but still learns the
