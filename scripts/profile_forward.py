@@ -18,7 +18,11 @@ torch.manual_seed(0)
 model, tok = load_model()
 runner = DecoderRunner(model)
 cpu_kernels.load()
-K = Kernels(cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears)
+# The kernels cache="native" runs: the CPU kernels, the layer loop in one call (decoder_layers) where it fits.
+K = Kernels(
+    cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
+    cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
+)
 ctx = 1024
 cache = StaticKVCache(runner.num_layers, 2048, torch.device("cpu"))
 ids = torch.randint(0, 49152, (1, ctx))

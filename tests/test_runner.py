@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import IDENTITY_COUNTS, native_or_skip
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from oracle_drafter import OracleTreeDrafter
 from test_lossless import hf_greedy, random_prompt
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
@@ -190,3 +192,139 @@ def test_the_users_model_is_untouched(kernels: Kernels) -> None:
     generator.generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=20, on_tokens=watch)
     assert seen and not any(seen)
     assert [p._version for p in model.parameters()] == versions
+
+
+@pytest.fixture(scope="module")
+def one_call(kernels: Kernels) -> Kernels:
+    """The CPU kernels with every field: the layer loop in one call (``decoder_layers``) where it fits."""
+    return Kernels(
+        cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
+        cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
+    )  # fmt: skip
+
+
+def _looped(kernels: Kernels) -> Kernels:
+    """The same kernels without the one-call layer loop."""
+    return Kernels(kernels.linear, kernels.attention, kernels.linears, kernels.attention_segments,
+                   kernels.write_segments)  # fmt: skip
+
+
+def _caches_equal(first: StaticKVCache, second: StaticKVCache) -> bool:
+    assert first.keys is not None and second.keys is not None and first.values and second.values
+    pairs = zip([*first.keys, *first.values], [*second.keys, *second.values], strict=True)
+    return all(torch.equal(a, b) for a, b in pairs)
+
+
+def _random_tree(rng: random.Random, size: int) -> DraftTree:
+    parents = [-1, *(rng.randrange(node) for node in range(1, size))]
+    return DraftTree(tuple(rng.sample(range(VOCAB), size)), tuple(parents))  # distinct: siblings never repeat
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", KNOWN)
+def test_the_layer_loop_in_one_call_gives_the_loops_bits(arch: str, dtype: torch.dtype, one_call: Kernels) -> None:
+    """``decoder_layers`` (C++) against the loop written out in Python with the same kernels: the same
+    logits and the same cache contents, bit for bit, for a tree, a chain, a plain step and a batch of
+    segments; Qwen3 (per-head query/key norms) is refused by the runner and keeps the loop."""
+    model = tiny_model(arch).to(dtype)
+    try:
+        runner = DecoderRunner(model)
+        fits = arch != "qwen3"
+        assert runner.layers_in_one_call(one_call) is fits
+        assert (runner.layer_weights is None) is not fits
+        rng = random.Random(f"one-call-{arch}-{dtype}")
+        prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(2, 30))] for _ in range(3)]
+        shapes = [[_random_tree(rng, 9)], [DraftTree.chain(4, [5, 6, 7])], [DraftTree.single(8)],
+                  [_random_tree(rng, 5), DraftTree.single(9), _random_tree(rng, 3)]]  # fmt: skip
+        with torch.inference_mode():
+            for trees in shapes:
+                results = []
+                for kernels in (one_call, _looped(one_call)):
+                    caches = [prefill(runner, prompt) for prompt in prompts[: len(trees)]]
+                    segments = [tree_segment(cache, len(prompt), tree)
+                                for cache, prompt, tree in zip(caches, prompts, trees, strict=False)]  # fmt: skip
+                    results.append((runner.forward(segments, kernels), caches))
+                (fused, fused_caches), (looped, looped_caches) = results
+                assert all(torch.equal(a, b) for a, b in zip(fused, looped, strict=True)), f"{arch} {trees}"
+                assert all(_caches_equal(a, b) for a, b in zip(fused_caches, looped_caches, strict=True))
+    finally:
+        model.to(torch.float64)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    data=st.data(),
+    arch=st.sampled_from([arch for arch in KNOWN if arch != "qwen3"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_one_call_against_the_loop_on_random_batches(
+    data: st.DataObject, arch: str, dtype: torch.dtype, one_call: Kernels
+) -> None:
+    """Random batches of random trees after random prompts: ``decoder_layers`` bitwise the Python loop."""
+    model = tiny_model(arch).to(dtype)
+    try:
+        runner = DecoderRunner(model)
+        rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+        count = data.draw(st.integers(1, 4))
+        prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
+        trees = [_random_tree(rng, rng.randrange(1, 12)) for _ in range(count)]
+        with torch.inference_mode():
+            outputs = []
+            for kernels in (one_call, _looped(one_call)):
+                caches = [prefill(runner, prompt) for prompt in prompts]
+                segments = [tree_segment(cache, len(prompt), tree)
+                            for cache, prompt, tree in zip(caches, prompts, trees, strict=True)]  # fmt: skip
+                outputs.append((runner.forward(segments, kernels), caches))
+        (fused, fused_caches), (looped, looped_caches) = outputs
+        assert all(torch.equal(a, b) for a, b in zip(fused, looped, strict=True))
+        assert all(_caches_equal(a, b) for a, b in zip(fused_caches, looped_caches, strict=True))
+    finally:
+        model.to(torch.float64)
+
+
+def test_a_layer_the_op_does_not_write_out_keeps_the_loop(one_call: Kernels) -> None:
+    """The probe: a model whose activation is not SiLU (the op's) is run by the loop, and a norm with a
+    hook is never handed to the op; either way the tokens are the model's own greedy ones."""
+    from tiny_models import _configs
+    from transformers import AutoModelForCausalLM
+
+    config = _configs()["llama"]
+    config.hidden_act = "gelu"
+    torch.manual_seed(0)
+    gelu = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
+    runner = DecoderRunner(gelu)
+    assert runner.layer_weights is not None  # the layout fits: only the probe can tell the activation apart
+    assert not runner.layers_in_one_call(one_call)
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    generator = specdec.Generator(gelu, drafter="pld", cache="native", budget="full")
+    generator.verifier.use_kernels(KernelChoice.uniform("cpu"))
+    assert generator.generate(prompt, max_new_tokens=12).tokens == hf_greedy(gelu, prompt, 12)
+
+    hooked = tiny_model("llama", seed=3)
+    handle = hooked.model.layers[1].post_attention_layernorm.register_forward_hook(lambda *args: None)
+    try:
+        assert DecoderRunner(hooked).layer_weights is None
+    finally:
+        handle.remove()
+    assert DecoderRunner(hooked).layers_in_one_call(one_call)
+
+
+def test_the_one_call_op_refuses_what_does_not_add_up(one_call: Kernels) -> None:
+    model = tiny_model("llama")
+    runner = DecoderRunner(model)
+    assert runner.layer_weights is not None
+    weights = runner.layer_weights
+    hidden = torch.zeros(1, 2, model.config.hidden_size, dtype=torch.float64)
+    cos = sin = torch.zeros(1, 2, runner.head_dim, dtype=torch.float64)
+    cache = prefill(runner, [3, 4, 5])
+    layers = [[cache.layer(index)] for index in range(runner.num_layers)]
+    heads = (runner.query_heads, runner.kv_heads)
+    with pytest.raises(RuntimeError, match="7 per layer"):
+        torch.ops.specdec_cpu.decoder_layers(
+            hidden, cos, sin, weights.norms, weights.weights[:-1], weights.biases[:-1], weights.eps, *heads, True, 1.0,
+            [k for layer in layers for k, _ in layer], [v for layer in layers for _, v in layer], [3], [2], [None],
+        )  # fmt: skip
+    with pytest.raises(RuntimeError, match="layer-major"):
+        cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers[:-1], [3], [2], [None])
+    with pytest.raises(RuntimeError, match="one of each per segment"):
+        cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers, [3], [2], [None, None])

@@ -20,6 +20,13 @@ and keys and values go straight into a :class:`~specdec.backends.static_cache.St
 at the tree's slots. Nothing of the model is changed or wrapped; a runner holds references
 only, so many verifiers (and threads) can share one.
 
+With specdec's CPU kernels the whole layer loop can run as one C++ call
+(:func:`specdec.backends.cpu_kernels.decoder_layers`: the same ATen operations and kernels,
+without ~60 Python-level operations per layer, ~2 ms of a default-model forward here); the
+runner hands it a model only after a probe on random rows gave the loop's bits
+(:meth:`DecoderRunner.layers_in_one_call`), so a model whose norm, rotary or activation is not
+the one the op writes out keeps the loop.
+
 Numerics: with ``torch.nn.functional.linear`` as the kernel, the runner performs the
 model's ``sdpa`` forward operation for operation (the tests compare logits on tiny fp64
 models of each architecture). With the skinny kernels, whose rows are batch-invariant, a
@@ -37,6 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdec.backends.cpu_kernels import LayerWeights
 from specdec.backends.static_cache import StaticKVCache
 
 # model_type values whose decoder layer is Llama's (norm -> attention -> residual -> norm -> MLP -> residual).
@@ -53,6 +61,9 @@ WriteSegments = Callable[
 ]
 # (x, [(weight, bias), ...]) -> [linear(x, weight, bias), ...]: several weights of one input at once
 Linears = Callable[[torch.Tensor, Sequence[tuple[torch.Tensor, "torch.Tensor | None"]]], list[torch.Tensor]]
+# (hidden [1, R, E], cos, sin [1, R, D], layer weights, (Hq, Hkv), rotary together, scale,
+#  caches [layer][segment] (keys, values), starts, counts, ancestors per segment) -> hidden after every layer
+DecoderLayers = Callable[..., torch.Tensor]
 # (query [1, Hq, T, D], keys, values [1, Hkv, S, D], start, ancestors [T, T] | None, scale) -> [1, T, Hq * D]
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None", float], torch.Tensor]
 
@@ -121,13 +132,17 @@ class Kernels:
     gate/up projections. ``attention_segments`` (optional, with ``attention``): every segment's
     attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`), with
     ``write_segments`` (:func:`specdec.backends.cpu_kernels.write_segments`) writing every segment's
-    cache beforehand; a batch runs segment by segment unless both are given."""
+    cache beforehand; a batch runs segment by segment unless both are given. ``layers``
+    (optional, with all of the above): the whole layer loop in one call
+    (:func:`specdec.backends.cpu_kernels.decoder_layers`), taken where the runner's probe found it
+    bitwise equal to the loop written out here (:meth:`DecoderRunner.layers_in_one_call`)."""
 
     linear: Linear
     attention: Attention | None = None
     linears: Linears | None = None
     attention_segments: AttentionSegments | None = None
     write_segments: WriteSegments | None = None
+    layers: DecoderLayers | None = None
 
     def group(self, x: torch.Tensor, *layers: tuple[torch.Tensor, torch.Tensor | None]) -> list[torch.Tensor]:
         """``linear(x, weight, bias)`` for each of ``layers``: by ``linears`` in one call where given."""
@@ -214,6 +229,75 @@ class DecoderRunner:
         ]
         self.num_layers = len(self.layers)
         self.rotary_together = self._rotary_works_on_heads_together(model)
+        self.layer_weights = self._layer_weights()
+        self._probed: dict[int, bool] = {}  # id(kernels.layers) -> whether it gave the loop's bits
+
+    def _layer_weights(self) -> LayerWeights | None:
+        """The layers' tensors flattened for ``Kernels.layers``, or None where that op cannot express the
+        layer: per-head query/key norms (Qwen3), norms without one ``variance_epsilon``, or hooked norms."""
+        norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)]
+        if any(layer.q_norm is not None for layer in self.layers):
+            return None
+        eps = {getattr(norm, "variance_epsilon", None) for norm in norms}
+        (value,) = eps if len(eps) == 1 else (None,)
+        if not isinstance(value, float):
+            return None
+        if any(not isinstance(getattr(norm, "weight", None), torch.Tensor) or _hooked(norm) for norm in norms):
+            return None
+        linears = [(layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down) for layer in self.layers]
+        return LayerWeights(
+            [norm.weight for norm in norms], [w for layer in linears for w, _ in layer],
+            [b for layer in linears for _, b in layer], value,
+        )  # fmt: skip
+
+    def layers_in_one_call(self, kernels: Kernels) -> bool:
+        """Whether ``kernels.layers`` runs this model's layer loop: the model's layers fit it, and a probe
+        (the first layer over a three-node tree of random rows after five committed slots, both ways)
+        gave bitwise the hidden states and cache contents of the loop written out in
+        :meth:`forward_rows` with the same kernels. Probed once per runner and op: a model whose norm,
+        rotary or activation is not the one the op writes out (or a hub kernel swapped in for it)
+        keeps the Python loop, with the same results either way."""
+        if kernels.layers is None or self.layer_weights is None:
+            return False
+        if kernels.attention_segments is None or kernels.write_segments is None:
+            return False
+        known = self._probed.get(id(kernels.layers))
+        if known is None:
+            known = self._probe(kernels)
+            self._probed[id(kernels.layers)] = known
+        return known
+
+    def _probe(self, kernels: Kernels) -> bool:
+        assert kernels.layers is not None and self.layer_weights is not None
+        weight = self.head[0]
+        generator = torch.Generator().manual_seed(1)
+        rows, start = 3, 5
+        with torch.inference_mode():
+            hidden = torch.randn(1, rows, self.embed.embedding_dim, generator=generator).to(weight)
+            positions = torch.arange(start, start + rows, device=weight.device)[None]
+            cos, sin = self.rotary(hidden, positions)
+            ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=weight.device)
+            committed = torch.randn(2, 1, self.kv_heads, 8, self.head_dim, generator=generator).to(weight)
+            caches = []
+            for _ in range(2):
+                cache = StaticKVCache(1, 8, weight.device)
+                cache.ensure(0, committed[0], committed[1])
+                keys, values = cache.layer(0)
+                keys.copy_(committed[0])
+                values.copy_(committed[1])
+                caches.append(cache)
+            segment = Segment(torch.zeros((1, rows), dtype=torch.long), positions, caches[0], start, ancestors)
+            looped = self._layers_looped(hidden, cos, sin, [segment], kernels, self.layers[:1])
+            first = LayerWeights(
+                self.layer_weights.norms[:2], self.layer_weights.weights[:7], self.layer_weights.biases[:7],
+                self.layer_weights.eps,
+            )  # fmt: skip
+            fused = kernels.layers(
+                hidden, cos, sin, first, (self.query_heads, self.kv_heads), self.rotary_together, self.scaling,
+                [[caches[1].layer(0)]], [start], [rows], [ancestors],
+            )  # fmt: skip
+        same_cache = all(torch.equal(a, b) for a, b in zip(caches[0].layer(0), caches[1].layer(0), strict=True))
+        return looped.shape == fused.shape and torch.equal(looped, fused) and same_cache
 
     def _rotary_works_on_heads_together(self, model: Any) -> bool:
         """Whether the model's rotary function gives the same bits on the query and key heads side by side
@@ -245,19 +329,48 @@ class DecoderRunner:
         All segments' rows go through each linear layer together (one weight pass for the
         whole batch: ``R = sum T_s`` rows); attention runs per segment over its own cache.
         """
-        linear = kernels.linear
-        masks = [None if kernels.attention is not None else segment.mask() for segment in segments]
         rows = [segment.tokens.shape[1] for segment in segments]
-        total = sum(rows)
         tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
         positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
         hidden = self.embed(tokens)  # [1, R, E]
         cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
+        if all(segment.cache.allocated for segment in segments) and self.layers_in_one_call(kernels):
+            assert kernels.layers is not None and self.layer_weights is not None
+            caches = [[segment.cache.layer(index) for segment in segments] for index in range(self.num_layers)]
+            hidden = kernels.layers(
+                hidden, cos, sin, self.layer_weights, (self.query_heads, self.kv_heads), self.rotary_together,
+                self.scaling, caches, [segment.start for segment in segments], rows,
+                [segment.ancestors for segment in segments],
+            )  # fmt: skip
+        else:
+            hidden = self._layers_looped(hidden, cos, sin, segments, kernels, self.layers)
+        # The rows whose logits are wanted: all of a segment's, or its last.
+        keep = []
+        offset = 0
+        for segment, count in zip(segments, rows, strict=True):
+            keep.append((offset + count - 1, 1) if segment.last_only else (offset, count))
+            offset += count
+        if all(not segment.last_only for segment in segments):
+            hidden = self.final_norm(hidden)[0]
+        else:
+            hidden = self.final_norm(torch.cat([hidden[0, first : first + count] for first, count in keep]))
+        logits: torch.Tensor = kernels.linear(hidden, *self.head)  # [R', V]
+        return logits
+
+    def _layers_looped(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Sequence[Segment],
+        kernels: Kernels, layers: Sequence[_Layer],
+    ) -> torch.Tensor:  # fmt: skip
+        """``hidden`` ``[1, R, E]`` through ``layers`` (from layer 0), op by op in Python."""
+        linear = kernels.linear
+        masks = [None if kernels.attention is not None else segment.mask() for segment in segments]
+        rows = [segment.tokens.shape[1] for segment in segments]
+        total = sum(rows)
         shape = (1, total, -1, self.head_dim)
         grouped = self.kv_heads != self.query_heads
         batched = kernels.attention_segments is not None and kernels.write_segments is not None and len(segments) > 1
         starts = [segment.start for segment in segments]
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(layers):
             residual = hidden
             x = layer.input_norm(hidden)
             query, key, value = (y.view(shape) for y in kernels.group(x, layer.q, layer.k, layer.v))
@@ -304,18 +417,13 @@ class DecoderRunner:
             x = layer.post_norm(hidden)
             gate, up = kernels.group(x, layer.gate, layer.up)
             hidden = residual + linear(layer.act(gate) * up, *layer.down)
-        # The rows whose logits are wanted: all of a segment's, or its last.
-        keep = []
-        offset = 0
-        for segment, count in zip(segments, rows, strict=True):
-            keep.append((offset + count - 1, 1) if segment.last_only else (offset, count))
-            offset += count
-        if all(not segment.last_only for segment in segments):
-            hidden = self.final_norm(hidden)[0]
-        else:
-            hidden = self.final_norm(torch.cat([hidden[0, first : first + count] for first, count in keep]))
-        logits: torch.Tensor = linear(hidden, *self.head)  # [R', V]
-        return logits
+        return hidden
+
+
+def _hooked(module: Any) -> bool:
+    """Whether calling ``module`` runs more than its class's ``forward`` (hooks, a patched forward)."""
+    hooks = ("_forward_hooks", "_forward_pre_hooks")
+    return "forward" in module.__dict__ or any(getattr(module, name, None) for name in hooks)
 
 
 def aten_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -64,7 +64,7 @@ class RunnerVerifier(ModelVerifier):
         self.runner = DecoderRunner(model)
         self.cpu_kernels = Kernels(
             cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
-            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments,
+            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
         )  # fmt: skip
         self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
                                      cpu_kernels.write_segments)  # fmt: skip

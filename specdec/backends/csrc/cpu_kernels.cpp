@@ -74,6 +74,12 @@ TORCH_LIBRARY(specdec_cpu, m) {
   m.def(
       "write_segments(Tensor key, Tensor value, Tensor(a!)[] keys, Tensor(b!)[] values, int[] starts, "
       "int[] counts) -> ()");
+  // hidden [1, R, E], cos/sin [1, R, D] -> hidden after every layer (cpu_kernels.h, decoder_layers.cpp):
+  // the runner's layer loop, bitwise, with the caches written at the segments' slots.
+  m.def(
+      "decoder_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor[] norms, Tensor[] weights, Tensor?[] biases, "
+      "float eps, int query_heads, int kv_heads, bool rotary_together, float scale, Tensor(a!)[] keys, "
+      "Tensor(b!)[] values, int[] starts, int[] counts, Tensor?[] ancestors, str isa='auto') -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
@@ -82,6 +88,7 @@ TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
   m.impl("tree_attention", &specdec_cpu_kernels::tree_attention_cpu);
   m.impl("tree_attention_segments", &specdec_cpu_kernels::tree_attention_segments_cpu);
   m.impl("write_segments", &specdec_cpu_kernels::write_segments_cpu);
+  m.impl("decoder_layers", &specdec_cpu_kernels::decoder_layers_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

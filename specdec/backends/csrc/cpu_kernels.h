@@ -1,10 +1,12 @@
 // specdec's CPU kernels: the ops of torch.ops.specdec_cpu, and what their source files share.
 //
-// Four ops, one extension (built and cached by specdec/native.py):
+// Six ops, one extension (built and cached by specdec/native.py):
 //   skinny_linear   y = x @ W^T for a few rows of x, one pass over W  (skinny_linear.h: the contract)
 //   skinny_linears  the same for several weights of one input in one parallel pass (q/k/v, gate/up)
 //   tree_attention  attention of a few query rows over a KV cache     (tree_attention.h: the contract)
 //   tree_attention_segments  the same for several sequences' rows, each over its own cache, in one pass
+//   write_segments  the new keys and values of several sequences' rows into their caches
+//   decoder_layers  a Llama-family decoder's layer loop over the ops above (decoder_layers.cpp)
 // Each has a hand-written AVX-512 path and a portable path; an `isa` argument forces one
 // ('auto': the best this CPU has), and every path computes the same bits (the contracts), which the
 // tests check by forcing each. The whole extension is compiled with -ffp-contract=off: a compiler
@@ -59,5 +61,16 @@ at::Tensor tree_attention_segments_cpu(const at::Tensor& query, at::TensorList k
 // assignments of a batched forward's every segment and layer in one call.
 void write_segments_cpu(const at::Tensor& key, const at::Tensor& value, at::TensorList keys, at::TensorList values,
                         at::IntArrayRef starts, at::IntArrayRef counts);
+
+// The layer loop of a Llama-family decoder (decoder_layers.cpp): every layer's norms, projections,
+// rotary, cache write, attention and MLP over hidden [1, R, E]; returns the last layer's output.
+// norms: 2 per layer (input, post-attention); weights and biases: 7 per layer (q, k, v, o, gate,
+// up, down); keys/values: one cache layer per layer and segment, layer-major.
+at::Tensor decoder_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                              at::TensorList norms, at::TensorList weights,
+                              const c10::List<std::optional<at::Tensor>>& biases, double eps, int64_t query_heads,
+                              int64_t kv_heads, bool rotary_together, double scale, at::TensorList keys,
+                              at::TensorList values, at::IntArrayRef starts, at::IntArrayRef counts,
+                              const c10::List<std::optional<at::Tensor>>& ancestors, c10::string_view isa);
 
 }  // namespace specdec_cpu_kernels
