@@ -328,3 +328,33 @@ def test_the_one_call_op_refuses_what_does_not_add_up(one_call: Kernels) -> None
         cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers[:-1], [3], [2], [None])
     with pytest.raises(RuntimeError, match="one of each per segment"):
         cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers, [3], [2], [None, None])
+
+
+def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
+    monkeypatch: pytest.MonkeyPatch, kernels: Kernels
+) -> None:
+    """Prompts up to ``PREFILL_MAX_ROWS`` tokens take the variant the kernel choice gives
+    ``CPU_KERNEL_MAX_ROWS`` rows (the CPU kernels prefill ~2x faster here); longer ones torch's."""
+    from specdec.backends import runner_verifier
+
+    model = tiny_model("llama")
+    verifier = RunnerVerifier(model)
+    verifier.use_kernels(KernelChoice.uniform("cpu"))
+    used: list[Kernels] = []
+    inner = verifier.runner.forward
+
+    def forward(segments: list[Segment], kernels: Kernels) -> list[torch.Tensor]:
+        used.append(kernels)
+        return inner(segments, kernels)
+
+    monkeypatch.setattr(verifier.runner, "forward", forward)
+    prompt = [random.Random(5).randrange(2, VOCAB) for _ in range(runner_verifier.CPU_KERNEL_MAX_ROWS + 20)]
+    verifier.prefill(prompt)
+    assert used == [verifier.cpu_kernels]
+    monkeypatch.setattr(runner_verifier, "PREFILL_MAX_ROWS", len(prompt) - 1)
+    verifier.prefill(prompt)
+    assert used[-1] is PLAIN
+    verifier.use_kernels(KernelChoice.uniform("default"))
+    monkeypatch.setattr(runner_verifier, "PREFILL_MAX_ROWS", len(prompt))
+    verifier.prefill(prompt[:10])
+    assert used[-1] is PLAIN

@@ -46,7 +46,13 @@ from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser,
 MAX_NODES = 512
 CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
 CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
-CPU_KERNEL_MAX_ROWS = 64  # past this many rows a GEMM library's blocked products win: not worth timing
+CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
+# A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
+# (longer ones by torch's): measured on this project's CPU (default model, fp32, 2 threads), specdec's CPU
+# kernels prefill 64 tokens in 56 ms against 111 for torch's linear and SDPA, 256 in 194 vs 348, 1,024 in
+# 1,131 vs 1,373, and 2,048 in 2,980 vs 3,073 (docs/budget.md); where the calibration found torch's kernels
+# faster at 64 rows, the prefill keeps them too.
+PREFILL_MAX_ROWS = 1024
 
 
 class RunnerVerifier(ModelVerifier):
@@ -101,7 +107,8 @@ class RunnerVerifier(ModelVerifier):
         cache = StaticKVCache(self.runner.num_layers, capacity, self.device)
         positions = torch.arange(length, device=self.device).unsqueeze(0)
         segment = Segment(input_ids, positions, cache, 0, None, last_only=not keep_all)
-        (logits,) = self.runner.forward([segment], self._kernels_for(length))
+        rows = min(length, CPU_KERNEL_MAX_ROWS) if length <= PREFILL_MAX_ROWS else length  # PREFILL_MAX_ROWS: why
+        (logits,) = self.runner.forward([segment], self._kernels_for(rows))
         cache.committed_len = length
         return cache, logits
 
