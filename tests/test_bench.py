@@ -736,6 +736,9 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     megabytes = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
     assert report["weight_read_ms"] > 0 and report["weight_mb"] == round(megabytes, 1)
     assert f"Reading the model's {report['weight_mb']} MB of weights once" in table
+    reads = report["weight_read_ms_per_round"]  # the floor read in every round (1 context x 2 rounds)
+    assert len(reads) == 2 and report["weight_read_ms"] <= min(reads)
+    assert f"read in every round: {min(reads):.1f}-{max(reads):.1f} ms" in table
     with pytest.raises(SpecDecError, match="variant 'x': the verifier has no setting 'speed'"):
         make_variants(model, "x=torch:speed=2")
     bench = {"benchmarks": [{"extra_info": {"op": "step", "backend": b, "device": "cpu", "nodes": 64,
