@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import re
 import shutil
@@ -147,7 +148,10 @@ class TokenizerIdentity:
     @classmethod
     def of(cls, tokenizer: Any) -> TokenizerIdentity:
         vocab = tokenizer.get_vocab()
-        digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
+        # Sorted by token string alone: the strings are unique, so this is the (string, id) pairs' order
+        # (the digest every saved file carries), without comparing tuples (~10 ms less on a 49k vocabulary).
+        pairs = sorted(vocab.items(), key=operator.itemgetter(0))
+        digest = hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode())
         size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
         return cls(digest.hexdigest()[:24], int(size), str(getattr(tokenizer, "name_or_path", "")))
 
