@@ -230,7 +230,7 @@ class DecoderRunner:
         self.num_layers = len(self.layers)
         self.rotary_together = self._rotary_works_on_heads_together(model)
         self.layer_weights = self._layer_weights()
-        self._probed: dict[int, bool] = {}  # id(kernels.layers) -> whether it gave the loop's bits
+        self._probed: dict[tuple[int, torch.dtype, torch.device], bool] = {}  # whether the op gave the loop's bits
 
     def _layer_weights(self) -> LayerWeights | None:
         """The layers' tensors flattened for ``Kernels.layers``, or None where that op cannot express the
@@ -261,10 +261,11 @@ class DecoderRunner:
             return False
         if kernels.attention_segments is None or kernels.write_segments is None:
             return False
-        known = self._probed.get(id(kernels.layers))
+        key = (id(kernels.layers), self.head[0].dtype, self.head[0].device)  # a model moved or cast is probed again
+        known = self._probed.get(key)
         if known is None:
             known = self._probe(kernels)
-            self._probed[id(kernels.layers)] = known
+            self._probed[key] = known
         return known
 
     def _probe(self, kernels: Kernels) -> bool:
