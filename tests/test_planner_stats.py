@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from conftest import use_private_cache
 from test_lossless import hf_greedy
 from tiny_models import tiny_model
@@ -318,28 +317,3 @@ def test_cache_info_reports_a_broken_file(planner_cache: Path, capsys: pytest.Ca
     truncate(path)
     assert main(["cache", "info"]) == 0
     assert "unreadable or stale" in capsys.readouterr().out
-
-
-def test_the_weights_fingerprint_samples_the_same_bytes_on_every_path() -> None:
-    """The fingerprint keys the saved statistics and matrices, so its value must not change with how the
-    samples are read: numpy for CPU tensors of numpy's dtypes, torch for the rest (bfloat16, views numpy
-    refuses), both the float64 bytes of the same evenly spaced values."""
-    from specdec.backends import identity
-
-    def by_torch(tensor: torch.Tensor) -> bytes:
-        flat = tensor.reshape(-1)
-        step = max(1, flat.numel() // identity._SAMPLES_PER_TENSOR)
-        return bytes(flat[::step][: identity._SAMPLES_PER_TENSOR].to(torch.float64).numpy().tobytes())
-
-    generator = torch.Generator().manual_seed(0)
-    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
-        for shape in ((7, 300), (5,), (64, 64)):
-            tensor = torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
-            assert identity._samples(tensor) == by_torch(tensor), (dtype, shape)
-    negative = torch._neg_view(torch.randn(50, generator=generator))  # numpy refuses: torch reads it
-    assert identity._samples(negative) == by_torch(negative.clone())
-    weights = torch.nn.Linear(8, 4)
-    before = identity._weights_fingerprint(weights)
-    with torch.no_grad():
-        weights.weight[0, 0] += 1.0  # a sampled value (the first) changed: another fingerprint
-    assert identity._weights_fingerprint(weights) != before
