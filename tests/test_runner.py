@@ -328,6 +328,8 @@ def test_the_one_call_op_refuses_what_does_not_add_up(one_call: Kernels) -> None
         cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers[:-1], [3], [2], [None])
     with pytest.raises(RuntimeError, match="one of each per segment"):
         cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers, [3], [2], [None, None])
+    with pytest.raises(RuntimeError, match="unknown isa 'sse9'"):  # the kernel path is passed through, checked
+        cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers, [3], [2], [None], isa="sse9")
 
 
 def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
@@ -358,3 +360,36 @@ def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
     monkeypatch.setattr(runner_verifier, "PREFILL_MAX_ROWS", len(prompt))
     verifier.prefill(prompt[:10])
     assert used[-1] is PLAIN
+
+
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS[1:])
+def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(isa: str, one_call: Kernels) -> None:
+    """``decoder_layers`` with a forced kernel path (AVX-512, AVX2, portable: what a CPU without AVX-512 runs)
+    against ``isa="auto"``: the kernels' paths compute the same bits, and the op adds only ATen operations."""
+    best = cpu_kernels.cpu_isa()
+    if (isa == "avx512" and best != "avx512") or (isa == "avx2" and best == "portable"):
+        pytest.skip(f"this CPU has no {isa}")
+    model = tiny_model("qwen2").to(torch.float32)  # biases on q/k/v: every argument of the op in use
+    try:
+        runner = DecoderRunner(model)
+        assert runner.layer_weights is not None
+        rng = random.Random(isa)
+        prompts = [[rng.randrange(VOCAB) for _ in range(12)], [rng.randrange(VOCAB) for _ in range(20)]]
+        trees = [_random_tree(rng, 6), _random_tree(rng, 3)]
+        outputs = []
+        with torch.inference_mode():
+            for forced in ("auto", isa):
+                caches = [prefill(runner, prompt) for prompt in prompts]
+                segments = [tree_segment(cache, len(prompt), tree)
+                            for cache, prompt, tree in zip(caches, prompts, trees, strict=True)]  # fmt: skip
+                hidden = runner.embed(torch.cat([segment.tokens for segment in segments], dim=1))
+                cos, sin = runner.rotary(hidden, torch.cat([segment.positions for segment in segments], dim=1))
+                layers = [[cache.layer(index) for cache in caches] for index in range(runner.num_layers)]
+                outputs.append(cpu_kernels.decoder_layers(
+                    hidden, cos, sin, runner.layer_weights, (runner.query_heads, runner.kv_heads),
+                    runner.rotary_together, runner.scaling, layers, [len(p) for p in prompts],
+                    [tree.size for tree in trees], [segment.ancestors for segment in segments], isa=forced,
+                ))  # fmt: skip
+        assert torch.equal(outputs[0], outputs[1])
+    finally:
+        model.to(torch.float64)
