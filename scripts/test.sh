@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check specdec tests benchmarks conftest.py
+.venv/bin/ruff check specdec tests benchmarks conftest.py scripts
 .venv/bin/mypy --strict specdec
 # The pytest-benchmark suite in smoke mode: each benchmark runs once, untimed, so a broken one fails CI.
 .venv/bin/python -m pytest benchmarks --benchmark-disable -o addopts=-ra -q -p no:cacheprovider

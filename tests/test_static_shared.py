@@ -103,6 +103,10 @@ def test_verifiers_of_other_settings_do_not_share() -> None:
     assert eager.shared_store() is not None and eager.shared_store() is compiled.shared_store()  # same settings
     compiled.use_kernels(KernelChoice.uniform("default"))  # what a calibration sets: the same forwards
     assert compiled.shared_store() is eager.shared_store()
+    compiled.weight_prepack = True  # frozen weights prepacked into oneDNN layouts: another compiled program
+    assert compiled.shared_store() is not eager.shared_store()
+    compiled.weight_prepack = False
+    assert compiled.shared_store() is eager.shared_store()
     compiled.freezing = False  # weights as inputs: another compiled program
     assert compiled.shared_store() is not eager.shared_store()
     other = private_model(seed=2)
@@ -256,3 +260,25 @@ def test_disagreement_tolerates_rounding_and_near_ties_only() -> None:
     half = eager.to(torch.bfloat16)
     assert static_shared.disagreement(half + 0.25, half) is None  # bf16's tolerance is wider
     assert static_shared.disagreement(eager.double() + 0.25, eager.double()) is not None  # fp64's is not
+
+
+def test_compiled_forwards_run_under_the_verifiers_prepacking_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor reads ``freezing`` and ``cpp.weight_prepack`` where a compilation starts: every call of a
+    compiled forward runs under the verifier's settings (prepacking off by default: a packed copy of the
+    weights per bucket tripled the compile's peak memory on the default model)."""
+    seen: list[tuple[bool, bool]] = []
+
+    def change(logits: torch.Tensor) -> torch.Tensor:
+        seen.append((torch._inductor.config.freezing, torch._inductor.config.cpp.weight_prepack))
+        return logits
+
+    compile_forward, _ = fake_compiler(change)
+    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    prompt = [5, 6, 7, 8, 5, 6]
+    for prepack in (False, True):
+        verifier = StaticVerifier(private_model("llama", seed=9 + prepack), mode="inductor", buckets=(1, 4))
+        assert verifier.weight_prepack is False  # the default
+        verifier.weight_prepack = prepack
+        decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(3)))
+        assert seen and set(seen) == {(True, prepack)}
+        seen.clear()

@@ -9,10 +9,10 @@ torch version) and the C++ kernels it built. Frozen weights are stored by metada
 bound from the live model when a graph is loaded, so one entry serves every checkpoint of an
 architecture, and a graph of another model never matches. (torch's AOTAutograd cache refuses
 frozen graphs, so a later process still traces each bucket; it skips inductor's lowering,
-code generation and C++ builds. **Not for fp32/bf16 models on a CPU**, the default model
-included: freezing prepacks their weights into oneDNN (mkldnn) tensors, which inductor cannot
-pickle ("Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'", torch 2.13), so
-only the C++ kernel builds are reused there. Measured in docs/static-cache.md.)
+code generation and C++ builds. fp32/bf16 graphs on a CPU are storable because specdec
+compiles them without prepacking (``StaticVerifier.weight_prepack``): prepacked weights are
+oneDNN (mkldnn) tensors, which inductor cannot pickle ("Bypassing FX Graph Cache because
+'mkldnn tensors unpickleable'", torch 2.13). Measured in docs/static-cache.md.)
 
 **Where.** ``<cache_dir>/compiled/<key>/`` (:func:`folder`), ``key`` a hash of
 :func:`identity`: the torch and Python versions, the machine, the CPU model and the CPU

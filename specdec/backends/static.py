@@ -250,11 +250,12 @@ class BucketRunner:
             assert self.shared is not None
             self._compiled = self.shared.function
         verifier = self.verifier
-        # Freezing folds the weights in as constants, so inductor prepacks them for the CPU's
-        # GEMM (MKL/oneDNN layouts, per bucket size). It is read where compilation starts, which
+        # Freezing folds the weights in as constants (prepacked for the CPU's GEMMs only where the
+        # verifier's `weight_prepack` says so). Both are read where compilation starts, which
         # `options=` of torch.compile does not reach (seen with torch 2.13), hence the patch
         # around every call: a recompilation must freeze too.
-        with torch._inductor.config.patch(freezing=verifier.freezing):
+        settings = {"freezing": verifier.freezing, "cpp.weight_prepack": verifier.weight_prepack}
+        with torch._inductor.config.patch(settings):
             return self._compiled(
                 verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
                 verifier.additive_dtype, 0, verifier.cache_keyword,
@@ -333,8 +334,13 @@ class StaticVerifier(ModelVerifier):
         self.buckets = buckets
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
-        # inductor folds the weights in as constants (prepacked GEMMs); False: weights stay inputs
+        # inductor folds the weights in as constants; False: weights stay inputs
         self.freezing = True
+        # Frozen weights prepacked into oneDNN layouts (CPU GEMMs): off, since every bucket then holds its own
+        # packed copy of the weights. Measured on the default model (fp32, 2 buckets, cold): peak memory
+        # 2.82 GB with prepacking, 1.23 GB without; a one-node forward 25.7 vs 31.9 ms, eight nodes 51.4 vs
+        # 48.2 ms (docs/static-cache.md); and only unpacked graphs are stored for later processes.
+        self.weight_prepack = False
         self._runners: dict[int, BucketRunner] = {}
         self._windows: dict[int, torch.Tensor] = {}
         self._sequence = 0  # the sequence that owns the cache now
@@ -372,7 +378,7 @@ class StaticVerifier(ModelVerifier):
     def shared_store(self) -> ForwardStore:
         """The model's compiled forwards for this verifier's dtype, device, kernels and compile settings."""
         kernels = tuple(self.kernels.variant_for(bucket) for bucket in self.buckets)  # what each bucket runs
-        setting = (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing)
+        setting = (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack)
         return store_for(self.model, setting, self._weights)
 
     def shared_forward(self, size: int, mode: str) -> SharedForward:
