@@ -1,6 +1,9 @@
 """Where a native verification forward's time goes (default model, fp32, context 1024): torch profiler per op.
 
-Usage: .venv/bin/python scripts/profile_forward.py [ROWS ...]   (default: 1 8); docs/budget.md shows a run.
+Usage: .venv/bin/python scripts/profile_forward.py [--looped] [ROWS ...]   (default: 1 8); docs/budget.md shows a run.
+
+The default runs the layer loop as one C++ call (specdec_cpu::decoder_layers), whose kernels the profiler sees
+as that op's own time; --looped runs the same kernels from the Python loop, one profiler row per kernel.
 """
 
 import sys
@@ -19,16 +22,17 @@ model, tok = load_model()
 runner = DecoderRunner(model)
 cpu_kernels.load()
 # The kernels cache="native" runs: the CPU kernels, the layer loop in one call (decoder_layers) where it fits.
+looped = "--looped" in sys.argv
 K = Kernels(
     cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
-    cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
+    cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, None if looped else cpu_kernels.decoder_layers,
 )
 ctx = 1024
 cache = StaticKVCache(runner.num_layers, 2048, torch.device("cpu"))
 ids = torch.randint(0, 49152, (1, ctx))
 with torch.inference_mode():
     runner.forward([Segment(ids, torch.arange(ctx)[None], cache, 0, None, last_only=True)], PLAIN)
-    for rows in [int(a) for a in sys.argv[1:]] or [1, 8]:
+    for rows in [int(a) for a in sys.argv[1:] if a != "--looped"] or [1, 8]:
         toks = torch.randint(0, 49152, (1, rows))
         pos = torch.arange(ctx, ctx + rows)[None]
         seg = Segment(toks, pos, cache, ctx, None)
