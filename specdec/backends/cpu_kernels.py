@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -204,18 +205,17 @@ def decoder_layers(
     return out
 
 
+@dataclass(frozen=True)
 class LayerWeights:
     """Every layer's tensors in :func:`decoder_layers`' order, flattened once: ``norms`` (input and
     post-attention norm weights per layer), ``weights`` and ``biases`` (q, k, v, o, gate, up, down per
     layer; a bias None where the layer has none) and the norms' ``eps``. References to the model's own
     tensors (no copies), so an in-place weight update is seen at the next call."""
 
-    def __init__(self, norms: list[torch.Tensor], weights: list[torch.Tensor], biases: list[torch.Tensor | None],
-                 eps: float) -> None:  # fmt: skip
-        self.norms = norms
-        self.weights = weights
-        self.biases = biases
-        self.eps = eps
+    norms: list[torch.Tensor]
+    weights: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    eps: float
 
 
 def write_segments(

@@ -80,7 +80,6 @@ at::Tensor decoder_layers_cpu(const at::Tensor& hidden_in, const at::Tensor& cos
   const at::Tensor cos = cos_in.unsqueeze(1);  // [1, 1, R, D]
   const at::Tensor sin = sin_in.unsqueeze(1);
   const std::vector<int64_t> shape = {1, rows, -1, head_dim};
-  std::vector<std::optional<at::Tensor>> layer_bias(kWeightsPerLayer);
   at::Tensor hidden = hidden_in;
   for (int64_t layer = 0; layer < layers; ++layer) {
     const int64_t w0 = layer * kWeightsPerLayer;
