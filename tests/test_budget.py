@@ -333,6 +333,30 @@ def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object)
     assert spent > 0.0 and CostTable.from_json(json.loads(path.read_text())).sizes == table.sizes
 
 
+def test_changed_kernels_are_calibrated_again(
+    private_cache: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A table measured the CPU kernels of one build: a specdec whose kernel sources changed (another
+    build key) must not plan with those costs, so it is another identity (another file)."""
+    from specdec.backends import cpu_kernels
+    from specdec.backends.runner_verifier import RunnerVerifier
+
+    verifier = make_verifier(tiny_model("llama"))
+    assert isinstance(verifier, RunnerVerifier) and verifier.kernels_available
+    identity = calibration_identity(verifier)
+    assert identity["kernels_build"] == cpu_kernels.build_key() and len(identity["kernels_build"]) == 12
+    # The key is the sources' hash: one changed byte of one header gives another key.
+    changed = tmp_path / cpu_kernels.HEADERS[0].name
+    changed.write_bytes(cpu_kernels.HEADERS[0].read_bytes() + b"\n")
+    monkeypatch.setattr(cpu_kernels, "HEADERS", (changed, *cpu_kernels.HEADERS[1:]))
+    monkeypatch.setattr(cpu_kernels, "_BUILD_KEY", None)
+    assert cpu_kernels.build_key() != identity["kernels_build"]
+    assert calibration_path(calibration_identity(verifier)) != calibration_path(identity)
+    # A verifier without the kernels (the model's own forward) has none in its identity.
+    verifier.kernels_available = False
+    assert calibration_identity(verifier)["kernels_build"] == "-"
+
+
 def test_calibrate_rejects_bad_arguments() -> None:
     verifier = make_verifier(tiny_model("llama"))
     with pytest.raises(SpecDecError, match="repeats must be a positive int, got 0"):

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from specdec.native import NativeBuildError, load_extension
+from specdec.native import NativeBuildError, extension_key, load_extension
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
@@ -72,6 +72,7 @@ ISAS = ("auto", "avx512", "avx2", "portable")
 _LOCK = threading.Lock()
 _FAILURE: NativeBuildError | None = None
 _FAKES_REGISTERED = False
+_BUILD_KEY: str | None = None
 
 
 def load() -> ModuleType:
@@ -101,6 +102,15 @@ def load() -> ModuleType:
             torch.library.register_fake("specdec_cpu::decoder_layers", _decoder_layers_fake)
             _FAKES_REGISTERED = True
         return module
+
+
+def build_key() -> str:
+    """A hash of the kernels' sources and flags (the key their build is cached under, less the build
+    environment): what a measurement of their speed is valid for (the calibration's identity)."""
+    global _BUILD_KEY
+    if _BUILD_KEY is None:
+        _BUILD_KEY = extension_key([*SOURCES, *HEADERS], [*CFLAGS, *LDFLAGS], with_cuda=False)
+    return _BUILD_KEY
 
 
 def available() -> bool:

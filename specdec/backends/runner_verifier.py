@@ -84,6 +84,11 @@ class RunnerVerifier(ModelVerifier):
         """``"native"``: specdec's own forward, a cache per sequence, eager."""
         return "native"
 
+    def kernels_build(self) -> str:
+        """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) where they serve this
+        model, else ``"-"``: part of the calibration's identity."""
+        return cpu_kernels.build_key() if self.kernels_available else "-"
+
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
         worth timing."""

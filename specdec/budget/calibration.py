@@ -25,7 +25,10 @@ so the costs the planner plans with are those of the kernels the verifier runs.
 
 **Identity**: a table is valid for :func:`calibration_identity`, the verifier's
 :meth:`~specdec.types.Verifier.identity` (model architecture, dtype, device, attention,
-backend, KV cache kind, torch version, threads) and :data:`~specdec.budget.cost_model.CALIBRATION_VERSION`.
+backend, KV cache kind, torch version, threads), :data:`~specdec.budget.cost_model.CALIBRATION_VERSION`
+and the build of the kernels the verifier runs (``kernels_build()`` where a verifier has one: a
+hash of the CPU kernels' sources for the native verifier), so a specdec whose kernels changed
+measures again instead of planning with the old kernels' costs.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ DEFAULT_REPEATS = 3
 
 def calibration_identity(verifier: Verifier[Any]) -> dict[str, str]:
     """What a calibration table is valid for (module docstring), as strings."""
-    return {**verifier.identity(), "version": str(CALIBRATION_VERSION)}
+    build = getattr(verifier, "kernels_build", None)
+    kernels = str(build()) if callable(build) else "-"
+    return {**verifier.identity(), "version": str(CALIBRATION_VERSION), "kernels_build": kernels}
 
 
 def identity_key(identity: dict[str, str]) -> str:

@@ -10,8 +10,8 @@
 // own contiguous part of W (no second thread pool: a private OpenMP runtime would fight torch's).
 // Inside a block, the weight rows' vectors are loaded once per k step and applied to every x row
 // of the block's group (register blocking: 16 accumulators, RO weight rows x RM x rows), and the
-// next block's rows are prefetched while this one computes, so the stream from memory never
-// waits for the arithmetic.
+// lines of the next blocks are prefetched a few per k step while this one computes, so the stream
+// from memory overlaps the arithmetic (rows() says how far, and what it measured).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -24,6 +24,7 @@
 
 #include "cpu_kernels.h"
 #include "skinny_linear.h"
+
 
 namespace specdec_cpu_kernels {
 
@@ -57,12 +58,21 @@ inline __m512 load_w_tail(const uint16_t* w, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
+// Lines of W to prefetch while a block computes: `near_lines` lines from `near` into L1 and
+// `far_lines` from `far` into L2, up to `per_step` of each per k step, so the requests spread over
+// the block's arithmetic (issued in one burst, far ahead, they stalled the core: measured slower
+// than no prefetch at all).
+struct Prefetch {
+  const char* near;
+  const char* far;
+  int64_t near_lines, far_lines, per_step;
+};
+
 // RO weight rows (from row o) against RM rows of x (from row m); accumulator slot c * RO + r.
-// Slots of absent x rows (rm < RM) stay zero and are not stored. `prefetch`: the row where the
-// next block starts (or nullptr), whose lines are fetched a block ahead of their use.
+// Slots of absent x rows (rm < RM) stay zero and are not stored.
 template <int RO, int RM, typename weight_t>
 inline void block(const float* x, const weight_t* w, float* y, int64_t K, int64_t N, int64_t o, int64_t m,
-                  int rm, const weight_t* prefetch) {
+                  int rm, Prefetch ahead) {
   static_assert(RO * RM == 16, "a block fills the 16 accumulators lane_sums16 reduces");
   __m512 acc[16];
   for (int s = 0; s < 16; ++s) acc[s] = _mm512_setzero_ps();
@@ -70,8 +80,10 @@ inline void block(const float* x, const weight_t* w, float* y, int64_t K, int64_
   const float* x_rows = x + m * K;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    if (prefetch != nullptr)
-      for (int r = 0; r < RO; ++r) _mm_prefetch(reinterpret_cast<const char*>(prefetch + r * K + k), _MM_HINT_T0);
+    for (int64_t j = 0; j < ahead.per_step && ahead.near_lines > 0; ++j, --ahead.near_lines, ahead.near += 64)
+      _mm_prefetch(ahead.near, _MM_HINT_T0);
+    for (int64_t j = 0; j < ahead.per_step && ahead.far_lines > 0; ++j, --ahead.far_lines, ahead.far += 64)
+      _mm_prefetch(ahead.far, _MM_HINT_T2);
     __m512 wv[RO];
     for (int r = 0; r < RO; ++r) wv[r] = load_w(w_rows + r * K + k);
     for (int c = 0; c < RM; ++c) {
@@ -159,10 +171,29 @@ inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t
       }
     }
   } else {
+    // Each block of 4 weight rows is read from memory once, in the first of its passes over the x
+    // rows, and the arithmetic of all its passes is what can hide the next blocks' memory latency:
+    // the lines of the next block (into L1) and of the block three ahead (into L2) are prefetched a
+    // share per pass, spread over the pass's k steps. Measured (default model, all 211 weights,
+    // fp32, 2 threads): 16 rows 23.1 -> 18.7 ms, 8 rows 16.8 -> 13.3 (prefetching only the next
+    // block, in the first pass, as before). Prefetches never fault and change no result; those past
+    // the task's rows are not issued.
+    constexpr int64_t kNear = 1, kFar = 3;  // blocks ahead
+    const int64_t lines = (4 * K * static_cast<int64_t>(sizeof(weight_t)) + 63) / 64;
+    const int64_t passes = (M + 3) / 4, steps = (K + 15) / 16;
+    const int64_t per_pass = (lines + passes - 1) / passes, per_step = (per_pass + steps - 1) / steps;
+    const char* task_end = reinterpret_cast<const char*>(w + o_end * K);
     for (; o + 4 <= o_end; o += 4) {
-      const weight_t* next = o + 8 <= o_end ? w + (o + 4) * K : nullptr;
-      for (int64_t m = 0; m < M; m += 4)
-        block<4, 4>(x, w, y, K, N, o, m, static_cast<int>(std::min<int64_t>(4, M - m)), m == 0 ? next : nullptr);
+      const char* near = reinterpret_cast<const char*>(w + (o + 4 * kNear) * K);
+      const char* far = reinterpret_cast<const char*>(w + (o + 4 * kFar) * K);
+      for (int64_t m = 0, pass = 0; m < M; m += 4, ++pass) {
+        const int64_t offset = pass * per_pass * 64;
+        auto inside = [&](const char* from) {  // the lines of the pass's share that lie in the task
+          return std::max<int64_t>(0, std::min<int64_t>(per_pass, (task_end - from + 63) / 64));
+        };
+        block<4, 4>(x, w, y, K, N, o, m, static_cast<int>(std::min<int64_t>(4, M - m)),
+                    Prefetch{near + offset, far + offset, inside(near + offset), inside(far + offset), per_step});
+      }
     }
   }
   if (o < o_end) {
