@@ -18,6 +18,7 @@ made for with :class:`TokenizerIdentity`. This module imports nothing of specdec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import operator
@@ -83,6 +84,8 @@ KINDS = (
          "drafts start from)"),
     Kind("compiled", re.compile(_HASH16), "cache='static' forwards compiled by inductor, per torch version and CPU "
          "(a later process skips most of the compile: specdec compile fills it)"),
+    Kind("tokenizers", _HASH_JSON, "vocabulary hashes of tokenizers loaded from local folders (their identity "
+         "in planner statistics and datastores; ~50 ms to compute again)"),
     Kind("trusted", _HASH_JSON, "stamps of fully verified large datastores (they load without a full read)"),
     Kind("datastores", re.compile(r"\w+-bench\.\w+"), "datastores built by the benchmarks"),
     Kind("vllm_check", re.compile(_HASH16), "corpora of the vLLM integration check"),
@@ -147,6 +150,25 @@ class TokenizerIdentity:
 
     @classmethod
     def of(cls, tokenizer: Any) -> TokenizerIdentity:
+        """The identity of ``tokenizer``: hashed from its vocabulary, or read back from the ``tokenizers``
+        cache when a tokenizer loaded from the same local files (:func:`_tokenizer_files_key`) was hashed
+        before (the hash costs ~50 ms on a 49k vocabulary, a noticeable share of a one-off ``run``)."""
+        name = str(getattr(tokenizer, "name_or_path", ""))
+        key = _tokenizer_files_key(tokenizer)
+        if key is not None:
+            known = _known_tokenizer(key)
+            if known is not None:
+                return cls(known[0], known[1], name)
+        identity = cls.hashed(tokenizer)
+        if key is not None:
+            with contextlib.suppress(OSError):  # a read-only cache: the next process hashes again
+                write_atomically(folder("tokenizers") / f"{key}.json",
+                                 json.dumps({"fingerprint": identity.fingerprint, "vocab_size": identity.vocab_size}))
+        return identity
+
+    @classmethod
+    def hashed(cls, tokenizer: Any) -> TokenizerIdentity:
+        """The identity computed from ``tokenizer``'s vocabulary (what :meth:`of` caches)."""
         vocab = tokenizer.get_vocab()
         # Sorted by token string alone: the strings are unique, so this is the (string, id) pairs' order
         # (the digest every saved file carries), without comparing tuples (~7 ms less on a 49k vocabulary).
@@ -154,6 +176,49 @@ class TokenizerIdentity:
         digest = hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode())
         size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
         return cls(digest.hexdigest()[:24], int(size), str(getattr(tokenizer, "name_or_path", "")))
+
+
+# The files a tokenizer folder's vocabulary can come from (transformers' names for every tokenizer kind).
+_TOKENIZER_FILES = ("tokenizer", "vocab", "merges", "added_tokens", "special_tokens_map", "spiece", "sentencepiece")
+
+
+def _tokenizer_files_key(tokenizer: Any) -> str | None:
+    """A key for ``tokenizer``'s identity that costs no pass over its vocabulary, or None when there is none.
+
+    Only for a tokenizer loaded from a local folder (``name_or_path``): the key hashes its class, the
+    folder, each tokenizer file's name, size and modification time, its length and its added tokens, so
+    editing a file, or adding tokens to the loaded object, gives another key (and a fresh hash). What
+    it cannot see is a vocabulary changed in memory without a new token (editing the backend's model
+    by hand): such a tokenizer keeps its folder's identity.
+    """
+    try:
+        folder_path = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+        if not str(folder_path) or not folder_path.is_dir():
+            return None
+        files = sorted(p for p in folder_path.iterdir() if p.name.startswith(_TOKENIZER_FILES) and p.is_file())
+        if not files:
+            return None
+        stamps = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        added_tokens = sorted((int(i), str(getattr(t, "content", t))) for i, t in added.items())
+        document = [type(tokenizer).__qualname__, str(folder_path.resolve()), stamps, len(tokenizer), added_tokens]
+    except (OSError, TypeError, ValueError):
+        return None
+    return hashlib.sha256(json.dumps(document, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _known_tokenizer(key: str) -> tuple[str, int] | None:
+    """The (fingerprint, vocabulary size) cached under ``key``; None when absent, unreadable or malformed."""
+    try:
+        record = json.loads((folder("tokenizers") / f"{key}.json").read_text())
+        fingerprint, size = record["fingerprint"], record["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{24}", fingerprint):
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None
+    return fingerprint, size
 
 
 def _size(path: Path) -> int:

@@ -121,3 +121,43 @@ def test_a_killed_builds_lock_is_removed_once_stale_and_a_live_one_waited_for(
     with pytest.warns(RuntimeWarning, match="left by a build that was killed"):
         native.wait_for_build_lock(tmp_path, "x", poll_s=0.01)
     assert not lock.exists()
+
+
+def test_a_checked_build_is_imported_without_the_ninja_pass_and_only_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later process imports a build whose check passed (its stamp names the library) directly; a
+    build without that stamp, with a stamp naming no library, or under another process's lock goes
+    through torch's build (here made to fail, to show which path ran)."""
+    from torch.utils import cpp_extension
+
+    cache = use_private_cache(monkeypatch, tmp_path / "cache")
+    source = _source(tmp_path)
+    load_extension("canary_fast", [source])  # built and checked: stamped
+    (build_dir,) = (cache / "extensions").iterdir()
+    stamp = build_dir / "format-check.ok"
+    assert stamp.is_file()
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("torch's build pass ran")
+
+    monkeypatch.setattr(cpp_extension, "load", no_build)
+    monkeypatch.setattr(native, "_LOADED", {})  # as a new process sees it
+    module = load_extension("canary_fast", [source])
+    with pytest.raises(RuntimeError, match=r"got -7 \(shape \[-7, 2\]\)"):
+        module.reject(-7)  # the real, checked binary
+
+    for spoil in ("lock", "no library", "no stamp"):
+        monkeypatch.setattr(native, "_LOADED", {})
+        saved = stamp.read_text()
+        if spoil == "lock":
+            (build_dir / "lock").touch()
+            monkeypatch.setattr(native, "wait_for_build_lock", lambda *args: None)
+        elif spoil == "no library":
+            stamp.write_text("gone.so\n")
+        else:
+            stamp.unlink()
+        with pytest.raises(NativeBuildError, match="torch's build pass ran"):
+            load_extension("canary_fast", [source])
+        (build_dir / "lock").unlink(missing_ok=True)
+        stamp.write_text(saved)
