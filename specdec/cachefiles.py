@@ -198,7 +198,8 @@ def _tokenizer_files_key(tokenizer: Any) -> str | None:
         files = sorted(p for p in folder_path.iterdir() if p.name.startswith(_TOKENIZER_FILES) and p.is_file())
         if not files:
             return None
-        stamps = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        stats = [(p.name, p.stat()) for p in files]
+        stamps = [(name, stat.st_size, stat.st_mtime_ns) for name, stat in stats]
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         added_tokens = sorted((int(i), str(getattr(t, "content", t))) for i, t in added.items())
         document = [type(tokenizer).__qualname__, str(folder_path.resolve()), stamps, len(tokenizer), added_tokens]

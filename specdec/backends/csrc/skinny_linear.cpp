@@ -25,7 +25,6 @@
 #include "cpu_kernels.h"
 #include "skinny_linear.h"
 
-
 namespace specdec_cpu_kernels {
 
 namespace portable {
@@ -184,14 +183,14 @@ inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t
     const int64_t passes = (M + 3) / 4, steps = (K + 15) / 16;
     const int64_t per_pass = (lines + passes - 1) / passes, per_step = (per_pass + steps - 1) / steps;
     const char* weight_end = reinterpret_cast<const char*>(w + N * K);
+    auto inside = [&](const char* from) {  // the lines of a pass's share from `from` that lie in the weight
+      return std::max<int64_t>(0, std::min<int64_t>(per_pass, (weight_end - from + 63) / 64));
+    };
     for (; o + 4 <= o_end; o += 4) {
       const char* near = reinterpret_cast<const char*>(w + (o + 4 * kNear) * K);
       const char* far = reinterpret_cast<const char*>(w + (o + 4 * kFar) * K);
       for (int64_t m = 0, pass = 0; m < M; m += 4, ++pass) {
         const int64_t offset = pass * per_pass * 64;
-        auto inside = [&](const char* from) {  // the lines of the pass's share that lie in the weight
-          return std::max<int64_t>(0, std::min<int64_t>(per_pass, (weight_end - from + 63) / 64));
-        };
         block<4, 4>(x, w, y, K, N, o, m, static_cast<int>(std::min<int64_t>(4, M - m)),
                     Prefetch{near + offset, far + offset, inside(near + offset), inside(far + offset), per_step});
       }
