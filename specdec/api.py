@@ -516,9 +516,11 @@ def run(
             ``"static"`` on a CUDA device; on a CPU ``"native"`` (specdec's own forward) for
             Llama-family models, else ``"dynamic"``. ``"dynamic"``: Hugging Face's
             ``DynamicCache``, eager forwards. ``"static"``: specdec's static cache, one
-            fixed-shape forward per tree-size bucket, replayed from CUDA graphs on a GPU and
-            compiled with inductor (frozen weights) on a CPU, each at its first use and
-            checked then against the eager forward; ``"static-eager"``,
+            fixed-shape forward per tree-size bucket, replayed from CUDA graphs on a GPU; on a
+            CPU the fastest static path: ``"native"`` for Llama-family models (its kernels are
+            compiled ahead of time, and verify in half the time of inductor's buckets), else
+            compiled with inductor (frozen weights); buckets are compiled or captured at their
+            first use and checked then against the eager forward; ``"static-eager"``,
             ``"static-inductor"``, ``"static-cudagraphs"`` and ``"static-inductor-cudagraphs"``
             name the mode. Compiled forwards are shared by every call on the same model
             object in the process (a second call compiles nothing); see ``docs/static-cache.md``.

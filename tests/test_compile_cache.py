@@ -162,7 +162,7 @@ def test_a_later_compile_reads_the_folder_and_a_corrupted_one_compiles_again(com
     The tiny models are fp64: fp32 weights are prepacked for oneDNN, and inductor stores no graph
     holding those (docs/static-cache.md)."""
     prompt = random_prompt(random.Random(30))[:12]
-    options: dict[str, Any] = {"max_new_tokens": 8, "cache": "static", "budget": "full"}
+    options: dict[str, Any] = {"max_new_tokens": 8, "cache": "static-inductor", "budget": "full"}
 
     def run(seed: int) -> tuple[int, int]:
         hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
@@ -192,9 +192,22 @@ def test_the_compile_command_builds_every_bucket_and_says_where(
     monkeypatch.setattr(static, "compile_forward", compile_forward)
     model = private_model(seed=8)
     monkeypatch.setattr(precompile, "Generator", lambda name, **kw: specdec.Generator(model, **kw))
-    assert main(["compile", "--quiet", "--drafter", "pld"]) == 0
+    assert main(["compile", "--quiet", "--drafter", "pld", "--cache", "static-inductor"]) == 0
     out = capsys.readouterr().out
     buckets = static.BUCKETS
     assert f"compiled {len(buckets)} buckets" in out and "peak memory" in out
     assert f"stored in {compile_cache.folder()}" in out and len(built) == len(buckets)
     assert main(["compile", "--max-tokens", "0"]) == 2
+
+
+def test_the_compile_command_on_a_cpu_llama_builds_the_native_kernels_and_compiles_no_bucket(
+    compiled: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cache="static" on a CPU runs the native forward for the Llama family: nothing for inductor to do."""
+    built: list[int] = []
+    monkeypatch.setattr(static, "compile_forward", lambda function: built.append(1) or function)
+    model = private_model(seed=8)
+    monkeypatch.setattr(precompile, "Generator", lambda name, **kw: specdec.Generator(model, **kw))
+    assert main(["compile", "--quiet", "--drafter", "pld"]) == 0
+    out = capsys.readouterr().out
+    assert "runs specdec's native forward here" in out and "nothing else to compile" in out and not built

@@ -227,6 +227,12 @@ def test_cache_names_and_modes_are_checked() -> None:
     assert resolve_cache("auto", torch.device("cpu"), tiny_model("gpt2")) == ("dynamic", None)  # it does not run gpt2
     assert resolve_cache("auto", torch.device("cuda"), model) == ("static", None)
     assert resolve_cache("static", torch.device("cpu")) == ("static", None)
+    # "static" on a CPU: the native forward (a static cache with ahead-of-time kernels) where it runs the model
+    assert resolve_cache("static", torch.device("cpu"), model) == ("native", None)
+    assert resolve_cache("static", torch.device("cpu"), tiny_model("gpt2")) == ("static", None)
+    assert resolve_cache("static", torch.device("cuda"), model) == ("static", None)
+    assert resolve_cache("static-inductor", torch.device("cpu"), model) == ("static", "inductor")
+    assert type(make_verifier(model, cache="static")).__name__ == "RunnerVerifier"
     with pytest.raises(SpecDecError, match="exceeds the largest bucket"):
         bucket_for(BUCKETS[-1] + 1)
 

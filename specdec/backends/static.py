@@ -92,7 +92,11 @@ WARMUP_RUNS = 2  # eager runs before a CUDA graph capture (allocator, cuBLAS wor
 
 
 def default_mode(device: torch.device) -> str:
-    """What ``cache="static"`` runs when the caller does not say: graphs on CUDA, inductor elsewhere."""
+    """The static verifier's mode when the caller names none: graphs on CUDA, inductor elsewhere.
+
+    (``cache="static"`` on a CPU reaches this only for models specdec's native forward does
+    not run: :func:`specdec.backends.resolve_cache`.)
+    """
     return "cudagraphs" if device.type == "cuda" else "inductor"
 
 
