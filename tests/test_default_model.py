@@ -14,8 +14,13 @@ import torch
 from conftest import IDENTITY_COUNTS
 
 import specdec
+from specdec.cachefiles import folder
 from specdec.testing import compare_outputs
 from specdec.types import KernelChoice
+
+# This session's converted model and built kernels, where they were before any fixture moved the cache:
+# child processes of a test reuse them (a fresh conversion or build would take minutes).
+SESSION_FOLDERS = {name: folder(name) for name in ("models", "extensions")}
 
 pytestmark = pytest.mark.slow
 
@@ -195,3 +200,30 @@ def test_oneoff_arms_start_from_the_same_recycling_matrix(default_model: tuple[A
         run_arm, generator_arm = result.arms["run:r"], result.arms["generator:r"]
         assert all(result.acceptable.values()), result.verdicts  # each arm is plain greedy (or a judged near-tie)
         assert run_arm.steps == generator_arm.steps, (result.prompt.kind, run_arm.steps, generator_arm.steps)
+
+
+def test_oneoff_fresh_processes_and_the_warmed_process_start_from_the_same_learned_state(
+    default_model: tuple[Any, Any], planner_cache: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``specdec bench oneoff --fresh``: one process per prompt, then one warmed process over the same prompts
+    from a copy of the learned state the fresh sequence started from. With ``recycling`` at a full budget the
+    drafts depend on the matrix and the text only, so equal learned states give each prompt equal steps in
+    both sequences (a warmed process that started from the fresh sequence's end state would draft the
+    prompts' outputs from memory: fewer steps). Every arm's tokens are plain greedy (or a judged near-tie)."""
+    from specdec.bench import oneoff
+    from specdec.cachefiles import kind
+
+    model, _ = default_model
+    for name, where in SESSION_FOLDERS.items():  # the children reuse the session's converted model and kernels
+        monkeypatch.setenv(kind(name).env, str(where))
+    prompts = oneoff.heldout_prompts()[:2]
+    spec = "recycling:budget=full"
+    results = oneoff.measure_fresh(model, prompts, spec, 24, progress=False)
+    for result in results:
+        assert set(result.arms) == {"hf", f"run:{spec}", f"warmed:{spec}", "hf:warmed"}
+        assert all(result.acceptable.values()), result.verdicts
+        assert result.arms[f"run:{spec}"].steps == result.arms[f"warmed:{spec}"].steps, result.prompt.kind
+    line = oneoff.fresh_against_warmed(results, spec)
+    assert line is not None and "fresh processes against the warmed process" in line
+    assert oneoff.fresh_against_warmed(oneoff.measure_fresh(model, prompts[:1], spec, 4, progress=False,
+                                                            warmed=False), spec) is None  # fmt: skip

@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +52,8 @@ from tqdm import tqdm
 from specdec.api import GENERATOR_OPTIONS, Generator, run
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.bench.report import markdown_table
+from specdec.cachefiles import folder
+from specdec.cachefiles import kind as cache_kind
 from specdec.decoding import DECODING_OPTIONS
 from specdec.drafters import recycling_state
 from specdec.models import encode_prompt
@@ -202,34 +207,114 @@ def child_main(payload: str) -> None:
     }))  # fmt: skip
 
 
+WARMED_FLAG = "--oneoff-warmed-child"
+LEARNED_KINDS = ("recycling", "planner")  # what a generation learns and later processes load (module docstring)
+
+
+def warmed_child_main(payload: str) -> None:
+    """The warmed arm of :func:`measure_fresh`: one process, one Generator for every prompt in turn,
+    after the same untimed earlier generation the fresh sequence starts with. Prints one JSON line."""
+    data = json.loads(payload)
+    from specdec.models import load_model
+
+    model, tokenizer = load_model(None if data["model"] == "default" else data["model"])
+    (spec,) = parse_methods([data["spec"]])
+    options = {"store": False, **_generator_options(spec)}  # store off, as run's default: no outputs shared
+    generator = Generator(model, tokenizer, drafter=spec.name, **options)
+    timed_generate(generator, encode_prompt(tokenizer, WARM_PROMPT, None), spec, data["max_new_tokens"])
+    rows = []
+    for text in data["prompts"]:
+        ids = encode_prompt(tokenizer, text, None)
+        timing = timed_generate(generator, ids, spec, data["max_new_tokens"])
+        hf = hf_greedy(model, ids, data["max_new_tokens"])
+        rows.append({"tokens": timing.tokens, "seconds": timing.seconds, "steps": timing.steps,
+                     "hf_tokens": hf.tokens, "hf_seconds": hf.seconds})  # fmt: skip
+    print(json.dumps(rows))
+
+
+def _child(flag: str, payload: dict[str, Any], env: dict[str, str]) -> Any:
+    """Run a measuring child process (``specdec bench oneoff FLAG PAYLOAD``); its last stdout line, parsed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec.commands", "bench", "oneoff", flag, json.dumps(payload)],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the measuring process failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def measure_fresh(
     model: Any, prompts: Sequence[Prompt], spec: str, max_new_tokens: int, model_name: str = "default",
-    progress: bool = True,
+    progress: bool = True, warmed: bool = True,
 ) -> list[PromptResult]:
-    """One fresh process per prompt, after one untimed process (module docstring)."""
+    """One fresh process per prompt, after one untimed process (module docstring).
+
+    ``warmed``: then, beside them, one long-lived process (``warmed:SPEC``, with its own Hugging
+    Face timing ``hf:warmed``) runs the same prompts in the same order through one warmed
+    Generator (``store=False``, as ``run``), from the learned state (Token Recycling's matrix,
+    the planner statistics) the fresh sequence started from, copied aside first: both sequences
+    learn the same outputs in the same order, so what separates them is the fresh process.
+    """
+    started_from = None
+    if warmed:
+        started_from = Path(tempfile.mkdtemp(prefix="specdec-oneoff-"))
+        for name in LEARNED_KINDS:
+            source = folder(name)
+            if source.is_dir():
+                shutil.copytree(source, started_from / name)
+            else:
+                (started_from / name).mkdir()
     results = []
     earlier = Prompt("earlier", WARM_PROMPT)  # not one of the measured prompts: nothing of theirs is learned before
     for index, prompt in enumerate(tqdm([earlier, *prompts], desc="fresh processes", disable=not progress)):
-        payload = json.dumps({"model": model_name, "spec": spec, "prompt": prompt.text,
-                              "max_new_tokens": max_new_tokens, "started": time.time()})  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, "-m", "specdec.commands", "bench", "oneoff", CHILD_FLAG, payload],
-            capture_output=True, text=True, check=False, env=dict(os.environ),
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"the fresh process failed:\n{done.stderr[-4000:]}")
+        payload = {"model": model_name, "spec": spec, "prompt": prompt.text, "max_new_tokens": max_new_tokens,
+                   "started": time.time()}  # fmt: skip
+        data = _child(CHILD_FLAG, payload, dict(os.environ))
         if index == 0:
             continue  # the earlier process: it leaves what specdec caches on this machine
-        data = json.loads(done.stdout.strip().splitlines()[-1])
         result = PromptResult(prompt, data["ids"])
         result.arms["hf"] = Timing(data["hf"]["tokens"], data["hf"]["seconds"])
         run_data = data["run"]
         result.arms[f"run:{spec}"] = Timing(
             run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"]
         )
-        _judge(model, result)
         results.append(result)
+    if started_from is not None:
+        env = dict(os.environ)
+        env.update({cache_kind(name).env: str(started_from / name) for name in LEARNED_KINDS})
+        if progress:
+            print("the warmed process: every prompt through one Generator ...", file=sys.stderr)
+        try:
+            rows = _child(WARMED_FLAG, {"model": model_name, "spec": spec, "max_new_tokens": max_new_tokens,
+                                        "prompts": [p.text for p in prompts]}, env)  # fmt: skip
+        finally:
+            shutil.rmtree(started_from, ignore_errors=True)
+        for result, row in zip(results, rows, strict=True):
+            result.arms[f"warmed:{spec}"] = Timing(row["tokens"], row["seconds"], row["steps"])
+            result.arms["hf:warmed"] = Timing(row["hf_tokens"], row["hf_seconds"])
+    for result in results:
+        _judge(model, result)
     return results
+
+
+def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | None:
+    """One line: the fresh processes' speedup over their own ``hf`` against the warmed process's over its own.
+
+    Each process's speedup is over Hugging Face timed in that process, so a drift of the machine's
+    speed between the two sequences (memory bandwidth moves by a third between minutes here)
+    cancels; the raw ratio of mean tokens/s is given beside it.
+    """
+    warmed = f"warmed:{spec}"
+    if not results or warmed not in results[0].arms:
+        return None
+
+    def mean(arm: str) -> float:
+        return sum(r.arms[arm].tokens_per_s for r in results) / len(results)
+
+    fresh_speedup, warmed_speedup = mean(f"run:{spec}") / mean("hf"), mean(warmed) / mean("hf:warmed")
+    return (f"fresh processes against the warmed process: {fresh_speedup:.2f}x vs {warmed_speedup:.2f}x their own "
+            f"HF greedy = {fresh_speedup / warmed_speedup:.3f} (raw tokens/s ratio "
+            f"{mean(f'run:{spec}') / mean(warmed):.3f})")
 
 
 def summarize(results: Sequence[PromptResult]) -> dict[str, Any]:

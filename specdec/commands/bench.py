@@ -249,15 +249,23 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     if args.oneoff_child is not None:
         oneoff.child_main(args.oneoff_child)
         return 0
+    if args.oneoff_warmed_child is not None:
+        oneoff.warmed_child_main(args.oneoff_warmed_child)
+        return 0
     model, tokenizer = load(args)
     prompts = oneoff.heldout_prompts()[: args.prompts]
     if args.fresh:
-        results = oneoff.measure_fresh(model, prompts, args.fresh, args.max_new_tokens, args.model, not args.quiet)
+        results = oneoff.measure_fresh(model, prompts, args.fresh, args.max_new_tokens, args.model, not args.quiet,
+                                       warmed=not args.no_warmed)  # fmt: skip
     else:
         results = oneoff.measure_in_process(model, tokenizer, prompts, args.drafters, args.max_new_tokens,
                                             not args.quiet)  # fmt: skip
     summary = oneoff.summarize(results)
     text = oneoff.format_summary(summary)
+    against = oneoff.fresh_against_warmed(results, args.fresh) if args.fresh else None
+    if against is not None:
+        summary["fresh_against_warmed"] = against
+        text += "\n" + against
     print(text)
     if args.out:
         _write_run(Path(args.out), {"summary": summary, "prompts": oneoff.to_json(results)}, text)
@@ -461,6 +469,9 @@ def register(sub: Any) -> None:
     one.add_argument("--out", default=None, metavar="DIR", help="where results.json and report.md go")
     one.add_argument("--quiet", action="store_true", help="no progress bar")
     one.add_argument(oneoff.CHILD_FLAG, dest="oneoff_child", default=None, help=argparse.SUPPRESS)
+    one.add_argument(oneoff.WARMED_FLAG, dest="oneoff_warmed_child", default=None, help=argparse.SUPPRESS)
+    one.add_argument("--no-warmed", action="store_true",
+                     help="with --fresh: skip the warmed process that runs the same prompts beside them")
     one.set_defaults(func=cmd_oneoff)
 
     batch = commands.add_parser("batch", help="many prompts: aggregate tokens/s by batch size, specdec's batches "
