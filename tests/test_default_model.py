@@ -225,5 +225,5 @@ def test_oneoff_fresh_processes_and_the_warmed_process_start_from_the_same_learn
         assert result.arms[f"run:{spec}"].steps == result.arms[f"warmed:{spec}"].steps, result.prompt.kind
     line = oneoff.fresh_against_warmed(results, spec)
     assert line is not None and "fresh processes against the warmed process" in line
-    assert oneoff.fresh_against_warmed(oneoff.measure_fresh(model, prompts[:1], spec, 4, progress=False,
-                                                            warmed=False), spec) is None  # fmt: skip
+    alone = oneoff.measure_fresh(model, prompts[:1], spec, 4, progress=False, warmed=False)
+    assert oneoff.fresh_against_warmed(alone, spec) is None

@@ -178,14 +178,20 @@ def _generator_options(spec: MethodSpec) -> dict[str, Any]:
 CHILD_FLAG = "--oneoff-child"
 
 
+def _child_setup(data: dict[str, Any]) -> tuple[Any, Any, MethodSpec]:
+    """A measuring child's model, tokenizer and method, from the payload its parent sent."""
+    from specdec.models import load_model
+
+    model, tokenizer = load_model(None if data["model"] == "default" else data["model"])
+    (spec,) = parse_methods([data["spec"]])
+    return model, tokenizer, spec
+
+
 def child_main(payload: str) -> None:
     """A fresh process's measurement (module docstring): prints one JSON line on stdout."""
     spec_data = json.loads(payload)
     started = float(spec_data["started"])  # the parent's wall clock when it spawned this process
-    from specdec.models import load_model
-
-    model, tokenizer = load_model(None if spec_data["model"] == "default" else spec_data["model"])
-    (spec,) = parse_methods([spec_data["spec"]])
+    model, tokenizer, spec = _child_setup(spec_data)
     ids = encode_prompt(tokenizer, spec_data["prompt"], None)
     first: list[float] = []
 
@@ -215,10 +221,7 @@ def warmed_child_main(payload: str) -> None:
     """The warmed arm of :func:`measure_fresh`: one process, one Generator for every prompt in turn,
     after the same untimed earlier generation the fresh sequence starts with. Prints one JSON line."""
     data = json.loads(payload)
-    from specdec.models import load_model
-
-    model, tokenizer = load_model(None if data["model"] == "default" else data["model"])
-    (spec,) = parse_methods([data["spec"]])
+    model, tokenizer, spec = _child_setup(data)
     options = {"store": False, **_generator_options(spec)}  # store off, as run's default: no outputs shared
     generator = Generator(model, tokenizer, drafter=spec.name, **options)
     timed_generate(generator, encode_prompt(tokenizer, WARM_PROMPT, None), spec, data["max_new_tokens"])
@@ -302,7 +305,8 @@ def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | No
 
     Each process's speedup is over Hugging Face timed in that process, so a drift of the machine's
     speed between the two sequences (memory bandwidth moves by a third between minutes here)
-    cancels; the raw ratio of mean tokens/s is given beside it.
+    cancels; the raw ratio of mean tokens/s is given beside it. (From the results, not from
+    :func:`summarize`'s table, whose tokens/s are rounded to two decimals.)
     """
     warmed = f"warmed:{spec}"
     if not results or warmed not in results[0].arms:

@@ -184,9 +184,11 @@ class AcceptanceModel:
             q = (ring_hits + weight * q) / (ring_trials + weight)
         return q
 
-    def estimate(self, tree: DraftTree, keys: Sequence[NodeKey]) -> tuple[FloatArray, FloatArray]:
-        """``(q, p)`` for every node of ``tree``, float64 ``[N]`` each; ``q[0] = p[0] = 1``. O(N)."""
-        q, p = self.estimate_lists(tree, keys)
+    def estimate(self, tree: DraftTree, keys: Sequence[NodeKey],
+                 memo: dict[NodeKey, float] | None = None) -> tuple[FloatArray, FloatArray]:
+        """``(q, p)`` for every node of ``tree``, float64 ``[N]`` each; ``q[0] = p[0] = 1``. O(N).
+        ``memo``: as for :meth:`estimate_lists`."""
+        q, p = self.estimate_lists(tree, keys, memo)
         return np.asarray(q, dtype=np.float64), np.asarray(p, dtype=np.float64)
 
     def estimate_lists(self, tree: DraftTree, keys: Sequence[NodeKey],

@@ -175,8 +175,8 @@ class BatchPlanner:
             return self._as_drafted(trees, keys, context, calibration_s)
         assert self._cost is not None  # loaded above: some tree has a draft
         memo: dict[NodeKey, float] = {}  # q by key, shared by the rows: the model learns nothing until observe
-        probs = [np.asarray(self.acceptance.estimate_lists(tree, k, memo)[1]) if tree.size > 1 else np.ones(1)
-                 for tree, k in zip(trees, keys, strict=True)]  # fmt: skip  # [N_b] each
+        probs = [self.acceptance.estimate(tree, k, memo)[1] if tree.size > 1 else np.ones(1) for tree, k in zip(
+            trees, keys, strict=True)]  # fmt: skip  # [N_b] each
         pooled = np.concatenate([p[1:] for p in probs])  # [M]: every row's non-root nodes, row after row
         owner = np.repeat(np.arange(len(trees)), [tree.size - 1 for tree in trees])  # [M]
         local = np.concatenate([np.arange(1, tree.size) for tree in trees])  # [M]: node index in its tree
