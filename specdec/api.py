@@ -223,6 +223,7 @@ class Generator:
         # The batch planner's own learning: its rate per number of rows and its cost model (batching.py).
         self.batch_throughputs: dict[int, Throughput] = {}
         self._batch_cost: VerifyCostModel | None = None
+        self._cost: VerifyCostModel | None = None  # the cost model this generator's planners use, once loaded
         self.planner_stats = open_planner_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
             self.planner_stats.load(self.acceptance, self.throughput)
@@ -273,6 +274,9 @@ class Generator:
     def _cost_model(self) -> tuple[VerifyCostModel, float]:
         model, spent = calibration_cache.cost_model(self.verifier)
         self.verifier.use_kernels(model.table.kernels)
+        if self.planner_stats is not None:  # a model new to this process starts from earlier processes' refinement
+            self.planner_stats.load_cost(model)
+        self._cost = model
         return model, spent
 
     def new_drafter(self) -> Drafter:
@@ -330,7 +334,7 @@ class Generator:
     def _save_learned(self, stepped: bool) -> None:
         """What generations taught (planner statistics, Token Recycling's matrix) goes to the planner cache."""
         if self.planner_stats is not None and stepped:
-            self.planner_stats.save(self.acceptance, self.throughput)
+            self.planner_stats.save(self.acceptance, self.throughput, self._cost)
         if self.context.recycling is not None:
             self.context.recycling.save()
 

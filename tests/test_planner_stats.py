@@ -132,6 +132,46 @@ def test_statistics_carry_over_to_the_next_generator(planner_cache: Path) -> Non
     assert Generator(model, drafter="pld").planner_stats.runs == 2  # type: ignore[union-attr]
 
 
+def test_the_cost_models_refinement_carries_over_to_the_next_process(planner_cache: Path) -> None:
+    """What the online refinement measured is saved with the statistics; a new process's cost model
+    (the table alone: the in-process models forgotten) starts from it, while a model this process
+    already refined keeps its own, and a refinement of another table is not taken."""
+    from specdec.budget.calibration_cache import forget_cost_models
+
+    model = tiny_model("llama")
+    first = Generator(model, drafter="pld")
+    first.generate(PROMPT, max_new_tokens=NEW_TOKENS)
+    refined = first._cost
+    assert refined is not None and refined.observations > 0  # regression guard: steps were verified and timed
+    saved = json.loads(first.planner_stats.path.read_text())["body"]["cost"]  # type: ignore[union-attr]
+    assert saved == refined.state()
+    # This process: the next generator shares the live model (nothing loaded over it).
+    second = Generator(model, drafter="pld")
+    second.generate(PROMPT, max_new_tokens=NEW_TOKENS)
+    assert second._cost is refined
+    # A new process: the model comes from the table, then takes the saved refinement before its first step.
+    forget_cost_models()
+    third = Generator(model, drafter="pld")
+    saved = json.loads(third.planner_stats.path.read_text())["body"]["cost"]  # type: ignore[union-attr]
+    loaded, _ = third._cost_model()
+    assert loaded is not refined and loaded.state() == saved and loaded.observations > 0
+    # A refinement of another table (the machine was measured again since) is skipped without a word.
+    forget_cost_models()
+    fourth = Generator(model, drafter="pld")
+    fourth.planner_stats.cost = dict(saved, table="0" * 16)  # type: ignore[union-attr]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh, _ = fourth._cost_model()
+    assert fresh.observations == 0
+    # A damaged one warns and changes nothing.
+    forget_cost_models()
+    fifth = Generator(model, drafter="pld")
+    fifth.planner_stats.cost = dict(saved, ratio=[-1.0] * len(saved["ratio"]))  # type: ignore[union-attr]
+    with pytest.warns(RuntimeWarning, match="ignoring the saved cost-model refinement"):
+        damaged, _ = fifth._cost_model()
+    assert damaged.observations == 0
+
+
 def test_identity_separates_models_drafters_options_and_devices(planner_cache: Path) -> None:
     llama = Generator(tiny_model("llama"), drafter="pld")
     assert llama.planner_stats is not None

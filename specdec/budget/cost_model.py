@@ -15,12 +15,23 @@ online **correction**.
 **Online refinement**: every real step's measured ``verify_s`` is compared with the
 prediction; the ratio updates a running mean for the nearest calibrated size (an
 exponential moving average once a size has ``1 / MIN_RATE`` observations), and sizes not
-seen lately are shrunk toward the ratio over all sizes. So the model follows the
-machine's present load and corrects calibration noise, while the shape measured at
+seen lately are shrunk toward the ratio over all sizes: each size's count of observations
+fades by :data:`COUNT_MEMORY` per observation of any size, so a size the rule stopped
+choosing (after a few slow steps at that size, say) weighs its own stale ratio less and less
+(half-life ~35 steps), and the next probe of it counts for more. Without the fading, a size
+once measured slow stayed slow in the model for the rest of the process: the rule avoided
+it, so it was measured again only by a probe in 16 steps, each moving it by 1/count.
+So the model follows the machine's present load and corrects calibration noise, while the shape measured at
 calibration stays in force where no step has been seen. Each step's ratio is clipped to
 ``[1/5, 5]`` times the present overall ratio: one preempted step must not rewrite the
 model, but a calibration measured under another load (a busy machine: 10x off) is
 corrected within a few steps.
+
+**Across processes**: the refinement (per-size ratios and counts, the overall ratio) is
+saved with the planner statistics after every generation and taken by the next process's
+model of the same table before its first step (:meth:`VerifyCostModel.state`,
+:mod:`specdec.budget.planner_stats`), so a one-off ``run`` starts from what earlier
+processes measured, not from the table alone.
 
 **Drift**: when the online ratio over all sizes stays beyond :data:`DRIFT_RATIO` (either
 way) for :data:`DRIFT_MIN_STEPS` steps, the model reports that it :attr:`~VerifyCostModel.drifted`
@@ -29,6 +40,8 @@ way) for :data:`DRIFT_MIN_STEPS` steps, the model reports that it :attr:`~Verify
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +60,7 @@ CALIBRATION_VERSION = 8
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
 RATIO_CLIP = 5.0
 SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
+COUNT_MEMORY = 0.98  # per observation of any size: a size's count of its own observations fades
 DRIFT_RATIO = 2.0  # measured / calibrated, over all sizes, past which the table has drifted
 DRIFT_MIN_STEPS = 32  # online observations before drift counts (doubled after each re-measurement)
 
@@ -96,6 +110,10 @@ class CostTable:
             "others_share": self.others_share,
         }
 
+    def digest(self) -> str:
+        """A short hash of the whole table: what a saved online refinement (:meth:`VerifyCostModel.state`) refines."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CostTable:
         if data.get("version") != CALIBRATION_VERSION:
@@ -110,6 +128,13 @@ class CostTable:
             data.get("spread", 0.0),
             data.get("others_share", 0.0),
         )
+
+
+def _number(value: Any, positive: bool) -> bool:
+    """A finite int or float (not a bool), > 0 when ``positive``, else >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        return False
+    return value > 0.0 if positive else value >= 0.0
 
 
 def _kernels_from_json(data: dict[str, Any]) -> KernelChoice:
@@ -194,6 +219,43 @@ class VerifyCostModel:
         shrunk = (self._count * self._ratio + SHRINK_STEPS * self._global_ratio) / (self._count + SHRINK_STEPS)
         return np.interp(np.log(self._padded(sizes)), self._log_sizes, shrunk)
 
+    def state(self) -> dict[str, Any]:
+        """What the online refinement learned, JSON-ready, with the digest of the table it refines
+        (:meth:`load_state` reads it back onto the same table only)."""
+        return {
+            "table": self.table.digest(),
+            "ratio": [float(r) for r in self._ratio],
+            "count": [float(c) for c in self._count],
+            "global_ratio": float(self._global_ratio),
+            "global_count": float(self._global_count),
+        }
+
+    def load_state(self, state: Any) -> None:
+        """Take another process's refinement (:meth:`state`) of this same table.
+
+        Every value is checked first: another table's state (its digest differs), lists of the
+        wrong length, ratios that are not finite and positive, counts that are not finite and
+        non-negative raise :class:`SpecDecError` naming it and change nothing.
+        """
+        if not isinstance(state, dict):
+            raise SpecDecError(f"cost model state must be a dict, got {type(state).__name__}")
+        if state.get("table") != self.table.digest():
+            raise SpecDecError("cost model state refines another calibration table")
+        sizes = len(self.table.sizes)
+        values: dict[str, FloatArray] = {}
+        for name, positive in (("ratio", True), ("count", False)):
+            row = state.get(name)
+            if not isinstance(row, list) or len(row) != sizes or not all(_number(v, positive) for v in row):
+                raise SpecDecError(f"cost model state: {name} must be {sizes} finite numbers "
+                                   f"{'> 0' if positive else '>= 0'}, got {row!r}")  # fmt: skip
+            values[name] = np.asarray(row, dtype=np.float64)
+        ratio: Any = state.get("global_ratio")
+        count: Any = state.get("global_count")
+        if not _number(ratio, True) or not _number(count, False):
+            raise SpecDecError(f"cost model state: global_ratio > 0 and global_count >= 0, got {ratio!r}, {count!r}")
+        self._ratio, self._count = values["ratio"], values["count"]
+        self._global_ratio, self._global_count = float(ratio), float(count)
+
     def predict(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
         """Predicted seconds to verify trees of ``sizes`` ``[K]`` nodes after ``committed_len`` tokens. O(K log S)."""
         return self.calibrated(sizes, committed_len) * self.correction(sizes)
@@ -209,6 +271,7 @@ class VerifyCostModel:
         level = self._global_ratio
         ratio = min(max(seconds / base, level / RATIO_CLIP), level * RATIO_CLIP)
         j = int(np.argmin(np.abs(self._log_sizes - np.log(self._padded(np.array([size]))[0]))))
+        self._count *= COUNT_MEMORY  # what a size has not shown lately fades (module docstring)
         self._count[j] += 1.0
         self._ratio[j] += max(1.0 / self._count[j], MIN_RATE) * (ratio - self._ratio[j])
         self._global_count += 1.0

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.budget.acceptance import AcceptanceModel
+from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Throughput
 from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, write_atomically
 from specdec.errors import SpecDecError
@@ -129,6 +130,7 @@ class PlannerStatsFile:
     path: Path
     identity: dict[str, str]
     runs: int = 0
+    cost: Any = None  # the saved cost-model refinement (unchecked until applied: :meth:`load_cost`)
 
     @classmethod
     def for_identity(cls, identity: dict[str, str]) -> PlannerStatsFile:
@@ -195,18 +197,43 @@ class PlannerStatsFile:
             return 0
         throughput.load_state(measured.state())
         self.runs = runs
+        self.cost = body.get("cost")
         return runs
 
-    def save(self, acceptance: AcceptanceModel, throughput: Throughput) -> bool:
-        """Count one more run and write the statistics (atomically); False, with a warning, when that fails."""
+    def load_cost(self, model: VerifyCostModel) -> bool:
+        """Give ``model`` the saved online refinement of its table, if it has learned nothing yet.
+
+        A model that has already seen steps (shared in this process) keeps what it measured;
+        a saved state for another table (re-measured since) is skipped silently; a bad one
+        warns once and changes nothing. True when the state was taken.
+        """
+        if self.cost is None or model.observations > 0 or not model.learn:
+            return False
+        try:
+            model.load_state(self.cost)
+        except SpecDecError as error:
+            if "another calibration table" not in str(error):
+                warnings.warn(f"specdec: ignoring the saved cost-model refinement in {self.path}: {error}",
+                              RuntimeWarning, stacklevel=3)  # fmt: skip
+            return False
+        finally:
+            self.cost = None  # taken or refused, once
+        return True
+
+    def save(self, acceptance: AcceptanceModel, throughput: Throughput, cost: VerifyCostModel | None = None) -> bool:
+        """Count one more run and write the statistics (atomically); False, with a warning, when that fails.
+
+        ``cost``: the cost model the run refined, saved with them when it learned anything."""
         self.runs += 1
-        body = {
+        body: dict[str, Any] = {
             "identity": self.identity,
             "runs": self.runs,
             "saved_at": round(time.time(), 3),
             "acceptance": acceptance.state(),
             "throughput": throughput.state(),
         }
+        if cost is not None and cost.learn and cost.observations > 0:
+            body["cost"] = cost.state()
         document = {"format": FORMAT, "version": VERSION, "checksum": checksum(body), "body": body}
         try:
             write_atomically(self.path, json.dumps(document, indent=0))
