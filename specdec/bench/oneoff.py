@@ -219,20 +219,24 @@ LEARNED_KINDS = ("recycling", "planner")  # what a generation learns and later p
 
 def warmed_child_main(payload: str) -> None:
     """The warmed arm of :func:`measure_fresh`: one process, one Generator for every prompt in turn,
-    after the same untimed earlier generation the fresh sequence starts with. Prints one JSON line."""
+    after the same untimed earlier generation the fresh sequence starts with.
+
+    It answers the parent over its pipes: one JSON line ``{"ready": true}`` once warmed, then for
+    each prompt the parent writes (one JSON string per line) one JSON row (its timing, then Hugging
+    Face's on the same ids), until its stdin closes. Between prompts it waits on the pipe, so it
+    takes no processor time while the parent runs the next fresh process."""
     data = json.loads(payload)
     model, tokenizer, spec = _child_setup(data)
     options = {"store": False, **_generator_options(spec)}  # store off, as run's default: no outputs shared
     generator = Generator(model, tokenizer, drafter=spec.name, **options)
     timed_generate(generator, encode_prompt(tokenizer, WARM_PROMPT, None), spec, data["max_new_tokens"])
-    rows = []
-    for text in data["prompts"]:
-        ids = encode_prompt(tokenizer, text, None)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ids = encode_prompt(tokenizer, json.loads(line), None)
         timing = timed_generate(generator, ids, spec, data["max_new_tokens"])
         hf = hf_greedy(model, ids, data["max_new_tokens"])
-        rows.append({"tokens": timing.tokens, "seconds": timing.seconds, "steps": timing.steps,
-                     "hf_tokens": hf.tokens, "hf_seconds": hf.seconds})  # fmt: skip
-    print(json.dumps(rows))
+        print(json.dumps({"tokens": timing.tokens, "seconds": timing.seconds, "steps": timing.steps,
+                          "hf_tokens": hf.tokens, "hf_seconds": hf.seconds}), flush=True)  # fmt: skip
 
 
 def _child(flag: str, payload: dict[str, Any], env: dict[str, str]) -> Any:
@@ -246,18 +250,62 @@ def _child(flag: str, payload: dict[str, Any], env: dict[str, str]) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+class _WarmedProcess:
+    """The long-lived warmed process of :func:`measure_fresh`, asked one prompt at a time."""
+
+    def __init__(self, payload: dict[str, Any], env: dict[str, str]) -> None:
+        # stderr to a file (a full pipe would block the child), closed by close()
+        self._errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "specdec.commands", "bench", "oneoff", WARMED_FLAG, json.dumps(payload)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors, text=True, env=env,
+        )  # fmt: skip
+        self._read()  # {"ready": true}: loaded and warmed before the first fresh process starts
+
+    def _read(self) -> Any:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            text = line.strip()
+            if text.startswith("{"):
+                return json.loads(text)
+        self._process.wait()
+        self._errors.seek(0)
+        raise RuntimeError(f"the warmed measuring process failed:\n{self._errors.read()[-4000:]}")
+
+    def ask(self, prompt: str) -> Any:
+        """This prompt through the warmed Generator, then Hugging Face's greedy: one row."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(prompt) + "\n")
+        self._process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+        self._errors.close()
+
+
 def measure_fresh(
     model: Any, prompts: Sequence[Prompt], spec: str, max_new_tokens: int, model_name: str = "default",
     progress: bool = True, warmed: bool = True,
 ) -> list[PromptResult]:
     """One fresh process per prompt, after one untimed process (module docstring).
 
-    ``warmed``: then, beside them, one long-lived process (``warmed:SPEC``, with its own Hugging
+    ``warmed``: beside them, one long-lived process (``warmed:SPEC``, with its own Hugging
     Face timing ``hf:warmed``) runs the same prompts in the same order through one warmed
     Generator (``store=False``, as ``run``), from the learned state (Token Recycling's matrix,
     the planner statistics) the fresh sequence started from, copied aside first: both sequences
-    learn the same outputs in the same order, so what separates them is the fresh process.
+    learn the same outputs in the same order, so what separates them is the fresh process. The
+    two take turns, prompt by prompt (the fresh process, then the warmed process on the same
+    prompt, each with Hugging Face timed right after it), so both meet the machine in the same
+    minute: its memory bandwidth drifts by a third between minutes here, and the budget's
+    decisions follow the measured times.
     """
+    warmed_process = None
     started_from = None
     if warmed:
         started_from = Path(tempfile.mkdtemp(prefix="specdec-oneoff-"))
@@ -267,34 +315,37 @@ def measure_fresh(
                 shutil.copytree(source, started_from / name)
             else:
                 (started_from / name).mkdir()
-    results = []
-    earlier = Prompt("earlier", WARM_PROMPT)  # not one of the measured prompts: nothing of theirs is learned before
-    for index, prompt in enumerate(tqdm([earlier, *prompts], desc="fresh processes", disable=not progress)):
-        payload = {"model": model_name, "spec": spec, "prompt": prompt.text, "max_new_tokens": max_new_tokens,
-                   "started": time.time()}  # fmt: skip
-        data = _child(CHILD_FLAG, payload, dict(os.environ))
-        if index == 0:
-            continue  # the earlier process: it leaves what specdec caches on this machine
-        result = PromptResult(prompt, data["ids"])
-        result.arms["hf"] = Timing(data["hf"]["tokens"], data["hf"]["seconds"])
-        run_data = data["run"]
-        result.arms[f"run:{spec}"] = Timing(
-            run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"]
-        )
-        results.append(result)
-    if started_from is not None:
         env = dict(os.environ)
         env.update({cache_kind(name).env: str(started_from / name) for name in LEARNED_KINDS})
         if progress:
-            print("the warmed process: every prompt through one Generator ...", file=sys.stderr)
-        try:
-            rows = _child(WARMED_FLAG, {"model": model_name, "spec": spec, "max_new_tokens": max_new_tokens,
-                                        "prompts": [p.text for p in prompts]}, env)  # fmt: skip
-        finally:
+            print("the warmed process: loading, one earlier generation ...", file=sys.stderr)
+        warmed_process = _WarmedProcess({"model": model_name, "spec": spec, "max_new_tokens": max_new_tokens}, env)
+    results = []
+    earlier = Prompt("earlier", WARM_PROMPT)  # not one of the measured prompts: nothing of theirs is learned before
+    try:
+        for index, prompt in enumerate(tqdm([earlier, *prompts], desc="fresh processes, the warmed process in turn",
+                                            disable=not progress)):  # fmt: skip
+            payload = {"model": model_name, "spec": spec, "prompt": prompt.text, "max_new_tokens": max_new_tokens,
+                       "started": time.time()}  # fmt: skip
+            data = _child(CHILD_FLAG, payload, dict(os.environ))
+            if index == 0:
+                continue  # the earlier process: it leaves what specdec caches on this machine
+            result = PromptResult(prompt, data["ids"])
+            result.arms["hf"] = Timing(data["hf"]["tokens"], data["hf"]["seconds"])
+            run_data = data["run"]
+            result.arms[f"run:{spec}"] = Timing(
+                run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"]
+            )
+            if warmed_process is not None:
+                row = warmed_process.ask(prompt.text)
+                result.arms[f"warmed:{spec}"] = Timing(row["tokens"], row["seconds"], row["steps"])
+                result.arms["hf:warmed"] = Timing(row["hf_tokens"], row["hf_seconds"])
+            results.append(result)
+    finally:
+        if warmed_process is not None:
+            warmed_process.close()
+        if started_from is not None:
             shutil.rmtree(started_from, ignore_errors=True)
-        for result, row in zip(results, rows, strict=True):
-            result.arms[f"warmed:{spec}"] = Timing(row["tokens"], row["seconds"], row["steps"])
-            result.arms["hf:warmed"] = Timing(row["hf_tokens"], row["hf_seconds"])
     for result in results:
         _judge(model, result)
     return results
