@@ -239,12 +239,14 @@ def warmed_child_main(payload: str) -> None:
                           "hf_tokens": hf.tokens, "hf_seconds": hf.seconds}), flush=True)  # fmt: skip
 
 
+def _child_command(flag: str, payload: dict[str, Any]) -> list[str]:
+    """The command line of a measuring child process: ``specdec bench oneoff FLAG PAYLOAD``."""
+    return [sys.executable, "-m", "specdec.commands", "bench", "oneoff", flag, json.dumps(payload)]
+
+
 def _child(flag: str, payload: dict[str, Any], env: dict[str, str]) -> Any:
-    """Run a measuring child process (``specdec bench oneoff FLAG PAYLOAD``); its last stdout line, parsed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "specdec.commands", "bench", "oneoff", flag, json.dumps(payload)],
-        capture_output=True, text=True, check=False, env=env,
-    )  # fmt: skip
+    """Run a measuring child process to its end; its last stdout line, parsed."""
+    done = subprocess.run(_child_command(flag, payload), capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the measuring process failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -257,7 +259,7 @@ class _WarmedProcess:
         # stderr to a file (a full pipe would block the child), closed by close()
         self._errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "specdec.commands", "bench", "oneoff", WARMED_FLAG, json.dumps(payload)],
+            _child_command(WARMED_FLAG, payload),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors, text=True, env=env,
         )  # fmt: skip
         self._read()  # {"ready": true}: loaded and warmed before the first fresh process starts

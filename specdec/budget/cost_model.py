@@ -43,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -94,7 +94,7 @@ class CostTable:
             raise SpecDecError(f"calibration kernels must be a KernelChoice, got {self.kernels!r}")
         for name in ("spread", "others_share"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+            if not finite_number(value):
                 raise SpecDecError(f"calibration {name} must be a finite number >= 0, got {value!r}")
 
     def to_json(self) -> dict[str, Any]:
@@ -130,8 +130,9 @@ class CostTable:
         )
 
 
-def _number(value: Any, positive: bool) -> bool:
-    """A finite int or float (not a bool), > 0 when ``positive``, else >= 0."""
+def finite_number(value: Any, positive: bool = False) -> TypeGuard[int | float]:
+    """A finite int or float (not a bool), > 0 when ``positive``, else >= 0: what a saved or
+    calibrated figure must be (the cost table's, its refinement's, the planner's throughput)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
         return False
     return value > 0.0 if positive else value >= 0.0
@@ -245,13 +246,13 @@ class VerifyCostModel:
         values: dict[str, FloatArray] = {}
         for name, positive in (("ratio", True), ("count", False)):
             row = state.get(name)
-            if not isinstance(row, list) or len(row) != sizes or not all(_number(v, positive) for v in row):
+            if not isinstance(row, list) or len(row) != sizes or not all(finite_number(v, positive) for v in row):
                 raise SpecDecError(f"cost model state: {name} must be {sizes} finite numbers "
                                    f"{'> 0' if positive else '>= 0'}, got {row!r}")  # fmt: skip
             values[name] = np.asarray(row, dtype=np.float64)
         ratio: Any = state.get("global_ratio")
         count: Any = state.get("global_count")
-        if not _number(ratio, True) or not _number(count, False):
+        if not finite_number(ratio, True) or not finite_number(count, False):
             raise SpecDecError(f"cost model state: global_ratio > 0 and global_count >= 0, got {ratio!r}, {count!r}")
         self._ratio, self._count = values["ratio"], values["count"]
         self._global_ratio, self._global_count = float(ratio), float(count)

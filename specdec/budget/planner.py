@@ -68,7 +68,7 @@ import numpy.typing as npt
 
 from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
 from specdec.budget.calibration_cache import cost_model
-from specdec.budget.cost_model import VerifyCostModel
+from specdec.budget.cost_model import VerifyCostModel, finite_number
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, Verifier
 
@@ -199,7 +199,7 @@ class Throughput:
         values = {}
         for name in ("tokens", "seconds", "overhead_s", "steps"):
             value = state.get(name) if isinstance(state, dict) else None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+            if not finite_number(value):
                 raise SpecDecError(f"throughput state: {name} must be a finite number >= 0, got {value!r}")
             values[name] = float(value)
         self.tokens, self.seconds, self.steps = values["tokens"], values["seconds"], int(values["steps"])

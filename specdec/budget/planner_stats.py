@@ -207,17 +207,17 @@ class PlannerStatsFile:
         a saved state for another table (re-measured since) is skipped silently; a bad one
         warns once and changes nothing. True when the state was taken.
         """
-        if self.cost is None or model.observations > 0 or not model.learn:
+        saved, self.cost = self.cost, None  # taken or refused, once
+        if saved is None or model.observations > 0 or not model.learn:
             return False
+        if isinstance(saved, dict) and saved.get("table") != model.table.digest():
+            return False  # the table was measured again since: the saved refinement is moot
         try:
-            model.load_state(self.cost)
+            model.load_state(saved)
         except SpecDecError as error:
-            if "another calibration table" not in str(error):
-                warnings.warn(f"specdec: ignoring the saved cost-model refinement in {self.path}: {error}",
-                              RuntimeWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(f"specdec: ignoring the saved cost-model refinement in {self.path}: {error}",
+                          RuntimeWarning, stacklevel=3)  # fmt: skip
             return False
-        finally:
-            self.cost = None  # taken or refused, once
         return True
 
     def save(self, acceptance: AcceptanceModel, throughput: Throughput, cost: VerifyCostModel | None = None) -> bool:
