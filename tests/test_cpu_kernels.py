@@ -35,7 +35,8 @@ def runnable_isas() -> list[str]:
     """The kernel paths this CPU can run (the portable one always; AVX2 and AVX-512 where present)."""
     order = ("portable", "avx2", "avx512")
     best = skinny.cpu_isa()
-    return list(order[: order.index(best) + 1])
+    isas = list(order[: order.index(best) + 1])
+    return [*isas, skinny.BLOCKS_ISA] if best == "avx512" else isas  # AVX-512 with its few rows blocked
 
 
 # Relative error bound against a float64 reference: float32 and float64 accumulate in their own
@@ -160,7 +161,7 @@ def test_an_unknown_or_missing_instruction_set_is_refused() -> None:
     x, weight = torch.randn(2, 4), torch.randn(3, 4)
     with pytest.raises(RuntimeError, match="unknown isa 'sse9'"):
         skinny.skinny_linear(x, weight, None, "sse9")
-    missing = [isa for isa in ("avx2", "avx512") if isa not in runnable_isas()]
+    missing = [isa for isa in ("avx2", "avx512", skinny.BLOCKS_ISA) if isa not in runnable_isas()]
     for isa in missing:  # on a CPU without it, forcing it must fail, not run a wrong kernel
         with pytest.raises(RuntimeError, match="not supported by this CPU"):
             skinny.skinny_linear(x, weight, None, isa)

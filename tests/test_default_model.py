@@ -62,7 +62,7 @@ def test_default_model_matches_generate(
     print(f"\n{drafter} vs generate: " + "; ".join(report))
 
 
-@pytest.mark.parametrize("kernels", ["default", "cpu", "cpu-attention"])
+@pytest.mark.parametrize("kernels", ["default", "cpu", "cpu-attention", "cpu-blocks"])
 def test_default_model_native_path_matches_generate(
     default_model: tuple[Any, Any], reference_outputs: dict[str, Any], kernels: str
 ) -> None:

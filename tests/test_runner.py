@@ -155,7 +155,7 @@ def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("arch", KNOWN)
-@pytest.mark.parametrize("variant", ["default", "cpu", "cpu-attention"])
+@pytest.mark.parametrize("variant", ["default", "cpu", "cpu-attention", "cpu-blocks"])
 def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels: Kernels) -> None:
     model = tiny_model(arch)
     rng = random.Random(f"native-{arch}-{variant}")
@@ -168,11 +168,14 @@ def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels:
             verifier = generator.verifier
             assert isinstance(verifier, RunnerVerifier)
             verifier.use_kernels(KernelChoice.uniform(variant))
-            expected = {"cpu": verifier.cpu_kernels, "cpu-attention": verifier.cpu_attention}.get(variant, PLAIN)
+            blocks = verifier.cpu_kernels if verifier.cpu_blocks is None else verifier.cpu_blocks  # no AVX-512: "cpu"
+            expected = {"cpu": verifier.cpu_kernels, "cpu-attention": verifier.cpu_attention,
+                        "cpu-blocks": blocks}.get(variant, PLAIN)  # fmt: skip
             assert all(verifier._kernels_for(rows) is expected for rows in (1, 7, 40))  # the variant runs
             result = generator.generate(prompt, max_new_tokens=40)
             assert result.tokens == truth, f"{arch}/{drafter}: prompt {prompt}"
-            names = {"cpu": "cpu-kernels", "cpu-attention": "torch-linear+tree-attention"}
+            names = {"cpu": "cpu-kernels", "cpu-attention": "torch-linear+tree-attention",
+                     "cpu-blocks": "cpu-kernels-blocks"}  # fmt: skip
             IDENTITY_COUNTS[f"{arch}/native/{names.get(variant, 'torch')}"] += 1
         assert result.stats.steps < 39  # sam+recycling's trees were accepted: speculation happened
 
@@ -367,7 +370,7 @@ def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(is
     """``decoder_layers`` with a forced kernel path (AVX-512, AVX2, portable: what a CPU without AVX-512 runs)
     against ``isa="auto"``: the kernels' paths compute the same bits, and the op adds only ATen operations."""
     best = cpu_kernels.cpu_isa()
-    if (isa == "avx512" and best != "avx512") or (isa == "avx2" and best == "portable"):
+    if (isa.startswith("avx512") and best != "avx512") or (isa == "avx2" and best == "portable"):
         pytest.skip(f"this CPU has no {isa}")
     model = tiny_model("qwen2").to(torch.float32)  # biases on q/k/v: every argument of the op in use
     try:
@@ -391,5 +394,34 @@ def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(is
                     [tree.size for tree in trees], [segment.ancestors for segment in segments], isa=forced,
                 ))  # fmt: skip
         assert torch.equal(outputs[0], outputs[1])
+    finally:
+        model.to(torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_bits(
+    dtype: torch.dtype, kernels: Kernels
+) -> None:
+    """``"cpu-blocks"``: timed by the calibration only for 1-3 rows (where it computes otherwise than ``"cpu"``) and
+    only with AVX-512; a forward of 1, 2 and 3 rows through it gives ``"cpu"``'s logits bit for bit."""
+    model = tiny_model("llama").to(dtype)
+    try:
+        verifier = RunnerVerifier(model)
+        blocked = cpu_kernels.cpu_isa() == "avx512"
+        assert (verifier.cpu_blocks is not None) == blocked
+        for rows in (1, 3):
+            assert ("cpu-blocks" in verifier.kernel_variants(rows)) == blocked
+        assert "cpu-blocks" not in verifier.kernel_variants(4)
+        if not blocked:
+            pytest.skip("this CPU has no AVX-512: the blocked variant is the plain one")
+        runner = DecoderRunner(model)
+        prompt = list(range(3, 25))
+        with torch.inference_mode():
+            for tree in (DraftTree.single(5), DraftTree((5, 6), (-1, 0)), DraftTree((5, 6, 7), (-1, 0, 0))):
+                streams, blocks = (
+                    runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], chosen)[0]
+                    for chosen in (verifier.cpu_kernels, verifier.cpu_blocks)
+                )
+                assert torch.equal(streams, blocks), tree
     finally:
         model.to(torch.float64)

@@ -7,14 +7,18 @@ budget (grown if it must), written in place at the tree's slots and compacted in
 No compilation and no warm-up: the first step of the first call is as fast as any later
 one.
 
-**Kernels**: three variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
+**Kernels**: four variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
 kernels (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention), the
 choice for forwards of up to :data:`CPU_KERNEL_MAX_ROWS` rows from the start, where they are
 available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_product_attention``
 (what the prompt's hundreds of rows take); ``"cpu-attention"``: torch's linear layers with
 specdec's tree attention, for the sizes where a GEMM library's blocked products beat the
 skinny kernels (many rows; bfloat16 GEMMs with AVX512_BF16) but SDPA's masked attention costs
-twice the tree attention's. The calibration times all three at every tree size and the
+twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3 rows):
+``"cpu"`` with the few-row products blocked as larger ones are rather than streamed, the same
+bits; on an Intel Xeon (AMX generation) 2-3 rows cost 19.3-19.6 ms of linear layers against the
+streams' 22.4-26.5, where the streams were written for an AMD Zen 5. The calibration times every
+variant at every tree size and the
 :class:`~specdec.Generator` passes its verdict on. While the CPU kernels serve both a
 plain step and a tree, a tree node's logits are bitwise those of the same token verified
 alone (their contracts), so speculative output is plain decoding's exactly.
@@ -28,6 +32,7 @@ verified alone.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +51,8 @@ from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser,
 MAX_NODES = 512
 CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
 CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
+CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512)
+BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
 CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
 # A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
 # (longer ones by torch's): measured on this project's CPU (default model, fp32, 2 threads), specdec's CPU
@@ -53,6 +60,16 @@ CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the k
 # 1,131 vs 1,373, and 2,048 in 2,980 vs 3,073 (docs/budget.md); where the calibration found torch's kernels
 # faster at 64 rows, the prefill keeps them too.
 PREFILL_MAX_ROWS = 1024
+
+
+def _forced_kernels(isa: str) -> Kernels:
+    """Specdec's CPU kernels with every op forced to ``isa`` (:data:`~specdec.backends.cpu_kernels.ISAS`)."""
+    return Kernels(
+        functools.partial(cpu_kernels.skinny_linear, isa=isa), functools.partial(cpu_kernels.tree_attention, isa=isa),
+        functools.partial(cpu_kernels.skinny_linears, isa=isa),
+        functools.partial(cpu_kernels.tree_attention_segments, isa=isa), cpu_kernels.write_segments,
+        functools.partial(cpu_kernels.decoder_layers, isa=isa),
+    )  # fmt: skip
 
 
 class RunnerVerifier(ModelVerifier):
@@ -63,7 +80,7 @@ class RunnerVerifier(ModelVerifier):
     (:func:`specdec.backends.cpu_kernels.supports`); :meth:`use_kernels` changes that.
     """
 
-    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION)
+    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS)
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         super().__init__(model, ops, chooser)
@@ -75,8 +92,11 @@ class RunnerVerifier(ModelVerifier):
         self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
                                      cpu_kernels.write_segments)  # fmt: skip
         self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
+        self.cpu_blocks: Kernels | None = None
         if self.kernels_available:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
+            if cpu_kernels.cpu_isa() == "avx512":
+                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISA)
         self.max_tree_nodes = MAX_NODES
 
     @property
@@ -91,9 +111,12 @@ class RunnerVerifier(ModelVerifier):
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
-        worth timing."""
+        worth timing, and ``"cpu-blocks"`` where it computes otherwise than ``"cpu"`` (AVX-512, up to
+        :data:`BLOCKS_MAX_ROWS` rows)."""
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
-            return self.KERNELS
+            if self.cpu_blocks is not None and rows <= BLOCKS_MAX_ROWS:
+                return self.KERNELS
+            return (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION)
         return (DEFAULT_KERNEL,)
 
     def _kernels_for(self, rows: int) -> Kernels:
@@ -103,6 +126,8 @@ class RunnerVerifier(ModelVerifier):
                 return self.cpu_kernels
             if variant == CPU_ATTENTION:
                 return self.cpu_attention
+            if variant == CPU_BLOCKS:
+                return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
         return PLAIN
 
     # -- the model-side hooks of ModelVerifier -----------------------------------------------

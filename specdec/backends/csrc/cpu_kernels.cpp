@@ -9,7 +9,7 @@ namespace specdec_cpu_kernels {
 bool cpu_has(Isa isa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (isa == Isa::kAvx512)
+  if (avx512_family(isa))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
   if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -27,12 +27,14 @@ Isa parse_isa(const std::string& name, const char* op) {
   Isa isa;
   if (name == "avx512") {
     isa = Isa::kAvx512;
+  } else if (name == "avx512-blocks") {
+    isa = Isa::kAvx512Blocks;
   } else if (name == "avx2") {
     isa = Isa::kAvx2;
   } else if (name == "portable") {
     isa = Isa::kPortable;
   } else {
-    TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name, "'; valid: 'auto', 'avx512', 'avx2', 'portable'");
+    TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name, "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'portable'");
   }
   TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU");
   return isa;

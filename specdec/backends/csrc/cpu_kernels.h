@@ -31,10 +31,18 @@
 
 namespace specdec_cpu_kernels {
 
-enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Blocks: the AVX-512 kernels with the skinny linear's register blocks at every row count,
+// where kAvx512 streams the weight rows for up to 3 x rows (skinny_linear.cpp, rows()). The same
+// bits (the contract); which is faster depends on the CPU's memory system, so the calibration
+// times both (the "cpu-blocks" kernel variant, specdec/backends/runner_verifier.py).
+enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Blocks = 3 };
 
-// Whether this CPU runs `isa`; the best one it runs; `name` ('auto', 'avx512', 'avx2', 'portable')
-// parsed and checked against the CPU (an unknown or unsupported name raises, naming `op`).
+// Whether `isa` runs the AVX-512 kernels (either way of blocking the skinny linear's few rows).
+inline bool avx512_family(Isa isa) { return isa == Isa::kAvx512 || isa == Isa::kAvx512Blocks; }
+
+// Whether this CPU runs `isa`; the best one it runs; `name` ('auto', 'avx512', 'avx512-blocks',
+// 'avx2', 'portable') parsed and checked against the CPU (an unknown or unsupported name raises,
+// naming `op`).
 bool cpu_has(Isa isa);
 Isa best_isa();
 Isa parse_isa(const std::string& name, const char* op);

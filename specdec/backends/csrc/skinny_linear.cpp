@@ -137,19 +137,22 @@ inline void group_pass(const float* x, const weight_t* w_group, float* park, int
 
 // Rows [o_begin, o_end) of w against all M rows of x (float; bfloat16 x is widened by the caller).
 //
-// Few x rows (M <= 3: plain steps and small trees) are bound by reading W, and the memory system
-// streams fastest when each thread reads few sequential streams: blocks of 16 weight rows, taken
-// 8 rows at a time, each row read start to end (8 streams; 16 interleaved rows measured ~30% slower
-// on this project's CPU), their accumulators parked and the block's 16 outputs per x row reduced
-// together. More x rows are bound by arithmetic as much as by memory: 4 weight rows x groups of 4
+// Few x rows (M <= 3: plain steps and small trees) are bound by reading W. With `stream_few`
+// (Isa::kAvx512) they take blocks of 16 weight rows, 8 rows at a time, each row read start to end
+// (8 streams; 16 interleaved rows measured ~30% slower on an AMD Zen 5), their accumulators parked
+// and the block's 16 outputs per x row reduced together. Without it (Isa::kAvx512Blocks) they take
+// the register blocks below, as more rows do: on an Intel Xeon with AMX (2026-11-25, all 211 weights
+// of the default model, fp32, 2 threads) 2 rows 22.4 -> 19.3 ms, 3 rows 26.5 -> 19.6, 1 row equal
+// (19.5); the streams were written for the Zen 5 and not timed there against these blocks. The
+// calibration times both paths on the machine at hand. More x rows are bound by arithmetic as much as by memory: 4 weight rows x groups of 4
 // x rows (the weight rows stay in L1 across the groups, 16 FMAs per 8 loads), the next block's rows
 // prefetched while this one computes. Rows past the last whole block take the portable kernel,
 // which computes the same bits.
 template <typename weight_t>
 inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-                 int64_t o_end) {
+                 int64_t o_end, bool stream_few) {
   int64_t o = o_begin;
-  if (M <= 3) {
+  if (M <= 3 && stream_few) {
     alignas(64) float park[3 * 16 * 16];
     for (; o + 16 <= o_end; o += 16) {
       for (int g = 0; g < 16; g += 8) {
@@ -206,13 +209,13 @@ inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t
 }
 
 void rows_f32(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-              int64_t o_end) {
-  rows<float>(x, w, y, M, K, N, o_begin, o_end);
+              int64_t o_end, bool stream_few) {
+  rows<float>(x, w, y, M, K, N, o_begin, o_end, stream_few);
 }
 
 void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-               int64_t o_end) {
-  rows<uint16_t>(x, w, y, M, K, N, o_begin, o_end);
+               int64_t o_end, bool stream_few) {
+  rows<uint16_t>(x, w, y, M, K, N, o_begin, o_end, stream_few);
 }
 
 }  // namespace avx512
@@ -293,14 +296,14 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
     if (dtype == at::kFloat) {
       const float* wp = weights[task.weight].const_data_ptr<float>();
 #if SPECDEC_X86
-      if (isa == Isa::kAvx512) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e);
+      if (avx512_family(isa)) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx512);
       if (isa == Isa::kAvx2) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
 #endif
       return portable::rows_f32(xp, wp, yp, M, K, N, b, e);
     }
     const auto* wp = reinterpret_cast<const uint16_t*>(weights[task.weight].const_data_ptr<at::BFloat16>());
 #if SPECDEC_X86
-    if (isa == Isa::kAvx512) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e);
+    if (avx512_family(isa)) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx512);
     if (isa == Isa::kAvx2) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
 #endif
     portable::rows_bf16(xp, wp, yp, M, K, N, b, e);

@@ -306,7 +306,7 @@ void attend(const at::Tensor& query, const std::vector<Part>& parts, double scal
       const scalar_t* head_values = part.values.const_data_ptr<scalar_t>() + kv_head * S * D;
 #if SPECDEC_X86
       if constexpr (!std::is_same_v<scalar_t, double>) {
-        if (isa == Isa::kAvx512 && D <= 256) {
+        if (avx512_family(isa) && D <= 256) {
           scores.resize(static_cast<size_t>(vectors.count * (start + T)));
           outs.resize(static_cast<size_t>(vectors.count * D));
           totals.resize(static_cast<size_t>(vectors.count));
