@@ -18,10 +18,9 @@ twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3
 ``"cpu"`` with the few-row products blocked as larger ones are rather than streamed, the same
 bits; on an Intel Xeon (AMX generation) 2-3 rows cost 19.3-19.6 ms of linear layers against the
 streams' 22.4-26.5, where the streams were written for an AMD Zen 5. The calibration times every
-variant at every tree size and the
-:class:`~specdec.Generator` passes its verdict on. While the CPU kernels serve both a
-plain step and a tree, a tree node's logits are bitwise those of the same token verified
-alone (their contracts), so speculative output is plain decoding's exactly.
+variant at every tree size and the :class:`~specdec.Generator` passes its verdict on. While the
+CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
+same token verified alone (their contracts), so speculative output is plain decoding's exactly.
 
 **Batches** (:meth:`RunnerVerifier.verify_batch`): the rows of many sequences' trees go through
 one forward as the runner's segments (each its own cache, positions and ancestors; no padding),
