@@ -34,7 +34,8 @@ Isa parse_isa(const std::string& name, const char* op) {
   } else if (name == "portable") {
     isa = Isa::kPortable;
   } else {
-    TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name, "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'portable'");
+    TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name,
+                "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'portable'");
   }
   TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU");
   return isa;

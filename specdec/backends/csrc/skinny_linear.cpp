@@ -144,9 +144,10 @@ inline void group_pass(const float* x, const weight_t* w_group, float* park, int
 // the register blocks below, as more rows do: on an Intel Xeon with AMX (2026-11-25, all 211 weights
 // of the default model, fp32, 2 threads) 2 rows 22.4 -> 19.3 ms, 3 rows 26.5 -> 19.6, 1 row equal
 // (19.5); the streams were written for the Zen 5 and not timed there against these blocks. The
-// calibration times both paths on the machine at hand. More x rows are bound by arithmetic as much as by memory: 4 weight rows x groups of 4
-// x rows (the weight rows stay in L1 across the groups, 16 FMAs per 8 loads), the next block's rows
-// prefetched while this one computes. Rows past the last whole block take the portable kernel,
+// calibration times both paths on the machine at hand.
+// More x rows are bound by arithmetic as much as by memory: 4 weight rows x groups of 4 x rows (the
+// weight rows stay in L1 across the groups, 16 FMAs per 8 loads), the next block's rows prefetched
+// while this one computes. Rows past the last whole block take the portable kernel,
 // which computes the same bits.
 template <typename weight_t>
 inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
