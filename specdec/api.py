@@ -186,6 +186,7 @@ class Generator:
         planner_cache: bool | None = None,
     ) -> None:
         self._lock = threading.Lock()  # one generation at a time (class docstring: threads)
+        self._closed = False
         self._holder: int | None = None  # the thread that holds it
         self.model, self.tokenizer = _resolve_model(model, tokenizer, device, dtype)
         self.verifier: Verifier[Any] = make_verifier(self.model, backend, cache=cache)
@@ -228,6 +229,24 @@ class Generator:
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
             self.planner_stats.load(self.acceptance, self.throughput)
 
+    def close(self) -> None:
+        """Done with this generator: its verifier's device state (a static cache with its captured CUDA
+        graphs) goes to the model's next ``Generator`` or :func:`run`, which then captures nothing.
+        Later calls of this generator raise :class:`~specdec.errors.SpecDecError`. Idempotent; also
+        ``with Generator(...) as generator:``. :func:`run` and :func:`run_batch` close theirs; a
+        generator that is garbage-collected gives its state back too."""
+        if self._holder == threading.get_ident():
+            raise SpecDecError("Generator.close was called from inside one of the generator's own calls")
+        with self._lock:
+            self._closed = True
+            self.verifier.close()
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @contextmanager
     def _turn(self, what: str) -> Iterator[None]:
         """Hold this generator's lock for ``what`` (class docstring: threads); a re-entrant call is an error."""
@@ -238,6 +257,8 @@ class Generator:
                 "(e.g. from an on_tokens callback): a Generator runs one generation at a time"
             )
         with self._lock:
+            if self._closed:
+                raise SpecDecError(f"Generator.{what}: this Generator was closed; make a new one")
             self._holder = me
             try:
                 yield
@@ -563,8 +584,8 @@ def run(
         :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
     """
     construction, decoding = _split(options, "run")
-    generator = Generator(model, options.get("tokenizer"), drafter=drafter, **construction)
-    return generator.generate(prompt, on_tokens=options.get("on_tokens"), **decoding)
+    with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:
+        return generator.generate(prompt, on_tokens=options.get("on_tokens"), **decoding)
 
 
 def run_batch(
@@ -586,8 +607,8 @@ def run_batch(
     if options.get("on_tokens") is not None:
         raise SpecDecError("run_batch does not stream tokens: use Generator.iter_batch for results as rows complete")
     construction, decoding = _split(options, "run_batch")
-    generator = Generator(model, options.get("tokenizer"), drafter=drafter, **construction)
-    return generator.generate_batch(prompts, batch_size=batch_size, seeds=seeds, **decoding)
+    with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:
+        return generator.generate_batch(prompts, batch_size=batch_size, seeds=seeds, **decoding)
 
 
 def generate(

@@ -486,6 +486,11 @@ class Verifier(Protocol[StateT]):
         """Pay one-time costs (compiling, capturing) for sequences of up to ``max_tokens`` tokens now."""
         ...
 
+    def close(self) -> None:
+        """Done with the verifier: what it holds beyond its sequences (a static cache's captured graphs)
+        may go to the model's next verifier. Idempotent."""
+        ...
+
     def preserving(self) -> AbstractContextManager[None]:
         """A block whose prefills and verifications leave every live sequence as it was."""
         ...
@@ -568,7 +573,9 @@ class GenerationStats:
     records: list[StepRecord] = field(default_factory=list)
     budget: str = ""  # "auto", "full" or a node count; "" when no budget planner ran
     calibration_s: float = 0.0  # one-time cost-model calibration inside this run (first use only)
-    cache: str = ""  # the verifier's cache kind: "native", "dynamic", "static-inductor", ...
+    # the verifier's cache kind: "native", "dynamic", "static-inductor", ...; with " (fell back to eager
+    # forwards)" where a compiled or captured forward failed its check (one warning said why)
+    cache: str = ""
 
     @property
     def mat(self) -> float:

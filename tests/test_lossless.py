@@ -37,7 +37,7 @@ def random_prompt(rng: random.Random) -> list[int]:
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     # An explicit all-ones mask: otherwise generate masks prompt tokens equal to the pad id.
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     return [int(t) for t in out[0, len(prompt) :]]
 

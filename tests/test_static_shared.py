@@ -31,7 +31,7 @@ from specdec.backends import static, static_shared
 from specdec.backends.static import StaticVerifier
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
-from specdec.types import KernelChoice
+from specdec.types import DraftTree, KernelChoice
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -139,6 +139,98 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
     assert verify(short, 10).cache.capacity == 512
 
 
+# -- device states lent from run to run (captured graphs) ----------------------------------
+
+
+@pytest.fixture
+def pooled_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pool the eager mode's device state as the CUDA-graph modes' is pooled: the lending logic is the
+    same for every mode (static.POOLED_MODES only says which pay for it), and runs here without a GPU."""
+    monkeypatch.setattr(static, "POOLED_MODES", ("eager",))
+
+
+def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(pooled_eager: None) -> None:
+    model = private_model(seed=7)
+    rng = random.Random(7)
+    prompts = [random_prompt(rng)[:16] for _ in range(4)]
+    truths = [hf_greedy(model, p, 20) for p in prompts]
+    options: dict[str, Any] = {"drafter": "pld", "cache": "static-eager", "budget": "full"}
+
+    first = specdec.Generator(model, **options)
+    assert first.generate(prompts[0], max_new_tokens=20).tokens == truths[0]
+    held = first.verifier.held
+    assert isinstance(first.verifier, StaticVerifier) and held.runners and static_shared.idle_count(model) == 0
+    first.close()
+    first.close()  # idempotent
+    assert static_shared.idle_count(model) == 1
+    with pytest.raises(specdec.SpecDecError, match="was closed"):
+        first.generate(prompts[0], max_new_tokens=4)
+
+    with specdec.Generator(model, **options) as second:  # takes the state: same cache, same runners
+        assert second.verifier.held is held and static_shared.idle_count(model) == 0
+        assert all(runner.verifier is second.verifier for runner in held.runners.values())
+        third = specdec.Generator(model, **options)  # a live verifier's state is its own
+        assert third.verifier.held is not held
+        assert second.generate(prompts[1], max_new_tokens=20).tokens == truths[1]
+        assert third.generate(prompts[2], max_new_tokens=20).tokens == truths[2]
+    assert static_shared.idle_count(model) == 1
+    del third  # not closed: collected, it gives its state back too, but one waits per setting at most
+    gc.collect()
+    assert static_shared.idle_count(model) == static_shared.IDLE_PER_SETTING == 1
+    # run() closes its generator: its state waits for the next call, which reuses it
+    assert specdec.run(model, prompts[3], **options, max_new_tokens=20).tokens == truths[3]
+    assert static_shared.idle_count(model) == 1
+    with specdec.Generator(model, **options) as fourth:
+        assert fourth.verifier.held is held
+    IDENTITY_COUNTS["llama/pld/static-eager (lent device state)"] += 4
+
+
+def test_a_lent_state_is_rebuilt_for_new_weights_and_dies_with_the_model(pooled_eager: None) -> None:
+    model = private_model(seed=8)
+    prompt = random_prompt(random.Random(8))[:16]
+    options: dict[str, Any] = {"drafter": "pld", "cache": "static-eager", "budget": "full"}
+    with specdec.Generator(model, **options) as generator:
+        generator.generate(prompt, max_new_tokens=12)
+        held = generator.verifier.held
+    assert held.runners
+    with torch.no_grad():
+        next(model.parameters()).mul_(1.5)  # in place: a captured graph would still read these addresses
+    with specdec.Generator(model, **options) as generator:
+        assert generator.verifier.held is held and not held.runners  # rebuilt at first use
+        assert generator.generate(prompt, max_new_tokens=12).tokens == hf_greedy(model, prompt, 12)
+    assert static_shared.idle_count(model) == 1
+    alive = weakref.ref(model)
+    del model, generator
+    gc.collect()
+    assert alive() is None  # the pool holds the model weakly
+
+
+def test_a_regrown_cache_drops_its_graphs_memory_pool_with_them() -> None:
+    """Graphs captured for a smaller cache are dropped when it grows, and their pool handle with them: a
+    capture into a pool whose graphs are all gone fails in the CUDA allocator (seen on an H200)."""
+    model = private_model(seed=10)
+    verifier = StaticVerifier(model, mode="eager")
+    prompt = random_prompt(random.Random(10))[:8]
+    state, pending, _ = verifier.prefill(prompt, reserve=4)
+    verifier.verify(state, DraftTree.chain(pending, [1, 2]))
+    assert verifier.held.runners
+    verifier.held.graph_pool = marker = object()  # what a capture leaves (graph_pool())
+    verifier.prefill(prompt, reserve=4)  # no growth: the graphs and their pool stay
+    assert verifier.held.graph_pool is marker and verifier.held.runners
+    verifier.prefill(prompt, reserve=static.MIN_CAPACITY)  # grows: every graph and the pool go
+    assert verifier.cache.capacity > static.MIN_CAPACITY
+    assert verifier.held.graph_pool is None and not verifier.held.runners
+
+
+def test_modes_that_rebuild_cheaply_keep_nothing_back() -> None:
+    model = private_model(seed=9)
+    assert "eager" not in static.POOLED_MODES and "cudagraphs" in static.POOLED_MODES
+    prompt = random_prompt(random.Random(9))[:16]
+    result = specdec.run(model, prompt, "pld", max_new_tokens=8, cache="static-eager")
+    assert result.tokens == hf_greedy(model, prompt, 8)
+    assert static_shared.idle_count(model) == 0
+
+
 # -- the self-check ------------------------------------------------------------------------
 
 
@@ -160,6 +252,8 @@ def oracle_run(model: Any, seed: int, cache: str = "static-inductor") -> tuple[l
     generator = specdec.Generator(model, drafter="none", cache=cache, budget="full")
     drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=12, depth=5)
     result = decode(generator.verifier, drafter, prompt, DecodingConfig(StopRules(40)))
+    fallback = generator.verifier.fallback_reason is not None  # type: ignore[attr-defined]
+    assert result.stats.cache == f"{cache}" + (" (fell back to eager forwards)" if fallback else "")
     return result.tokens, truth, generator
 
 
@@ -173,6 +267,7 @@ def test_a_wrong_compiled_forward_warns_once_and_the_tokens_stay_plain_greedys(
     assert tokens == truth
     (message,) = static_warnings(record)
     assert "static-inductor forwards disagree with the eager forward" in message and "bucket" in message
+    assert generator.verifier.fallback_reason is not None  # the result said so (oracle_run)
     assert all(runner.mode == "eager" for runner in generator.verifier._runners.values())
     # The model's next verifier does not compile again: it runs eagerly, with its own warning.
     compiled = len(built)
@@ -227,13 +322,50 @@ def test_a_wrong_cuda_graph_warns_and_the_tokens_stay_plain_greedys(
     monkeypatch.setattr(static.BucketRunner, "run", corrupted)
     model = private_model("llama", seed=5).to("cuda")
     prompt = random_prompt(random.Random(5))
-    ids = torch.tensor([prompt], device="cuda")
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False)
-    truth = [int(t) for t in out[0, len(prompt) :]]
+    truth = hf_greedy(model, prompt, 30)
     drafter = OracleTreeDrafter(truth, VOCAB, seed=5, size=12, depth=5)
     assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full", cache="static").tokens == truth
     (message,) = static_warnings(record)
     assert "static-cudagraphs forwards disagree" in message
+
+
+@cuda
+def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
+    """The GPU default: run() gives its captured graphs back, the next run() captures nothing."""
+    model = private_model("llama", seed=6).to("cuda")
+    rng = random.Random(6)
+    captures = []
+    capture = static.BucketRunner._capture
+
+    def counted(self: static.BucketRunner, forward: Callable[[], torch.Tensor]) -> None:
+        captures.append(self.size)
+        capture(self, forward)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(static.BucketRunner, "_capture", counted)
+        for index in range(3):
+            prompt = random_prompt(rng)
+            truth = hf_greedy(model, prompt, 30)
+            drafter = OracleTreeDrafter(truth, VOCAB, seed=index, size=8, depth=4)
+            assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full").tokens == truth
+    assert captures and len(captures) == len(set(captures))  # no bucket captured twice: later runs replayed
+    assert static_shared.idle_count(model) == 1
+
+
+@cuda
+def test_graphs_are_captured_again_after_the_cache_grows(record: list[warnings.WarningMessage]) -> None:
+    """A request longer than the captured cache holds regrows it and captures every bucket again, into a
+    fresh pool: no fallback, no warning, plain greedy's tokens."""
+    model = private_model("llama", seed=11).to("cuda")
+    generator = specdec.Generator(model, drafter="pld", cache="static-cudagraphs", budget="full")
+    rng = random.Random(11)
+    for length in (12, 100):  # 100 + 60 new tokens + the largest bucket (128): past the first 256 slots
+        prompt = [rng.randrange(VOCAB) for _ in range(length // 4)] * 4
+        assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
+    verifier = generator.verifier
+    assert isinstance(verifier, StaticVerifier) and verifier.cache.capacity > static.MIN_CAPACITY
+    assert verifier.fallback_reason is None and not static_warnings(record)
+    assert all(runner.mode == "cudagraphs" for runner in verifier.held.runners.values())
 
 
 # -- the comparison --------------------------------------------------------------------------

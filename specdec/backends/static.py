@@ -54,14 +54,16 @@ from __future__ import annotations
 import itertools
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from specdec.backends import compile_cache
+from specdec.backends import compile_cache, static_shared
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
 from specdec.backends.tree import ancestor_matrix
@@ -72,6 +74,10 @@ from specdec.types import DraftTree, TokenChooser
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("eager", "inductor", "cudagraphs", "inductor-cudagraphs")
 _CODE_TAGS = itertools.count()  # makes each compiled function's code object name unique
+# Modes whose device state (cache, buffers, captured graphs) a finished verifier gives back for the model's
+# next verifier (static_shared.give_back): capturing costs more than a short generation; the others rebuild
+# their buffers in microseconds and share their compiled functions already.
+POOLED_MODES: tuple[str, ...] = ("cudagraphs", "inductor-cudagraphs")
 WINDOW_STEP = 64  # attention windows are multiples of this many slots (module docstring)
 MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
 
@@ -197,7 +203,9 @@ class BucketRunner:
 
     def __init__(self, verifier: StaticVerifier, size: int, mode: str) -> None:
         device = verifier.device
-        self.verifier = verifier
+        # Weakly: a runner outlives its verifier in the model's pool of device states (DeviceSet), and a
+        # strong reference would keep every verifier that ever used it alive.
+        self._verifier = weakref.ref(verifier)
         self.size = size
         self.mode = mode
         self.tokens = torch.zeros((1, size), dtype=torch.int64, device=device)
@@ -220,6 +228,18 @@ class BucketRunner:
         self._compiled: Callable[..., torch.Tensor] | None = None
         self._graph: Any = None
         self._output: torch.Tensor | None = None
+
+    @property
+    def verifier(self) -> StaticVerifier:
+        """The verifier that holds this runner's device state now."""
+        verifier = self._verifier()
+        if verifier is None:
+            raise SpecDecError("this bucket's verifier is gone; its device state belongs to no verifier")
+        return verifier
+
+    def bind(self, verifier: StaticVerifier) -> None:
+        """Serve ``verifier`` from now on (it took this runner's device state from the model's pool)."""
+        self._verifier = weakref.ref(verifier)
 
     def load(self, tree: DraftTree, committed_len: int) -> None:
         """Write ``tree`` (padded to the bucket) after ``committed_len`` committed tokens into the buffers."""
@@ -295,6 +315,41 @@ class BucketRunner:
         return self._output
 
 
+@dataclass
+class DeviceSet:
+    """What a static verifier holds on the device: its KV cache, each bucket's runner (buffers, and the
+    captured graph in the CUDA-graph modes), the window tensors and the graphs' memory pool, and the
+    weights signature they were made for. Lent to one verifier at a time and, in :data:`POOLED_MODES`,
+    given back to the model's pool when that verifier is done (:mod:`specdec.backends.static_shared`)."""
+
+    cache: StaticKVCache
+    weights: tuple[int, int]
+    runners: dict[int, BucketRunner] = field(default_factory=dict)
+    windows: dict[int, torch.Tensor] = field(default_factory=dict)
+    graph_pool: Any = None
+
+    def drop_runners(self) -> None:
+        """Forget every bucket's runner (and graph), and the graphs' memory pool with them.
+
+        The pool must go too: once its last graph is destroyed, the CUDA caching allocator keeps
+        the pool's memory until it is freed but refuses new captures into it (torch 2.11:
+        ``it->second->use_count > 0 INTERNAL ASSERT FAILED``, seen on an H200 when a grown
+        cache was captured again), so the next capture takes a fresh pool, and the old pool's
+        memory is handed back to the device (``empty_cache``: a dead pool's segments are freed only
+        there), once per regrowth, weight change or fallback.
+        """
+        self.runners.clear()
+        if self.graph_pool is not None:
+            self.graph_pool = None
+            torch.cuda.empty_cache()
+
+
+def _release(model: weakref.ReferenceType[Any], setting: Any, held: DeviceSet) -> None:
+    """Give a finished verifier's device state back to the model's pool (a ``weakref.finalize`` callback:
+    it must not refer to the verifier)."""
+    static_shared.give_back(model, setting, held)
+
+
 class StaticVerifier(ModelVerifier):
     """A :class:`ModelVerifier` on a static KV cache with one fixed-shape forward per bucket (module docstring).
 
@@ -337,7 +392,8 @@ class StaticVerifier(ModelVerifier):
         self.mode = mode
         self.buckets = buckets
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
-        self.cache = StaticKVCache(num_layers, MIN_CAPACITY, self.device)
+        self._finalizer: weakref.finalize[Any, Any] | None = None  # gives a pooled device state back
+        self._held: DeviceSet | None = self._lease(num_layers)
         # inductor folds the weights in as constants; False: weights stay inputs
         self.freezing = True
         # Frozen weights prepacked into oneDNN layouts (CPU GEMMs): off, since every bucket then holds its own
@@ -345,13 +401,65 @@ class StaticVerifier(ModelVerifier):
         # 2.82 GB with prepacking, 1.23 GB without; a one-node forward 25.7 vs 31.9 ms, eight nodes 51.4 vs
         # 48.2 ms (docs/static-cache.md); and only unpacked graphs are stored for later processes.
         self.weight_prepack = False
-        self._runners: dict[int, BucketRunner] = {}
-        self._windows: dict[int, torch.Tensor] = {}
         self._sequence = 0  # the sequence that owns the cache now
         self._sequences_made = 0
-        self._weights = weights_signature(model)
-        self._graph_pool: Any = None
         self._fallback_reason: str | None = None
+
+    # -- the device state, leased from the model's pool in POOLED_MODES ----------------------------
+    def _pool_setting(self) -> tuple[Any, ...]:
+        """What a pooled device state must match: the forward a captured graph replays."""
+        return (self.dtype, str(self.device), self.mode, self.buckets, self.additive_dtype, self.cache_keyword)
+
+    def _lease(self, num_layers: int) -> DeviceSet:
+        """The model's idle device state of this setting, else a new one; in :data:`POOLED_MODES` it goes
+        back to the model's pool when this verifier is closed or collected."""
+        signature = weights_signature(self.model)
+        if self.mode not in POOLED_MODES:
+            return DeviceSet(StaticKVCache(num_layers, MIN_CAPACITY, self.device), signature)
+        setting = self._pool_setting()
+        held: DeviceSet | None = static_shared.take_idle(self.model, setting)
+        if held is None:
+            held = DeviceSet(StaticKVCache(num_layers, MIN_CAPACITY, self.device), signature)
+        else:
+            held.cache.committed_len = 0
+            held.cache.window = None
+            if held.weights != signature:  # the weights moved: graphs read the old addresses
+                held.weights = signature
+                held.drop_runners()
+            for bucket, runner in list(held.runners.items()):
+                if runner.mode != self.mode:  # a fallback's eager runner: decide again (and warn) at first use
+                    del held.runners[bucket]
+                else:
+                    runner.bind(self)
+        self._finalizer = weakref.finalize(self, _release, weakref.ref(self.model), setting, held)
+        return held
+
+    def close(self) -> None:
+        """Done with this verifier: its device state (cache, captured graphs) goes back to the model's pool
+        for the next verifier (in :data:`POOLED_MODES`); using this verifier afterwards is an error."""
+        if self._held is None:
+            return
+        self._held = None
+        if self._finalizer is not None:
+            self._finalizer()  # gives the state back, once
+
+    @property
+    def held(self) -> DeviceSet:
+        if self._held is None:
+            raise SpecDecError("this static-cache verifier was closed (its Generator was closed); make a new one")
+        return self._held
+
+    @property
+    def cache(self) -> StaticKVCache:
+        return self.held.cache
+
+    @property
+    def _runners(self) -> dict[int, BucketRunner]:
+        return self.held.runners
+
+    @property
+    def _windows(self) -> dict[int, torch.Tensor]:
+        return self.held.windows
 
     @property
     def fallback_reason(self) -> str | None:
@@ -375,15 +483,16 @@ class StaticVerifier(ModelVerifier):
 
     def graph_pool(self) -> Any:
         """One CUDA graph memory pool shared by every bucket's graph (they never run at once)."""
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        return self._graph_pool
+        held = self.held
+        if held.graph_pool is None:
+            held.graph_pool = torch.cuda.graph_pool_handle()
+        return held.graph_pool
 
     def shared_store(self) -> ForwardStore:
         """The model's compiled forwards for this verifier's dtype, device, kernels and compile settings."""
         kernels = tuple(self.kernels.variant_for(bucket) for bucket in self.buckets)  # what each bucket runs
         setting = (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack)
-        return store_for(self.model, setting, self._weights)
+        return store_for(self.model, setting, self.held.weights)
 
     def shared_forward(self, size: int, mode: str) -> SharedForward:
         """The compiled forward of the ``size``-node bucket at this cache capacity, shared by the model's
@@ -406,9 +515,9 @@ class StaticVerifier(ModelVerifier):
                 f"{self.device}/{self.dtype}; make a new Generator for it"
             )
         signature = weights_signature(self.model)
-        if signature != self._weights:  # compiled forwards hold the old weights as constants
-            self._weights = signature  # the shared store for the new weights starts empty
-            self._runners.clear()
+        if signature != self.held.weights:  # compiled forwards hold the old weights as constants
+            self.held.weights = signature  # the shared store for the new weights starts empty
+            self.held.drop_runners()
 
     def _reserve(self, needed: int) -> None:
         """Make room for ``needed`` slots; a larger cache means new buffers, so new forwards.
@@ -422,7 +531,7 @@ class StaticVerifier(ModelVerifier):
         if needed > self.cache.capacity:
             self.cache.grow(capacity_for(needed))
         if any(runner.generation != self.cache.generation for runner in self._runners.values()):
-            self._runners.clear()
+            self.held.drop_runners()
 
     def _window_for(self, needed: int, mode: str) -> torch.Tensor | None:
         """The window tensor for a forward that writes up to slot ``needed - 1``; None: all slots.
@@ -511,7 +620,9 @@ class StaticVerifier(ModelVerifier):
             RuntimeWarning,
             stacklevel=5,
         )
-        for bucket in list(self._runners):
+        buckets = list(self._runners)
+        self.held.drop_runners()  # their graphs go, and a fresh pool serves any later capture
+        for bucket in buckets:
             self._runners[bucket] = BucketRunner(self, bucket, "eager")
 
     def warm_up(self, max_tokens: int, on_bucket: Callable[[int], None] | None = None) -> None:

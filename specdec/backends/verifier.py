@@ -414,6 +414,9 @@ class ModelVerifier:
         """The sequence is over: its KV cache is dropped (verifying it again is an error)."""
         state.cache = None
 
+    def close(self) -> None:
+        """Nothing to give back: every sequence's cache is its own (a static cache's verifier overrides this)."""
+
     def warm_up(self, max_tokens: int) -> None:
         """Pay the one-time costs of verifying sequences of up to ``max_tokens`` tokens now.
 

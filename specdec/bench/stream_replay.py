@@ -141,6 +141,9 @@ class ReplayVerifier:
     def warm_up(self, max_tokens: int) -> None:
         """Nothing to compile."""
 
+    def close(self) -> None:
+        """Nothing held."""
+
     @contextmanager
     def preserving(self) -> Iterator[None]:
         yield  # every sequence's state is its own
