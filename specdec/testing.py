@@ -7,9 +7,10 @@ is strict about it:
 
 1. **the first difference must be a tie of the model's top two**: the two outputs' tokens
    there are exactly the model's two best tokens after the common prefix (one plain forward
-   of the model over it), and their logits are within the near-tie margin of the model's
-   dtype (:func:`near_tie_margin`). A token that is not one of the two, or a pair farther
-   apart than the margin, is a real difference, however small the top-two margin is;
+   of the model over it), and their logits are within the near-tie limit there
+   (:func:`near_tie_limit`: the dtype's margin, and in half precision at least two rounding
+   steps of the top logit). A token that is not one of the two, or a pair farther
+   apart than the limit, is a real difference, however small the top-two margin is;
 2. **after it, each output must be plain decoding of its own branch**: from the prefix plus
    each output's own token at the difference, plain greedy decoding is run again (the
    model's own forward, one token at a time: :func:`plain_continuation`) for as many tokens
@@ -24,6 +25,7 @@ has not reached; a prefix (a stop rule that differs) is not acceptable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,8 @@ NEAR_TIE_MARGIN = 1e-3
 # docs/benchmarks.md "Near-tie margins"), so there a bf16 comparison with `generate` can fail on
 # rounding alone; no CPU test makes one. float16: 0.05, from bf16's 8 bits vs fp16's 11.
 _MARGINS = {"float64": 1e-6, "float32": NEAR_TIE_MARGIN, "float16": 0.05, "bfloat16": 0.25}
+# Significant bits of the half precisions, whose logits are rounded to steps that grow with their size.
+_SIGNIFICANT_BITS = {"bfloat16": 8, "float16": 11}
 # Near-ties one comparison follows down its branches before it gives up (and fails).
 MAX_NEAR_TIES = 4
 
@@ -56,6 +60,28 @@ def near_tie_margin(dtype: torch.dtype) -> float:
     return _MARGINS.get(str(dtype).removeprefix("torch."), NEAR_TIE_MARGIN)
 
 
+def near_tie_limit(dtype: torch.dtype, top_logit: float) -> float:
+    """The near-tie margin where the model's best logit is ``top_logit``.
+
+    The dtype's margin (:func:`near_tie_margin`); in half precision at least two of the
+    rounding steps of a logit that large. A bf16 model's logits are bf16 numbers, 0.25 apart
+    between 32 and 64 and 0.5 apart between 64 and 128, so two forwards of different shapes
+    whose sums differ in the last bits round the same two tokens one step apart in either
+    order: on an H200 the default model in bf16 showed a flip at a gap of exactly 0.25 (one
+    step) after the fixed margin of 0.25 had refused it (2026-11-26).
+
+    >>> near_tie_limit(torch.bfloat16, 40.0), near_tie_limit(torch.bfloat16, 5.0), near_tie_limit(torch.float32, 40.0)
+    (0.5, 0.25, 0.001)
+    """
+    name = str(dtype).removeprefix("torch.")
+    margin = _MARGINS.get(name, NEAR_TIE_MARGIN)
+    bits = _SIGNIFICANT_BITS.get(name)
+    if bits is None or not math.isfinite(top_logit) or top_logit == 0:
+        return margin
+    step = 2.0 ** (math.floor(math.log2(abs(top_logit))) - (bits - 1))
+    return max(margin, 2 * step)
+
+
 @dataclass(frozen=True)
 class Comparison:
     """How two outputs for the same prompt relate (module docstring: the rules).
@@ -63,7 +89,7 @@ class Comparison:
     ``first_difference``: the index of the first differing token (None when identical, or
     when one output is a prefix of the other: ``prefix``). ``tokens``: (ours, theirs) there;
     ``top_two``: the model's two best tokens after the common prefix, best first; ``margin``:
-    their logit gap; ``limit``: the dtype's near-tie margin. ``branches``: each output's
+    their logit gap; ``limit``: the near-tie limit there (:func:`near_tie_limit`). ``branches``: each output's
     remainder compared with plain decoding from its own token at the difference (ours,
     theirs); None when not followed (not a tie of the top two, or :data:`MAX_NEAR_TIES` spent).
     """
@@ -136,6 +162,12 @@ class Comparison:
 
 def top_two(model: Any, ids: Sequence[int]) -> tuple[tuple[int, int], float]:
     """The model's two best next tokens after ``ids`` (best first, ties to the lower id) and their logit gap."""
+    best, margin, _ = _top_two(model, ids)
+    return best, margin
+
+
+def _top_two(model: Any, ids: Sequence[int]) -> tuple[tuple[int, int], float, float]:
+    """:func:`top_two` and the best logit itself."""
     device = next(model.parameters()).device
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([list(ids)], device=device), logits_to_keep=1).logits[0, -1]
@@ -143,7 +175,7 @@ def top_two(model: Any, ids: Sequence[int]) -> tuple[tuple[int, int], float]:
     first, second = int(indices[0]), int(indices[1])
     if values[0] == values[1] and second < first:  # an exact tie: the lower id is greedy's choice
         first, second = second, first
-    return (first, second), float(values[0] - values[1])
+    return (first, second), float(values[0] - values[1]), float(values[0])
 
 
 def top_two_margin(model: Any, ids: Sequence[int]) -> float:
@@ -187,7 +219,8 @@ def compare_outputs(model: Any, prompt: Sequence[int], ours: Sequence[int], thei
     if index is None:
         return Comparison(False, prefix=True, limit=limit, length=length)
     prefix = list(prompt) + ours[:index]
-    best, margin = top_two(model, prefix)
+    best, margin, top = _top_two(model, prefix)
+    limit = near_tie_limit(next(model.parameters()).dtype, top)
     pair = (ours[index], theirs[index])
     comparison = Comparison(False, index, margin, limit=limit, tokens=pair, top_two=best, length=length)
     if not comparison.near_tie or near_ties <= 0:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specdec.testing import MAX_NEAR_TIES, compare_outputs, near_tie_margin, plain_continuation
+from specdec.testing import MAX_NEAR_TIES, compare_outputs, near_tie_limit, near_tie_margin, plain_continuation
 
 V = 16
 PROMPT = [0, 1, 2]
@@ -119,6 +119,38 @@ def test_near_ties_are_followed_down_the_branches_up_to_a_limit() -> None:
         assert MAX_NEAR_TIES >= 2
     finally:
         del NEAR_TIES[9]
+
+
+class ScriptedBF16(Scripted):
+    """The scripted model as a bf16 model whose logits are ~40: bf16 rounds them to steps of 0.25 there."""
+
+    def __init__(self, gap: float) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
+        self.gap = gap
+
+    def row(self, context: list[int]) -> torch.Tensor:
+        logits = torch.zeros(V)
+        last = context[-1]
+        logits[(last + 1) % V] = 40.0
+        logits[(last + 2) % V] = 40.0 - (self.gap if len(context) == 6 else 8.0)
+        return logits
+
+
+def test_half_precision_near_ties_are_measured_in_the_logits_own_rounding_steps() -> None:
+    """A flip one bf16 step apart at logits of ~40 (a gap of 0.25: what the default model showed on an H200)
+    is a near-tie; two steps (0.5) are not. Where steps are finer the dtype's margin rules."""
+    assert near_tie_limit(torch.bfloat16, 40.0) == 0.5 and near_tie_limit(torch.bfloat16, -100.0) == 1.0
+    assert near_tie_limit(torch.bfloat16, 3.0) == near_tie_margin(torch.bfloat16) == 0.25
+    assert near_tie_limit(torch.float16, 40.0) == 2 * 2.0**-5 and near_tie_limit(torch.float32, 40.0) == 1e-3
+    for gap, acceptable in ((0.25, True), (0.5, False)):
+        model = ScriptedBF16(gap)
+        plain = plain_continuation(model, PROMPT, N)
+        head = [*plain[:3], 7]  # the runner-up at context 6
+        flipped = [*head, *plain_continuation(model, PROMPT + head, N - 4)]
+        comparison = compare_outputs(model, PROMPT, flipped, plain)
+        assert comparison.tied_pair and comparison.limit == 0.5 and comparison.margin == gap
+        assert comparison.acceptable is acceptable, comparison.describe()
 
 
 def test_the_margin_measurement_covers_every_verifier_and_size() -> None:
