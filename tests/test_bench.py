@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_lossless import hf_greedy
 from tiny_models import VOCAB, tiny_model
 
 from specdec.bench.judge import judge_sampled, locate_draw
@@ -626,6 +627,24 @@ def test_peers_are_a_table_and_hf_static_runs_a_static_cache(tmp_path: Path) -> 
         meter.close()
 
 
+def test_a_static_cache_method_is_metered_by_the_models_hooks() -> None:
+    """A static cache's verifier has a ``runner`` method, not a native runner object: the meter must not
+    wrap it (it did, and every static-cache Spec-Bench run on a GPU stopped at the method's construction)."""
+    model = tiny_model("llama")
+    meter = ForwardMeter(model)
+    try:
+        (method,) = build_methods(parse_methods(["pld:cache=static-eager:budget=full"]), model, CharTokenizer(), meter)
+        prompt = CharTokenizer().encode("abc abc abc abc")
+        method.generate(prompt, 12)  # the first call also prepares the cache: every bucket's forward once
+        before = meter.forwards
+        result = method.generate(prompt, 12)
+        hooked = meter.forwards - before
+        assert hooked == result.forwards > 0 and result.extra_forwards == 0  # the prefill and each step, once
+        assert result.tokens == hf_greedy(model, prompt, 12)
+    finally:
+        meter.close()
+
+
 def test_generator_options_reach_the_generator_and_keep_keeps_one_drafter() -> None:
     model = tiny_model("llama")
     meter = ForwardMeter(model)
@@ -797,6 +816,25 @@ def test_datastore_costs_on_a_small_corpus(tmp_path: Path) -> None:
     assert loaded["tokens"] == 4000 and loaded["documents"] == 20 and loaded["states_per_token"] > 1
     rebuilt = rest_build_alone(str(tmp_path / "c.rest"))
     assert rebuilt["tokens"] == 4000 and rebuilt["bytes_per_token"] > 0 and not (tmp_path / "c.rebuilt").exists()
+
+
+def test_the_batch_bench_runs_hugging_faces_static_cache_as_a_peer() -> None:
+    """``specdec bench batch --drafters ...,hf-static``: HF's batched generate on its static cache (here
+    uncompiled) beside plain ``hf-generate``, both peers in the ratios; other peers are refused."""
+    from specdec.bench import batched
+
+    model = tiny_model("llama")
+    texts = ["abc abc abc abc", "hello hello", "xyz xy xyz xy xyz"]  # ragged: left padding in the HF groups
+    runs = batched.measure(model, CharTokenizer(), texts, "none,hf-generate,hfs=hf-static:compile=false", [2], 8,
+                           progress=False)
+    by_arm = {r.arm: r for r in runs}
+    assert set(by_arm) == {"none", "hf-generate", "hfs"} and by_arm["hfs"].peer and not by_arm["none"].peer
+    for r in runs:
+        assert len(r.rows) == 3 and r.acceptable == 3, (r.arm, r.verdicts)
+    summary = batched.summarize(runs)
+    assert set(summary["ratios"][2]) == {"none / hf-generate", "none / hfs"}
+    with pytest.raises(SpecDecError, match="the batch benchmark's peers are hf-generate, hf-static"):
+        batched.Arms(model, CharTokenizer(), "none,hf-pld")
 
 
 def test_batch_summary_takes_each_figures_median_over_repeats() -> None:

@@ -10,7 +10,9 @@ the seconds the whole list took. The arms:
   per step over every row);
 - ``hf-generate``: Hugging Face's ``model.generate``, greedy, the prompts in groups of ``B``
   left-padded into one tensor (a group runs until its longest row ends; a row's tokens are
-  counted up to its first EOS);
+  counted up to its first EOS); ``hf-static`` the same on Hugging Face's static cache with the
+  decoding forward compiled (``hf-static:compile=false``: uncompiled), as the Spec-Bench peer
+  of that name (:data:`specdec.bench.methods.PEERS`);
 - ``single:SPEC`` (``B = 1`` only): the same Generator's :meth:`~specdec.Generator.generate`,
   one prompt after another: the single-sequence path the batch's ``B = 1`` is compared with.
 
@@ -44,7 +46,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.api import GENERATOR_OPTIONS, Generator
-from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.methods import PEERS, MethodSpec, parse_methods, peer_arguments
 from specdec.bench.plot import save_figure
 from specdec.bench.report import markdown_table
 from specdec.drafters.recycling_state import clear_shared, restore_shared, snapshot_shared
@@ -53,6 +55,7 @@ from specdec.models import encode_prompt, eos_token_ids
 from specdec.testing import compare_outputs
 
 HF = "hf-generate"
+BATCHED_PEERS = (HF, "hf-static")  # Hugging Face's methods that take a batch (prompt lookup refuses one)
 SINGLE = "single:"
 WARM_UP = ("Write one sentence about the sea.", "List three prime numbers.")  # not among the measured prompts
 
@@ -69,6 +72,7 @@ class ArmRun:
     verdicts: list[str] = field(default_factory=list)
     acceptable: int = 0
     identical: int = 0
+    peer: bool = False  # a Hugging Face arm (BATCHED_PEERS): what specdec's arms are compared with
 
     @property
     def tokens(self) -> int:
@@ -81,13 +85,17 @@ class ArmRun:
     def to_json(self) -> dict[str, Any]:
         return {"arm": self.arm, "batch_size": self.batch_size, "tokens": self.tokens, "seconds": self.seconds,
                 "tokens_per_s": round(self.tokens_per_s, 3), "steps": self.steps, "identical": self.identical,
-                "acceptable": self.acceptable, "verdicts": self.verdicts, "rows": self.rows}  # fmt: skip
+                "acceptable": self.acceptable, "peer": self.peer, "verdicts": self.verdicts,
+                "rows": self.rows}  # fmt: skip
 
 
-def hf_batched(model: Any, eos: Sequence[int], pad: int, prompts: Sequence[Sequence[int]], batch_size: int,
-               max_new_tokens: int) -> tuple[list[list[int]], float]:  # fmt: skip
+def hf_batched(
+    model: Any, eos: Sequence[int], pad: int, prompts: Sequence[Sequence[int]], batch_size: int,
+    max_new_tokens: int, arguments: dict[str, Any] | None = None,
+) -> tuple[list[list[int]], float]:  # fmt: skip
     """``model.generate`` greedy over ``prompts`` in left-padded groups of ``batch_size``: each row's new
-    tokens (up to and with its first EOS) and the seconds all groups took."""
+    tokens (up to and with its first EOS) and the seconds all groups took. ``arguments``: more ``generate``
+    arguments (a peer's: :func:`~specdec.bench.methods.peer_arguments`)."""
     device = next(model.parameters()).device
     rows: list[list[int]] = []
     seconds = 0.0
@@ -99,7 +107,9 @@ def hf_batched(model: Any, eos: Sequence[int], pad: int, prompts: Sequence[Seque
         started = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=list(eos) or None, pad_token_id=pad)  # fmt: skip
+                                 eos_token_id=list(eos) or None, pad_token_id=pad, **(arguments or {}))  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         seconds += time.perf_counter() - started
         for row in out[:, width:].tolist():
             end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
@@ -122,12 +132,13 @@ class Arms:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad = int(pad) if pad is not None else (self.eos[0] if self.eos else 0)
         self.specs: list[MethodSpec] = []
-        self.hf = False
+        self.peers: dict[str, dict[str, Any]] = {}  # label -> generate arguments
         for spec in parse_methods([specs]):
-            if spec.name == HF and not spec.options:
-                self.hf = True
+            if spec.name in BATCHED_PEERS:
+                self.peers[spec.label] = peer_arguments(PEERS[spec.name], spec.options)
             elif spec.is_peer:
-                raise SpecDecError(f"{spec.label!r}: the batch benchmark's peer is plain {HF} (batched, greedy)")
+                raise SpecDecError(f"{spec.label!r}: the batch benchmark's peers are {', '.join(BATCHED_PEERS)} "
+                                   "(batched, greedy)")
             elif spec.sampling:
                 raise SpecDecError(f"{spec.label!r}: the batch benchmark is greedy (sampled rows: the tests)")
             else:
@@ -150,13 +161,14 @@ class Arms:
 
     @property
     def labels(self) -> list[str]:
-        return [*(spec.label for spec in self.specs), *([HF] if self.hf else [])]
+        return [*(spec.label for spec in self.specs), *self.peers]
 
     def run(self, arm: str, prompts: Sequence[Sequence[int]], batch_size: int, max_new_tokens: int) -> ArmRun:
         """``arm`` over every prompt at ``batch_size``, timed."""
-        if arm == HF:
-            rows, seconds = hf_batched(self.model, self.eos, self.pad, prompts, batch_size, max_new_tokens)
-            return ArmRun(arm, batch_size, rows, seconds)
+        if arm in self.peers:
+            rows, seconds = hf_batched(self.model, self.eos, self.pad, prompts, batch_size, max_new_tokens,
+                                       self.peers[arm])  # fmt: skip
+            return ArmRun(arm, batch_size, rows, seconds, peer=True)
         single = arm.startswith(SINGLE)
         spec = next(spec for spec in self.specs if spec.label == arm.removeprefix(SINGLE))
         generator, decoding = self.generators[spec.label] = self._fresh(spec)
@@ -239,16 +251,18 @@ def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
             total = counts.setdefault(f"{r.arm}@{r.batch_size}", [0, 0])
             total[0] += value
             total[1] += len(r.rows)
+    peers = list(dict.fromkeys(r.arm for r in runs if r.peer or r.arm == HF))
     ratios: dict[int, dict[str, float]] = {}
     for batch, row in table.items():
         out: dict[str, float] = {}
         for arm, rate in row.items():
-            if arm.startswith(SINGLE) or arm == HF:
+            if arm.startswith(SINGLE) or arm in peers:
                 continue
             if arm != "none" and row.get("none"):
                 out[f"{arm} / none"] = round(rate / row["none"], 3)
-            if row.get(HF):
-                out[f"{arm} / {HF}"] = round(rate / row[HF], 3)
+            for peer in peers:
+                if row.get(peer):
+                    out[f"{arm} / {peer}"] = round(rate / row[peer], 3)
             if row.get(SINGLE + arm):
                 out[f"{arm} / {SINGLE}{arm}"] = round(rate / row[SINGLE + arm], 3)
         ratios[batch] = out

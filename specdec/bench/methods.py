@@ -44,6 +44,7 @@ import torch
 from transformers import CompileConfig
 
 from specdec.api import Generator
+from specdec.backends.runner_verifier import RunnerVerifier
 from specdec.datastores.format import read_header
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, StopRules
 from specdec.drafters import DrafterContext, make_factory
@@ -221,8 +222,10 @@ class ForwardMeter:
 
         The runner object is specdec's, not the user's model: its ``forward`` is wrapped in place.
         """
-        runner = getattr(verifier, "runner", None)
-        if runner is None or getattr(runner, "metered", False):
+        if not isinstance(verifier, RunnerVerifier):  # a static cache's `runner` is a method: its forwards are
+            return  # the model's own, which the hooks count already
+        runner: Any = verifier.runner  # wrapped in place below (specdec's object, not the user's)
+        if getattr(runner, "metered", False):
             return
         inner = runner.forward_rows  # every runner forward (a lone sequence's, a batch's) goes through it
 
@@ -516,6 +519,26 @@ def with_datastores(name: str, options: Mapping[str, Any], datastores: Mapping[s
     return merged
 
 
+def peer_arguments(peer: Peer, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``generate`` arguments of ``peer`` with a spec's ``options`` (end-of-sequence and pad ids aside).
+
+    A compiled peer (``hf-static``) gets transformers' default ``CompileConfig`` flagged for
+    every device (:meth:`HuggingFaceMethod.generate_kwargs` says why), or ``disable_compile``
+    with ``compile=false``.
+    """
+    kwargs: dict[str, Any] = dict(peer.arguments)
+    for key, value in options.items():
+        kwargs[peer.options[key]] = value
+    if peer.compiled:
+        if kwargs.pop("compile", True):
+            config = CompileConfig()
+            config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch: compile off CUDA
+            kwargs["compile_config"] = config
+        else:
+            kwargs["disable_compile"] = True
+    return kwargs
+
+
 class HuggingFaceMethod:
     """A peer: ``model.generate`` greedy decoding with the peer's arguments (see :data:`PEERS`).
 
@@ -543,16 +566,7 @@ class HuggingFaceMethod:
         config is passed with that flag: what a user who asks for static cache plus
         torch.compile gets. ``compile=false`` runs the static cache uncompiled everywhere.
         """
-        kwargs: dict[str, Any] = dict(self.peer.arguments)
-        for key, value in self.spec.options.items():
-            kwargs[self.peer.options[key]] = value
-        if self.peer.compiled:
-            if kwargs.pop("compile", True):
-                config = CompileConfig()
-                config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch: compile off CUDA
-                kwargs["compile_config"] = config
-            else:
-                kwargs["disable_compile"] = True
+        kwargs = peer_arguments(self.peer, self.spec.options)
         if self._eos:
             kwargs["eos_token_id"] = self._eos
         pad = getattr(self._model.generation_config, "pad_token_id", None)

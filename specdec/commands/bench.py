@@ -480,8 +480,8 @@ def register(sub: Any) -> None:
     batch.add_argument("--batch-size", default="1,2,4,8", metavar="B,B,...",
                        help="comma-separated batch sizes (default: %(default)s)")
     batch.add_argument("--drafters", default="none,sam+recycling,hf-generate", metavar="SPECS",
-                       help="comma-separated greedy specs; hf-generate is HF's batched generate "
-                       "(default: %(default)s)")
+                       help="comma-separated greedy specs; hf-generate is HF's batched generate, hf-static the "
+                       "same on HF's static cache, compiled (hf-static:compile=false: not) (default: %(default)s)")
     batch.add_argument("--max-new-tokens", type=int, default=128)
     batch.add_argument("--prompts", type=int, default=None, help="the first N held-out prompts (default: all 16)")
     batch.add_argument("--repeats", type=int, default=1,
