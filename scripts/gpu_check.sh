@@ -10,7 +10,8 @@
 # Runs, in this order, and writes at most 8 files under OUTDIR:
 #   env.txt            the machine, the GPU, versions
 #   tests.txt          the CUDA tests: compiled ops (bad input included, in child processes),
-#                      the static cache on CUDA graphs (tiny models and the default model)
+#                      the static cache on CUDA graphs (tiny models and the default model; graphs
+#                      lent from run to run, captured again after the cache grows)
 #   curves.md          verification ms by tree size: eager dynamic cache vs static cache replayed
 #                      from CUDA graphs (eager and inductor-compiled forwards), default model in
 #                      fp32 and bf16, and a 7B-shaped random bf16 model (64 nodes vs 1)
@@ -19,6 +20,8 @@
 #   specbench-bf16.md  static cache vs Hugging Face's generate, static-cache generate and prompt lookup
 #   results-fp32.json, results-bf16.json   the two runs' results (per question, identity judged)
 # SKIP_TESTS=1, SKIP_CURVES=1 or SKIP_BENCH=1 leave a part out; PER_CATEGORY=N changes the size.
+# The whole check needs more than a 15-minute lease: docs/bench/gpu-h200-2026-11-26/README.md says what
+# one such lease ran (scripts/gpu_random_shape.py needs no weights; the default model's parts after it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:?usage: PYTHONPATH=. bash scripts/gpu_check.sh OUTDIR}
@@ -50,7 +53,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "gpu_check: tests (compiled ops, bad input in child processes, static cache on CUDA graphs) ..." >&2
   "$PYTHON" -m pytest -p no:cacheprovider -o addopts=-ra -q \
     tests/test_native.py tests/test_cuda_ext.py tests/test_bad_input.py tests/test_fuzz_bad_input.py \
-    tests/test_static.py > "$OUT/tests.txt" 2>&1 || status=1
+    tests/test_static.py tests/test_static_shared.py > "$OUT/tests.txt" 2>&1 || status=1
   tail -3 "$OUT/tests.txt" >&2
 fi
 
