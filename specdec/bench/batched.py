@@ -171,6 +171,9 @@ class Arms:
             return ArmRun(arm, batch_size, rows, seconds, peer=True)
         single = arm.startswith(SINGLE)
         spec = next(spec for spec in self.specs if spec.label == arm.removeprefix(SINGLE))
+        previous = self.generators.pop(spec.label, None)
+        if previous is not None:
+            previous[0].close()  # its captured graphs (on a GPU) go to the new one instead of being captured again
         generator, decoding = self.generators[spec.label] = self._fresh(spec)
         started = time.perf_counter()
         if single:

@@ -356,6 +356,7 @@ class SpecdecMethod:
         self._kept: _Kept | None = None
         if spec.options.get(KEEP):
             self._kept = _Kept(make_factory(spec.name, options, self._generator.context))
+            self._generator.close()  # its verifier's device state (a GPU's captured graphs) goes to the next
             self._generator = Generator(model, tokenizer, drafter=self._kept, **built)
         meter.watch(self._generator.verifier)
         self._trees: _TreeLog | None = None
