@@ -584,6 +584,43 @@ def test_a_redo_returns_the_row_that_decided_the_position(tmp_path: Path) -> Non
         meter.close()
 
 
+def test_a_redo_runs_each_forward_with_the_kernels_the_run_used() -> None:
+    """A recalibration in the middle of a run (steps far slower than calibrated: a busy machine) may switch
+    the verifier's kernels, whose logits differ in the last bits: the redo runs every forward with the
+    kernels that forward ran (seen in CI: a redo after such a switch did not reproduce its run)."""
+    from specdec.backends.runner_verifier import CPU_KERNEL, RunnerVerifier
+    from specdec.types import DEFAULT_KERNEL, KernelChoice
+
+    model = tiny_model("llama")
+    meter = ForwardMeter(model)
+    try:
+        (method,) = build_methods(parse_methods(["ps=pld:temperature=0.9:seed=5:budget=full"]), model,
+                                  CharTokenizer(), meter)
+        inner = method._trees._inner  # type: ignore[attr-defined]
+        assert isinstance(inner, RunnerVerifier)
+        prompt = CharTokenizer().encode("one two one two one two one")
+        method.generate(prompt, 4)  # the calibration picks kernels once, here
+        first, other = KernelChoice.uniform(DEFAULT_KERNEL), KernelChoice.uniform(CPU_KERNEL)
+        inner.use_kernels(first)
+        verify, seen = inner.verify, []
+
+        def switching(state: Any, tree: Any, topk: int = 0) -> Any:  # the recalibration, after three steps
+            seen.append(inner.kernels)
+            if len(seen) == 3:
+                inner.use_kernels(other)
+            return verify(state, tree, topk)
+
+        inner.verify = switching
+        run = method.generate(prompt, 16)
+        assert run.kernels == [first, *seen] and seen[:3] == [first] * 3 and seen[3:] and set(seen[3:]) == {other}
+        seen.clear()
+        inner.use_kernels(first)  # as a later recalibration might leave it
+        assert method.redo(prompt, run, 16, len(prompt) + 15) is not None  # type: ignore[attr-defined]
+        assert seen == run.kernels[1:] and inner.kernels == first  # the run's kernels, then the verifier's own
+    finally:
+        meter.close()
+
+
 def test_a_planted_logits_bug_is_a_real_difference_in_the_run(tmp_path: Path) -> None:
     questions = load_questions(write_questions(tmp_path / "q.jsonl", QUESTIONS))[2:3]
     run = make_run(tmp_path, methods=["none", "s=none:temperature=0.9:seed=5", "ps=pld:temperature=0.9:seed=5"],

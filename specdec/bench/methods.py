@@ -266,7 +266,7 @@ class Measurement:
     time inside those forwards (None where they were not hooked).
     ``draft_s``/``verify_s``/``prefill_s``/``other_s`` come from specdec's own stats and are
     None for the peers. ``trees``: the trees a sampled specdec method verified, in order,
-    for the judge (not saved).
+    for the judge, and ``kernels`` the kernel choice each of its forwards ran (not saved).
 
     ``calibration_s`` and ``extra_forwards``: a one-time measurement of the verifier's
     cost (the draft budget planner's calibration, on its first draft in a process) runs
@@ -289,6 +289,7 @@ class Measurement:
     other_s: float | None = None
     sources: dict[str, dict[str, int]] | None = None  # {"steps": by source, "accepted": by source} (specdec)
     trees: list[DraftTree] | None = None
+    kernels: list[Any] | None = None  # with trees: the kernels of the prefill, then of each tree (not saved)
 
     @property
     def new_tokens(self) -> int:
@@ -306,15 +307,31 @@ class Method(Protocol):
 
 
 class _TreeLog:
-    """A verifier seen through a window that keeps every tree it verifies (attributes pass through)."""
+    """A verifier seen through a window that keeps every tree it verifies, and the kernels each forward ran
+    (the prefill's first, then each tree's), so a redo runs the same forwards (attributes pass through).
+
+    Kernels are recorded because the cost model may recalibrate in the middle of a run (when steps
+    take far longer than calibrated: a busy machine) and pick other kernels, whose logits differ in
+    the last bits; a redo with the later choice would not reproduce the earlier draws.
+    """
 
     def __init__(self, verifier: Any) -> None:
         object.__setattr__(self, "_inner", verifier)
         object.__setattr__(self, "trees", [])
+        object.__setattr__(self, "forward_kernels", [])  # not `kernels`: that is the verifier's, passed through
+
+    def prefill(self, *args: Any, **kwargs: Any) -> Any:
+        self.forward_kernels.append(self._inner.kernels)
+        return self._inner.prefill(*args, **kwargs)
 
     def verify(self, state: Any, tree: DraftTree, topk: int = 0) -> Any:
         self.trees.append(tree)
+        self.forward_kernels.append(self._inner.kernels)
         return self._inner.verify(state, tree, topk)
+
+    def clear(self) -> None:
+        self.trees.clear()
+        self.forward_kernels.clear()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -382,7 +399,7 @@ class SpecdecMethod:
     def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Measurement:
         forwards, forward_s = self._meter.snapshot()
         if self._trees is not None:
-            self._trees.trees.clear()
+            self._trees.clear()
         result = self._generator.generate(list(prompt), max_new_tokens=max_new_tokens, **self._generation)
         stats = result.stats
         calibration_s = float(getattr(stats, "calibration_s", 0.0))
@@ -403,6 +420,7 @@ class SpecdecMethod:
             other_s=stats.other_s,
             sources={"steps": stats.steps_by_source, "accepted": stats.accepted_by_source},
             trees=None if self._trees is None else list(self._trees.trees),
+            kernels=None if self._trees is None else list(self._trees.forward_kernels),
         )
 
     def redo(self, prompt: Sequence[int], measurement: Measurement, max_new_tokens: int,
@@ -422,16 +440,44 @@ class SpecdecMethod:
         decision = Decision(cast(Any, capture), decision.repetition_penalty, decision.seed)
         drafter = _Script(measurement.trees, self._feedback_topk, capture)
         rules = StopRules(max_new_tokens, frozenset(eos_token_ids(generator.model, generator.tokenizer)))
-        verifier = self._trees._inner if self._trees is not None else generator.verifier
+        inner = self._trees._inner if self._trees is not None else generator.verifier
+        kept = inner.kernels
+        verifier = _Replay(inner, measurement.kernels or [])
         try:
             config = DecodingConfig(rules, decision, prompt_feedback=bool(self._generation.get("prompt_feedback")))
-            redone = decode(verifier, cast(Drafter, drafter), list(prompt), config)
+            redone = decode(cast(Any, verifier), cast(Drafter, drafter), list(prompt), config)
         except _Diverged:
             return None
+        finally:
+            inner.use_kernels(kept)
         index = position - len(prompt)
         if capture.row is None or redone.tokens[: index + 1] != measurement.tokens[: index + 1]:
             return None
         return capture.row
+
+
+class _Replay:
+    """A verifier that runs each forward of a redo with the kernels the run's same forward ran
+    (:class:`_TreeLog`; attributes pass through)."""
+
+    def __init__(self, verifier: Any, kernels: Sequence[Any]) -> None:
+        self._inner, self._kernels, self._next = verifier, list(kernels), 0
+
+    def _use_next(self) -> None:
+        if self._next < len(self._kernels):
+            self._inner.use_kernels(self._kernels[self._next])
+        self._next += 1
+
+    def prefill(self, *args: Any, **kwargs: Any) -> Any:
+        self._use_next()
+        return self._inner.prefill(*args, **kwargs)
+
+    def verify(self, state: Any, tree: DraftTree, topk: int = 0) -> Any:
+        self._use_next()
+        return self._inner.verify(state, tree, topk)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class _Diverged(Exception):
