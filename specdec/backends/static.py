@@ -414,10 +414,9 @@ class StaticVerifier(ModelVerifier):
         """The model's idle device state of this setting, else a new one; in :data:`POOLED_MODES` it goes
         back to the model's pool when this verifier is closed or collected."""
         signature = weights_signature(self.model)
-        if self.mode not in POOLED_MODES:
-            return DeviceSet(StaticKVCache(num_layers, MIN_CAPACITY, self.device), signature)
+        pooled = self.mode in POOLED_MODES
         setting = self._pool_setting()
-        held: DeviceSet | None = static_shared.take_idle(self.model, setting)
+        held: DeviceSet | None = static_shared.take_idle(self.model, setting) if pooled else None
         if held is None:
             held = DeviceSet(StaticKVCache(num_layers, MIN_CAPACITY, self.device), signature)
         else:
@@ -431,7 +430,8 @@ class StaticVerifier(ModelVerifier):
                     del held.runners[bucket]
                 else:
                     runner.bind(self)
-        self._finalizer = weakref.finalize(self, _release, weakref.ref(self.model), setting, held)
+        if pooled:
+            self._finalizer = weakref.finalize(self, _release, weakref.ref(self.model), setting, held)
         return held
 
     def close(self) -> None:

@@ -155,7 +155,7 @@ def give_back(model_ref: weakref.ReferenceType[Any], setting: Hashable, state: A
 
 
 def idle_count(model: Any) -> int:
-    """How many device states wait for reuse on ``model`` (tests, ``specdec cache info``)."""
+    """How many device states wait for reuse on ``model`` (what the tests count)."""
     with _LOCK:
         return sum(len(states) for states in _IDLE.get(model, {}).values())
 

@@ -254,7 +254,7 @@ def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
             total = counts.setdefault(f"{r.arm}@{r.batch_size}", [0, 0])
             total[0] += value
             total[1] += len(r.rows)
-    peers = list(dict.fromkeys(r.arm for r in runs if r.peer or r.arm == HF))
+    peers = list(dict.fromkeys(r.arm for r in runs if r.peer))
     ratios: dict[int, dict[str, float]] = {}
     for batch, row in table.items():
         out: dict[str, float] = {}
