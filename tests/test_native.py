@@ -38,15 +38,31 @@ def _source(tmp_path: Path) -> Path:
     return path
 
 
+HARDENED = ("-static-libstdc++",) if sys.platform.startswith("linux") else ()
+
+
+@pytest.fixture(scope="module")
+def hardened_canary(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The canary built once for this module (a build costs ~30 s): linked with ``-static-libstdc++``
+    where the clash exists, through the hardened link and the check. (its cache folder, its source)"""
+    root = tmp_path_factory.mktemp("canary")
+    with pytest.MonkeyPatch.context() as patch:
+        cache = use_private_cache(patch, root / "cache")
+        source = _source(root)
+        load_extension("canary_hardened", [source], extra_ldflags=HARDENED)
+    return cache, source
+
+
 @linux_only
 def test_hardened_link_keeps_numbers_in_messages_under_a_static_libstdcxx(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    hardened_canary: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    use_private_cache(monkeypatch, tmp_path / "cache")
-    module = load_extension("canary_hardened", [_source(tmp_path)], extra_ldflags=("-static-libstdc++",))
+    cache, source = hardened_canary
+    use_private_cache(monkeypatch, cache)
+    module = load_extension("canary_hardened", [source], extra_ldflags=HARDENED)
     with pytest.raises(RuntimeError, match=r"got -42 \(shape \[-42, 2\]\)"):
         module.reject(-42)
-    assert any(path.name == "format-check.ok" for path in (tmp_path / "cache").rglob("*"))
+    assert any(path.name == "format-check.ok" for path in cache.rglob("*"))
 
 
 @linux_only
@@ -124,16 +140,15 @@ def test_a_killed_builds_lock_is_removed_once_stale_and_a_live_one_waited_for(
 
 
 def test_a_checked_build_is_imported_without_the_ninja_pass_and_only_then(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    hardened_canary: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A later process imports a build whose check passed (its stamp names the library) directly; a
     build without that stamp, with a stamp naming no library, or under another process's lock goes
     through torch's build (here made to fail, to show which path ran)."""
     from torch.utils import cpp_extension
 
-    cache = use_private_cache(monkeypatch, tmp_path / "cache")
-    source = _source(tmp_path)
-    load_extension("canary_fast", [source])  # built and checked: stamped
+    cache, source = hardened_canary  # built and checked by the fixture: stamped
+    use_private_cache(monkeypatch, cache)
     (build_dir,) = (cache / "extensions").iterdir()
     stamp = build_dir / "format-check.ok"
     assert stamp.is_file()
@@ -143,7 +158,7 @@ def test_a_checked_build_is_imported_without_the_ninja_pass_and_only_then(
 
     monkeypatch.setattr(cpp_extension, "load", no_build)
     monkeypatch.setattr(native, "_LOADED", {})  # as a new process sees it
-    module = load_extension("canary_fast", [source])
+    module = load_extension("canary_hardened", [source], extra_ldflags=HARDENED)
     with pytest.raises(RuntimeError, match=r"got -7 \(shape \[-7, 2\]\)"):
         module.reject(-7)  # the real, checked binary
 
@@ -158,6 +173,6 @@ def test_a_checked_build_is_imported_without_the_ninja_pass_and_only_then(
         else:
             stamp.unlink()
         with pytest.raises(NativeBuildError, match="torch's build pass ran"):
-            load_extension("canary_fast", [source])
+            load_extension("canary_hardened", [source], extra_ldflags=HARDENED)
         (build_dir / "lock").unlink(missing_ok=True)
         stamp.write_text(saved)
