@@ -176,3 +176,29 @@ def test_a_checked_build_is_imported_without_the_ninja_pass_and_only_then(
             load_extension("canary_hardened", [source], extra_ldflags=HARDENED)
         (build_dir / "lock").unlink(missing_ok=True)
         stamp.write_text(saved)
+
+
+def test_a_process_whose_builds_are_cached_imports_no_build_tooling() -> None:
+    """Loading both extensions from their checked builds (this session built them) imports neither
+    ``torch.utils.cpp_extension`` nor setuptools, which it pulls in (~35-120 ms of a one-off ``run``),
+    and leaves the ops' shape functions registered as Meta kernels (``native.register_meta``)."""
+    import subprocess
+
+    from specdec.backends import cpu_kernels
+    from specdec.backends.cuda_ext import build
+
+    native_or_skip("cpu_kernels", cpu_kernels.load)
+    native_or_skip("tree_ops", build.load)
+    code = (
+        "import sys, torch, transformers\n"
+        "from specdec.backends import cpu_kernels\n"
+        "from specdec.backends.cuda_ext import build\n"
+        "cpu_kernels.load(); build.load()\n"
+        "heavy = sorted(m for m in ('setuptools', 'torch.utils.cpp_extension') if m in sys.modules)\n"
+        "meta = [torch._C._dispatch_has_kernel_for_dispatch_key(op, 'Meta')\n"
+        "        for op in ('specdec::tree_mask', 'specdec_cpu::skinny_linear')]\n"
+        "print(heavy, meta)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[] [True, True]", done.stdout

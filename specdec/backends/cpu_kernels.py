@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from specdec.native import NativeBuildError, extension_key, load_extension
+from specdec.native import NativeBuildError, extension_key, load_extension, register_meta
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
@@ -100,12 +100,12 @@ def load() -> ModuleType:
             _FAILURE = error
             raise
         if not _FAKES_REGISTERED:
-            torch.library.register_fake("specdec_cpu::skinny_linear", _skinny_linear_fake)
-            torch.library.register_fake("specdec_cpu::skinny_linears", _skinny_linears_fake)
-            torch.library.register_fake("specdec_cpu::tree_attention", _tree_attention_fake)
-            torch.library.register_fake("specdec_cpu::tree_attention_segments", _tree_attention_segments_fake)
-            torch.library.register_fake("specdec_cpu::write_segments", _write_segments_fake)
-            torch.library.register_fake("specdec_cpu::decoder_layers", _decoder_layers_fake)
+            register_meta("specdec_cpu::skinny_linear", _skinny_linear_fake)
+            register_meta("specdec_cpu::skinny_linears", _skinny_linears_fake)
+            register_meta("specdec_cpu::tree_attention", _tree_attention_fake)
+            register_meta("specdec_cpu::tree_attention_segments", _tree_attention_segments_fake)
+            register_meta("specdec_cpu::write_segments", _write_segments_fake)
+            register_meta("specdec_cpu::decoder_layers", _decoder_layers_fake)
             _FAKES_REGISTERED = True
         return module
 

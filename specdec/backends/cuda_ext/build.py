@@ -19,7 +19,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from torch.utils.cpp_extension import CUDA_HOME
 
 from specdec.backends.cuda_ext import ops
 from specdec.errors import SpecDecError
@@ -40,7 +39,11 @@ class BackendUnavailableError(SpecDecError):
 
 def cuda_build_possible() -> bool:
     """Whether the CUDA kernels can be compiled and run here: a CUDA torch, a device, a toolkit."""
-    return torch.version.cuda is not None and torch.cuda.is_available() and CUDA_HOME is not None
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return False
+    from torch.utils.cpp_extension import CUDA_HOME  # imports setuptools: only where a GPU could use it
+
+    return CUDA_HOME is not None
 
 
 def load() -> ModuleType:

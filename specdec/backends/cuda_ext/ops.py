@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import torch
 
+from specdec.native import register_meta
+
 STATUS_WORDS = 8  # a status tensor's length (layout: csrc/faults.h)
 
 
@@ -189,10 +191,10 @@ _FAKES_REGISTERED = False
 
 
 def register_fakes() -> None:
-    """Register the fake implementations once the ops exist (after the extension loads); idempotent."""
+    """Register the fake implementations (as Meta kernels: native.register_meta) once the ops exist; idempotent."""
     global _FAKES_REGISTERED
     if not _FAKES_REGISTERED:
-        torch.library.register_fake("specdec::tree_mask", _tree_mask_fake)
-        torch.library.register_fake("specdec::tree_accept", _tree_accept_fake)
-        torch.library.register_fake("specdec::compact_kv", _compact_kv_fake)
+        register_meta("specdec::tree_mask", _tree_mask_fake)
+        register_meta("specdec::tree_accept", _tree_accept_fake)
+        register_meta("specdec::compact_kv", _compact_kv_fake)
         _FAKES_REGISTERED = True
