@@ -225,6 +225,13 @@ def test_oneoff_fresh_processes_and_the_warmed_process_start_from_the_same_learn
         assert result.arms[f"run:{spec}"].steps == result.arms[f"warmed:{spec}"].steps, result.prompt.kind
     line = oneoff.fresh_against_warmed(results, spec)
     assert line is not None and "fresh processes against the warmed process" in line
+    # Where each arm's seconds went, fresh and warmed alike (the verifier ran every step of each).
+    for result in results:
+        for arm in (f"run:{spec}", f"warmed:{spec}"):
+            timing = result.arms[arm]
+            assert timing.split is not None and timing.cache, arm
+            assert 0 < timing.split["verify_s"] < timing.seconds and timing.split["nodes"] >= 1, (arm, timing.split)
+    assert "per prompt, fresh vs warmed: outside the generation" in line, line
     # Without the warmed arms (``--fresh`` with ``warmed=False``) there is nothing to set the fresh ones against.
     alone = [oneoff.PromptResult(r.prompt, r.ids, {arm: t for arm, t in r.arms.items() if "warmed" not in arm})
              for r in results]  # fmt: skip

@@ -58,6 +58,7 @@ from specdec.decoding import DECODING_OPTIONS
 from specdec.drafters import recycling_state
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
+from specdec.types import GenerationResult
 
 # What "an earlier call" (in process) and "an earlier process" run: not one of the measured prompts.
 WARM_PROMPT = "Write one sentence about the sea."
@@ -84,6 +85,7 @@ class Timing:
     steps: int | None = None
     first_token_s: float | None = None  # fresh processes: from the process's start to its first token
     cache: str | None = None  # the verifier's cache kind (specdec arms)
+    split: dict[str, float] | None = None  # specdec arms: where the seconds went (:func:`time_split`)
 
     @property
     def tokens_per_s(self) -> float:
@@ -112,12 +114,24 @@ def hf_greedy(model: Any, ids: Sequence[int], max_new_tokens: int) -> Timing:
     return Timing([int(t) for t in out[0, len(ids) :]], seconds)
 
 
+def time_split(result: GenerationResult, seconds: float) -> dict[str, float]:
+    """Where a specdec arm's ``seconds`` went: ``outside`` the generation (``run`` building its
+    Generator), the one-time ``calibration``, the ``prefill``, the steps' ``verify`` and ``draft``
+    time, and the mean verified tree (``nodes``): what tells a fresh process's loss apart from a
+    warmed one's (:func:`fresh_against_warmed`)."""
+    stats = result.stats
+    return {"outside_s": round(seconds - stats.total_s, 4), "calibration_s": round(stats.calibration_s, 4),
+            "prefill_s": round(stats.prefill_s, 4), "verify_s": round(stats.verify_s, 4),
+            "draft_s": round(stats.draft_s, 4), "nodes": round(stats.mean_tree_size, 3)}  # fmt: skip
+
+
 def timed_run(model: Any, tokenizer: Any, ids: Sequence[int], spec: MethodSpec, max_new_tokens: int) -> Timing:
     """One ``specdec.run`` call, timed from the call to its return."""
     started = time.perf_counter()
     result = run(model, list(ids), spec.name, tokenizer=tokenizer, max_new_tokens=max_new_tokens, **spec.options)
     seconds = time.perf_counter() - started
-    return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None)
+    return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None,
+                  split=time_split(result, seconds))  # fmt: skip
 
 
 def timed_generate(generator: Generator, ids: Sequence[int], spec: MethodSpec, max_new_tokens: int) -> Timing:
@@ -126,7 +140,8 @@ def timed_generate(generator: Generator, ids: Sequence[int], spec: MethodSpec, m
     started = time.perf_counter()
     result = generator.generate(list(ids), max_new_tokens=max_new_tokens, **options)
     seconds = time.perf_counter() - started
-    return Timing(list(result.tokens), seconds, result.stats.steps, cache=generator.verifier.cache_kind)
+    return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None,
+                  split=time_split(result, seconds))  # fmt: skip
 
 
 def _judge(model: Any, result: PromptResult) -> None:
@@ -208,7 +223,8 @@ def child_main(payload: str) -> None:
     hf = hf_greedy(model, ids, spec_data["max_new_tokens"])
     print(json.dumps({
         "ids": ids, "run": {"tokens": result.tokens, "seconds": seconds, "steps": result.stats.steps,
-                            "first_token_s": first[0] if first else None},
+                            "first_token_s": first[0] if first else None, "cache": result.stats.cache or None,
+                            "split": time_split(result, seconds)},
         "hf": {"tokens": hf.tokens, "seconds": hf.seconds},
     }))  # fmt: skip
 
@@ -236,6 +252,7 @@ def warmed_child_main(payload: str) -> None:
         timing = timed_generate(generator, ids, spec, data["max_new_tokens"])
         hf = hf_greedy(model, ids, data["max_new_tokens"])
         print(json.dumps({"tokens": timing.tokens, "seconds": timing.seconds, "steps": timing.steps,
+                          "cache": timing.cache, "split": timing.split,
                           "hf_tokens": hf.tokens, "hf_seconds": hf.seconds}), flush=True)  # fmt: skip
 
 
@@ -336,11 +353,13 @@ def measure_fresh(
             result.arms["hf"] = Timing(data["hf"]["tokens"], data["hf"]["seconds"])
             run_data = data["run"]
             result.arms[f"run:{spec}"] = Timing(
-                run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"]
-            )
+                run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"],
+                run_data.get("cache"), run_data.get("split"),
+            )  # fmt: skip
             if warmed_process is not None:
                 row = warmed_process.ask(prompt.text)
-                result.arms[f"warmed:{spec}"] = Timing(row["tokens"], row["seconds"], row["steps"])
+                result.arms[f"warmed:{spec}"] = Timing(row["tokens"], row["seconds"], row["steps"],
+                                                       cache=row.get("cache"), split=row.get("split"))  # fmt: skip
                 result.arms["hf:warmed"] = Timing(row["hf_tokens"], row["hf_seconds"])
             results.append(result)
     finally:
@@ -369,9 +388,29 @@ def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | No
         return sum(r.arms[arm].tokens_per_s for r in results) / len(results)
 
     fresh_speedup, warmed_speedup = mean(f"run:{spec}") / mean("hf"), mean(warmed) / mean("hf:warmed")
-    return (f"fresh processes against the warmed process: {fresh_speedup:.2f}x vs {warmed_speedup:.2f}x their own "
+    line = (f"fresh processes against the warmed process: {fresh_speedup:.2f}x vs {warmed_speedup:.2f}x their own "
             f"HF greedy = {fresh_speedup / warmed_speedup:.3f} (raw tokens/s ratio "
             f"{mean(f'run:{spec}') / mean(warmed):.3f})")
+    return line + _split_line([r.arms[f"run:{spec}"] for r in results], [r.arms[warmed] for r in results])
+
+
+def _split_line(fresh: Sequence[Timing], warmed: Sequence[Timing]) -> str:
+    """Where the fresh processes' seconds went against the warmed process's, per prompt (means), or ''."""
+    if any(t.split is None for t in [*fresh, *warmed]):
+        return ""
+
+    def per_prompt(timings: Sequence[Timing], key: str) -> float:
+        return sum((t.split or {})[key] for t in timings) / len(timings)
+
+    def per_step(timings: Sequence[Timing]) -> float:
+        return sum((t.split or {})["verify_s"] for t in timings) / max(1, sum(t.steps or 0 for t in timings))
+
+    parts = [f"{name} {per_prompt(fresh, key) * 1e3:.0f} vs {per_prompt(warmed, key) * 1e3:.0f} ms"
+             for name, key in (("outside the generation", "outside_s"), ("calibration", "calibration_s"),
+                               ("prefill", "prefill_s"))]  # fmt: skip
+    parts.append(f"verification {per_step(fresh) * 1e3:.1f} vs {per_step(warmed) * 1e3:.1f} ms a step over "
+                 f"{per_prompt(fresh, 'nodes'):.2f} vs {per_prompt(warmed, 'nodes'):.2f} nodes")  # fmt: skip
+    return "; per prompt, fresh vs warmed: " + ", ".join(parts)
 
 
 def summarize(results: Sequence[PromptResult]) -> dict[str, Any]:
@@ -427,6 +466,6 @@ def to_json(results: Sequence[PromptResult]) -> list[dict[str, Any]]:
     return [
         {"kind": r.prompt.kind, "prompt": r.prompt.text, "ids": r.ids, "verdicts": r.verdicts,
          "arms": {arm: {"tokens": t.tokens, "seconds": t.seconds, "steps": t.steps, "first_token_s": t.first_token_s,
-                        "cache": t.cache} for arm, t in r.arms.items()}}
+                        "cache": t.cache, "split": t.split} for arm, t in r.arms.items()}}
         for r in results
     ]  # fmt: skip
