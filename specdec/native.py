@@ -304,11 +304,11 @@ def register_meta(qualname: str, function: Callable[..., Any]) -> None:
     The Meta kernel is what FakeTensor tracing (``torch.compile``, ``torch.library.opcheck``) runs
     to learn an op's output shapes, and what a call with a meta tensor runs. Why not
     ``torch.library.register_fake``, which does the same: each call looks up its caller's source
-    line with ``inspect``, whose first use walks the path of every loaded module (~1,000 with torch
-    and transformers), unless something did so before: with the lazy import of
-    ``torch.utils.cpp_extension`` (see :func:`load_extension`), the first ``specdec.run`` of a
-    fresh process spent ~45-55 ms less outside its generation (0.18-0.22 s instead of 0.23-0.28 s,
-    measured 2026-11-26 on a 2-core AMD EPYC): a one-off ``run`` pays it, a warmed Generator does not.
+    line with ``inspect``, whose first use in a process walks the path of every loaded module
+    (~1,000 with torch and transformers). That cost fell inside the first ``specdec.run`` of every
+    fresh process. With this change and the lazy import of ``torch.utils.cpp_extension`` (see
+    :func:`load_extension`), that first ``run`` spent 0.18-0.22 s outside its generation instead of
+    0.23-0.28 s, measured 2026-11-26 on a 2-core AMD EPYC.
     """
     namespace, name = qualname.split("::")
     library = _META_LIBRARIES.get(namespace)
