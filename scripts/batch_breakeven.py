@@ -18,7 +18,7 @@ matrix this process started with is put back at the end):
    above ``p*``, less ``p*`` for each, per row-step. That bounds what the planner can win at this
    ``B`` with one node a row (deeper nodes are accepted less often than their parents).
 
-Measured 2026-11-26 (19:36 UTC) on a 2-vCPU AMD EPYC (Zen 4), B = 8, 43 s: a plain step 34.9 ms
+Measured 2026-11-26 (19:29 UTC) on a 2-vCPU AMD EPYC (Zen 4), B = 8, 43 s: a plain step 34.9 ms
 (4.36 ms a token), each extra row +2.19 ms (+5.0 ms for the first: a fourth-row pass of the
 kernels), so ``p* = 0.50``. The best nodes were accepted 0.56 of the time (the model expected
 0.57; by estimate bin 0.15 / 0.55 / 0.51 / 0.77 / 0.91), the 65% estimated above ``p*`` 0.68:
