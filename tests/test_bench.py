@@ -875,8 +875,9 @@ def test_the_batch_bench_runs_hugging_faces_static_cache_as_a_peer() -> None:
 
 
 def test_batch_summary_takes_each_figures_median_over_repeats() -> None:
-    """``specdec bench batch --repeats 3``: each (arm, B) figure is the median of its runs, ratios from
-    the medians, identity counted over every run."""
+    """``specdec bench batch --repeats 3``: each (arm, B) figure is the median of its runs, a ratio the median
+    of the ratios within each repeat (the arms of one repeat ran in the same minute), identity counted over
+    every run."""
     from specdec.bench.batched import ArmRun, format_summary
     from specdec.bench.batched import summarize as summarize_batch
 
@@ -886,6 +887,7 @@ def test_batch_summary_takes_each_figures_median_over_repeats() -> None:
              for seconds, same in ((0.4, 2), (0.25, 1), (10.0, 2))]  # fmt: skip
     summary = summarize_batch(runs)
     assert summary["tokens_per_s"][2] == {"none": 20.0, "sam+recycling": 50.0}  # medians of 20/10/40 and 50/80/2
-    assert summary["ratios"][2] == {"sam+recycling / none": 2.5}
+    # repeat by repeat 50/20, 80/40, 2/10: median 2.0 (the medians' ratio, 50/20 = 2.5, pairs runs minutes apart)
+    assert summary["ratios"][2] == {"sam+recycling / none": 2.0}
     assert summary["identical"] == {"none@2": "6/6", "sam+recycling@2": "5/6"} and summary["repeats"] == 3
-    assert "median of 3 run(s)" in format_summary(summary)
+    assert "median of 3 run(s)" in format_summary(summary) and "ratios within each repeat" in format_summary(summary)

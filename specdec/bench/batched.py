@@ -241,7 +241,12 @@ def measure(
 def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
     """Tokens/s by batch size and arm (the median over repeated runs), and the ratios the issue asks for: each
     spec over ``none`` and over ``hf-generate`` at the same ``B``, and ``B = 1`` batched over the
-    single-sequence path."""
+    single-sequence path.
+
+    A ratio is the median over repeats of the ratio within each repeat (the ``k``-th runs of the two
+    arms at that ``B``, which ran one after the other), not the ratio of the two medians: this
+    machine's speed drifts by 10-30% between minutes, and arms of one repeat meet the same minute.
+    With one run each, the two are the same."""
     rates: dict[int, dict[str, list[float]]] = {}
     for r in runs:
         rates.setdefault(r.batch_size, {}).setdefault(r.arm, []).append(r.tokens_per_s)
@@ -256,18 +261,16 @@ def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
             total[1] += len(r.rows)
     peers = list(dict.fromkeys(r.arm for r in runs if r.peer))
     ratios: dict[int, dict[str, float]] = {}
-    for batch, row in table.items():
+    for batch, row in rates.items():
         out: dict[str, float] = {}
-        for arm, rate in row.items():
+        for arm in row:
             if arm.startswith(SINGLE) or arm in peers:
                 continue
-            if arm != "none" and row.get("none"):
-                out[f"{arm} / none"] = round(rate / row["none"], 3)
-            for peer in peers:
-                if row.get(peer):
-                    out[f"{arm} / {peer}"] = round(rate / row[peer], 3)
-            if row.get(SINGLE + arm):
-                out[f"{arm} / {SINGLE}{arm}"] = round(rate / row[SINGLE + arm], 3)
+            others = [name for name in ("none", *peers, SINGLE + arm) if name != arm and name in row]
+            for other in others:
+                paired = [mine / theirs for mine, theirs in zip(row[arm], row[other], strict=True) if theirs > 0]
+                if paired:
+                    out[f"{arm} / {other}"] = round(float(np.median(paired)), 3)
         ratios[batch] = out
     return {
         "tokens_per_s": table,
@@ -292,7 +295,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += ["", markdown_table(["B", *names], ratio_rows)]
     bad = {k: v for k, v in summary["acceptable"].items() if v.split("/")[0] != v.split("/")[1]}
     lines.append(
-        f"\n{summary['prompts']} prompts, median of {summary.get('repeats', 1)} run(s) per figure; rows identical "
+        f"\n{summary['prompts']} prompts, median of {summary.get('repeats', 1)} run(s) per figure (a ratio: the median "
+        "of the ratios within each repeat); rows identical "
         "to their single-sequence plain decoding: "
         + ", ".join(f"{k} {v}" for k, v in summary["identical"].items())
         + ("; every difference at a near-tie" if not bad else f"; NOT at a near-tie: {bad}")
