@@ -234,8 +234,11 @@ def _step(
         sequence.record.stats.calibration_s += calibration_s
         sequence.record.add_step(trees[b], offered[b], row_plan, result, draft_s + planning_s + learned[b], verify_s,
                                  step_s)  # fmt: skip
-        if asked:  # what drafting gained this row, against what it cost (its share of the planning too)
-            gates[request.index].observe(len(result.accepted_nodes) - 1, draft_s + learned[b] + planning_s / askers)
+        if asked:  # what drafting gained this row net of its verification, against what drafting cost
+            gained = float(len(result.accepted_nodes) - 1)
+            if plan is not None and price:  # the forward's extra seconds for this row's nodes, in plain tokens
+                gained -= plan.extra_seconds(b) / price
+            gates[request.index].observe(gained, draft_s + learned[b] + planning_s / askers)
     if planner is not None and plan is not None:
         planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
     staying = []

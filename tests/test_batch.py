@@ -344,6 +344,59 @@ def test_the_batch_planner_gates_rows_only_under_the_auto_budget() -> None:
     assert full.plain_seconds_per_token(4) is None  # a fixed budget drafts every row: the user asked for its trees
 
 
+def test_a_batch_plan_prices_what_each_rows_draft_added_to_the_forward() -> None:
+    """BatchPlan.extra_s: the predicted forward less a plain step's; each row's share by its draft nodes (the
+    rows' gates weigh their accepted tokens net of it)."""
+    cost = flat_costs(0.02, 0.004)
+    planner = planner_with(cost)
+    rng = random.Random(8)
+    drafted = 0
+    for _ in range(30):
+        trees = labelled_trees(rng, 4)
+        plan = planner.plan(trees, [64] * 4)
+        plain = float(cost.predict(np.array([4]), 64)[0])
+        assert plan.predicted_s is not None
+        assert plan.extra_s == pytest.approx(plan.predicted_s - plain)
+        shares = [plan.extra_seconds(b) for b in range(4)]
+        assert sum(shares) == pytest.approx(plan.extra_s)
+        for b, row_plan in enumerate(plan.plans):
+            assert shares[b] == pytest.approx(0.004 * (row_plan.tree.size - 1))  # the flat curve: 4 ms a node
+        drafted += plan.rows > 4
+    assert drafted > 5
+    full = BatchPlanner("full", AcceptanceModel(), {}, lambda: (cost, 0.0))
+    full.plan(labelled_trees(rng, 4), [64] * 4)  # loads the cost model
+    trees = labelled_trees(rng, 4)
+    plan = full.plan(trees, [64] * 4)
+    assert plan.extra_s == pytest.approx(0.004 * (sum(t.size for t in trees) - 4))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under budget="auto" each drafting row's gate is fed its accepted draft tokens less its share of the
+    forward's extra seconds in plain tokens: never more than it accepted, less whenever its draft added rows."""
+    model = tiny_model(arch)
+    cache = cache_for(arch)
+    prompts = ragged_prompts(f"net-{arch}", 6)
+    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    fed: list[float] = []
+    observe = RowGate.observe
+
+    def recording(self: RowGate, extra_tokens: float, cost_s: float) -> None:
+        fed.append(extra_tokens)
+        observe(self, extra_tokens, cost_s)
+
+    monkeypatch.setattr(RowGate, "observe", recording)
+    oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
+    generator = specdec.Generator(model, drafter=oracle, cache=cache, budget="auto")
+    results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
+    assert [r.tokens for r in results] == truth
+    IDENTITY_COUNTS[f"{arch}/batch-net-gate/oracle"] += len(results)
+    accepted = sum(r.accepted for result in results for r in result.stats.records)  # undrafted rows: 0
+    assert len(fed) > 20 and any(gain != int(gain) for gain in fed)  # fractions: rows' seconds were charged
+    assert sum(fed) < accepted - 0.5  # drafts that added rows were charged for them
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under budget="auto", rows the gate keeps from drafting verify their pending token alone while

@@ -45,7 +45,16 @@ about half a millisecond; at ``B = 8`` a plain forward costs ~4.5 ms per row, an
 row made the batch ~5% slower than plain batched decoding, as measured on this CPU). So under
 ``budget="auto"`` each row has a :class:`RowGate`: the row drafts while the tokens its drafts
 gained lately, at the batch's seconds per token, are worth the seconds its drafting took;
-otherwise it verifies its pending token alone (its drafter is not asked, but still learns the
+a drafting step's gain is net of what its verification cost: the accepted draft tokens less
+the row's share of the forward's extra seconds (:meth:`BatchPlan.extra_seconds`) in plain
+tokens. The planner verifies a node when its expected acceptance beats the extra rows' price,
+so its nodes gain little over that price where it is high (at ``B = 8`` here an extra row costs
+half a plain token, and the drafters' best nodes are accepted 0.56: scripts/batch_breakeven.py);
+counting gross tokens kept such rows drafting for nodes that paid for their rows and not for
+their drafting. Measured (2026-11-26, this CPU, ``specdec bench batch``, paired ratios over
+batched ``none``, three repeats a run): ``B = 8`` 0.966-1.001 in six runs (gross gains:
+0.880-1.046 in nine, median 0.953); ``B = 4`` median 1.04 against 1.00; ``B = 2`` 1.39x.
+Otherwise it verifies its pending token alone (its drafter is not asked, but still learns the
 committed tokens, so its next draft continues the text), and drafts again one step in
 :data:`ROW_PROBE_EVERY` to see whether its text turned repetitive. Rows that copy from their
 prompt keep drafting beside rows that do not. Lossless either way: a skipped draft is a
@@ -75,9 +84,11 @@ ROW_PROBE_EVERY = 8  # a row whose drafting does not pay drafts again after this
 class RowGate:
     """Whether one row of a batch drafts: what its drafting gained lately against what it cost.
 
-    ``gain``: decayed mean of the extra tokens (accepted draft nodes) per drafting step;
-    ``cost_s``: decayed mean of the row's drafting seconds per drafting step (its drafter, its
-    share of the planning, its learning). A row drafts first, then while ``gain *
+    ``gain``: decayed mean of the extra tokens per drafting step, net of what verifying them cost: the
+    accepted draft nodes less the row's share of the forward's extra seconds in plain tokens (at
+    ``B = 8`` here an extra row costs half a plain token, so a node accepted half the time gains
+    nothing); ``cost_s``: decayed mean of the row's drafting seconds per drafting step (its drafter,
+    its share of the planning, its learning). A row drafts first, then while ``gain *
     seconds_per_token >= cost_s``; otherwise one step in :data:`ROW_PROBE_EVERY`. The
     decision depends on the observed figures only: tests and replays feed them.
     """
@@ -99,8 +110,9 @@ class RowGate:
             return True
         return False
 
-    def observe(self, extra_tokens: int, cost_s: float) -> None:
-        """A drafting step of the row: ``extra_tokens`` draft tokens accepted, ``cost_s`` seconds spent drafting."""
+    def observe(self, extra_tokens: float, cost_s: float) -> None:
+        """A drafting step of the row: ``extra_tokens`` gained (draft tokens accepted, less what verifying them
+        cost, in plain tokens), ``cost_s`` seconds spent drafting."""
         weight = 1.0 if self.drafted_steps == 0 else 1.0 - self.memory
         self.gain += weight * (extra_tokens - self.gain)
         self.cost_s += weight * (cost_s - self.cost_s)
@@ -113,7 +125,9 @@ class BatchPlan:
 
     ``rows``: the forward's rows (the planned trees' nodes, all rows); ``context``: the mean committed
     length the cost was read at; ``predicted_s``: the forward's predicted seconds (None without a cost
-    model); ``calibration_s``: seconds this decision spent calibrating (first use only).
+    model); ``calibration_s``: seconds this decision spent calibrating (first use only); ``extra_s``:
+    what the draft nodes add to the forward, predicted (``predicted_s`` less a plain step's; 0.0 without
+    a cost model).
     """
 
     plans: tuple[Plan, ...]
@@ -121,6 +135,12 @@ class BatchPlan:
     context: int
     predicted_s: float | None
     calibration_s: float = 0.0
+    extra_s: float = 0.0
+
+    def extra_seconds(self, row: int) -> float:
+        """Row ``row``'s share of :attr:`extra_s`, by its draft nodes: what verifying its draft cost the batch."""
+        drafted = self.rows - len(self.plans)
+        return self.extra_s * (self.plans[row].tree.size - 1) / drafted if drafted > 0 else 0.0
 
 
 class BatchPlanner:
@@ -204,20 +224,24 @@ class BatchPlanner:
                 tree, row_keys = tree.select(nodes), [row_keys[i] for i in nodes]
             expected = float(p[nodes[1:]].sum())
             plans.append(Plan(tree, row_keys, offered, expected, float(costs[extra]), calibration_s, why))
-        return BatchPlan(tuple(plans), batch + extra, context, float(costs[extra]), calibration_s)
+        return BatchPlan(tuple(plans), batch + extra, context, float(costs[extra]), calibration_s,
+                         max(0.0, float(costs[extra] - costs[0])))  # fmt: skip
 
     def _as_drafted(
         self, trees: Sequence[DraftTree], keys: Sequence[Sequence[NodeKey]], context: int, calibration_s: float
     ) -> BatchPlan:
         """Every tree as it is (a fixed or full budget, or no drafts): what each row expects, what the forward costs."""
         rows = sum(tree.size for tree in trees)
-        predicted = None if self._cost is None else float(self._cost.predict(np.array([rows]), context)[0])
+        predicted = extra = None
+        if self._cost is not None:
+            predicted, plain = (float(x) for x in self._cost.predict(np.array([rows, len(trees)]), context))
+            extra = max(0.0, predicted - plain)
         plans = []
         for tree, row_keys in zip(trees, keys, strict=True):
             expected = 0.0 if tree.size == 1 else float(self.acceptance.estimate(tree, row_keys)[1][1:].sum())
             reason = "no draft" if tree.size == 1 else self.budget.mode
             plans.append(Plan(tree, row_keys, tree.size, expected, predicted, calibration_s, reason))
-        return BatchPlan(tuple(plans), rows, context, predicted, calibration_s)
+        return BatchPlan(tuple(plans), rows, context, predicted, calibration_s, extra or 0.0)
 
     def observe(self, batch: BatchPlan, accepted: Sequence[Sequence[int]], verify_s: float, step_s: float) -> None:
         """Learn from a verified batch: each row's acceptance, the forward's cost, the batch's rate.
