@@ -8,7 +8,9 @@ warms up on 4 prompts at 32 new tokens, then times ``generate_batch`` over the 1
 128 new tokens. The arms are ``none``, ``gated`` (``sam+recycling`` as shipped) and ``ungated``
 (the same, every row drafting every step). They alternate for ``--rounds`` rounds, and each prints
 one line: tokens/s, row-steps, seconds. Measured 2026-11-26 on a 2-vCPU AMD EPYC (Zen 4): ``none``
-211-213 tokens/s, ``gated`` 200-208, ``ungated`` 200-202.
+211-213 tokens/s, ``gated`` 200-208, ``ungated`` 200-202; again at 20:51 UTC, after the gate came to
+count net gains: ``none`` 226.9 / 231.2, ``gated`` 216.3 / 222.9 (0.953x / 0.964x), ``ungated``
+210.6 / 206.3.
 """
 
 from __future__ import annotations
