@@ -3,24 +3,24 @@ acceptance the drafts reach (issue #32; docs/budget.md, "Batches").
 
     python scripts/batch_breakeven.py [--batch-size 8]
 
-Two runs of ``generate_batch`` over the 16 held-out prompts at 128 new tokens, in this process,
-each from the same learned state as ``specdec bench batch`` gives its runs (Token Recycling's matrix
-warmed on the warm-up prompts alone, so no run drafts from the measured prompts' outputs; the
-matrix this process started with is put back at the end):
+Two measurements in this process, both from the learned state ``specdec bench batch`` gives its
+runs (Token Recycling's matrix warmed on the warm-up prompts alone, so nothing drafts from the
+measured prompts' outputs; the matrix this process started with is put back at the end):
 
 1. the batched verification alone, ``B`` rows with 0 to ``2B`` extra nodes, timed in paired
    rounds (:func:`step_costs`): the plain step (``R = B``), the cost of each extra row, and the
    break-even acceptance ``p* = (ms per extra row) / (ms per plain token)``: a draft node pays for
    its row only if it is accepted more often than that (before its drafting is paid);
-2. ``sam+recycling`` with ``budget=2`` (every row verifies its drafter's best node, every step):
+2. ``generate_batch`` over the 16 held-out prompts at 128 new tokens, ``sam+recycling`` with
+   ``budget=2`` (every row verifies its drafter's best node, every step):
    how often those nodes were accepted, binned by the acceptance model's estimate, and what a
    perfect choice among them by estimate could gain: the extra tokens of the nodes estimated
    above ``p*``, less ``p*`` for each, per row-step. That bounds what the planner can win at this
    ``B`` with one node a row (deeper nodes are accepted less often than their parents).
 
 Measured 2026-11-26 (19:29 UTC) on a 2-vCPU AMD EPYC (Zen 4), B = 8, 43 s: a plain step 34.9 ms
-(4.36 ms a token), each extra row +2.19 ms (+5.0 ms for the first: a fourth-row pass of the
-kernels), so ``p* = 0.50``. The best nodes were accepted 0.56 of the time (the model expected
+(4.36 ms a token), each extra row +2.19 ms (+5.0 ms for the first: a third four-row pass of
+the kernels), so ``p* = 0.50``. The best nodes were accepted 0.56 of the time (the model expected
 0.57; by estimate bin 0.15 / 0.55 / 0.51 / 0.77 / 0.91), the 65% estimated above ``p*`` 0.68:
 choosing exactly those gains +0.116 tokens a row-step, so at most ~1.12x on the decoding and,
 with the prefills (a quarter of a batch-8 run, the same in both arms), ~1.08x on the run before
