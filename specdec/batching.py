@@ -6,7 +6,8 @@ runs for a lone sequence. A step of the batch is the loop's step for every row a
 
     price   = planner.plain_seconds_per_token(B)         # a plain step's seconds per token at B rows
     trees   = [row.draft(gates[row].drafts(price))        # each row's drafter (where its gate says drafting
-               for row in rows]                           #   pays), pruned by its own rules
+               for row in rows]                           #   pays), pruned by its own rules and the row's
+                                                          #   offer (batch_planner.ROW_OFFER_NODES)
     plan    = planner.plan(trees, committed)              # how many nodes each row verifies (one cost)
     results = verifier.verify_batch(states, plan.trees)   # one forward over every row's tree
     for row, result: row.learn(result); row.emit(result)  # each row's drafter, output and stop rules
@@ -162,6 +163,7 @@ def decode_batch(
     limit = live_limit(verifier)
     places = batch_size if limit is None else min(batch_size, limit)
     budget = None if planner is None else str(planner.budget)
+    offer = None if planner is None else planner.row_offer(places)  # the most nodes a row asks its drafter for
     queue = iter(requests)
     rows: list[tuple[BatchRequest, LiveSequence]] = []
     gates: dict[int, RowGate] = {}  # by request index: whether each row's drafting pays (batch_planner.RowGate)
@@ -172,6 +174,8 @@ def decode_batch(
                 if request is None:
                     break
                 sequence = LiveSequence(verifier, new_drafter(), request.prompt, request.config, budget=budget)
+                if offer is not None:
+                    sequence.cap = min(sequence.cap, offer)
                 if sequence.stop is not None:  # the prefill's token ended it
                     yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
                     continue

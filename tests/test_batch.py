@@ -32,7 +32,7 @@ from specdec.backends.runner import ARCHITECTURES as NATIVE
 from specdec.backends.verifier import TorchTreeOps
 from specdec.batching import BatchRequest, check_memory
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.batch_planner import ROW_PROBE_EVERY, BatchPlanner, RowGate
+from specdec.budget.batch_planner import ROW_OFFER_NODES, ROW_PROBE_EVERY, BatchPlanner, RowGate
 from specdec.budget.cost_model import CostTable, VerifyCostModel
 from specdec.budget.planner import Throughput, best_nodes
 from specdec.errors import SpecDecError
@@ -395,6 +395,43 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
     accepted = sum(r.accepted for result in results for r in result.stats.records)  # undrafted rows: 0
     assert len(fed) > 20 and any(gain != int(gain) for gain in fed)  # fractions: rows' seconds were charged
     assert sum(fed) < accepted - 0.5  # drafts that added rows were charged for them
+
+
+def test_only_the_rows_that_verified_a_draft_age_the_acceptance_statistics() -> None:
+    """BatchPlanner.observe: a row that verified its pending token alone holds no trial, so the acceptance
+    model's clock (the decay of its counts) ticks once per drafted row, not once per row of the batch."""
+    planner = planner_with(flat_costs(0.02, 0.0001))  # rows nearly free: the drafted row keeps its nodes
+    drafted = labelled_trees(random.Random(9), 1)[0]
+    trees = [DraftTree.single(7), drafted, DraftTree.single(8), DraftTree.single(9)]
+    plan = planner.plan(trees, [64] * 4)
+    assert [p.tree.size > 1 for p in plan.plans] == [False, True, False, False]
+    planner.observe(plan, [(0,), (0, 1), (0,), (0,)], 0.03, 0.031)
+    assert planner.acceptance.steps == 1
+    planner.observe(plan, [(0,), (0,), (0,), (0,)], 0.03, 0.031)
+    assert planner.acceptance.steps == 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_batch_row_asks_its_drafter_for_at_most_the_row_offer_under_auto(arch: str) -> None:
+    """Under budget="auto" a row of a batch of two or more offers at most ROW_OFFER_NODES nodes (the planner
+    verifies few of them); a lone row, and every row under a full budget, offers its drafter's whole tree."""
+    model = tiny_model(arch)
+    cache = cache_for(arch)
+    prompts = ragged_prompts(f"offer-{arch}", 5)
+    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=40, depth=8)
+
+    def offers(batch_size: int, budget: str) -> list[int]:
+        generator = specdec.Generator(model, drafter=oracle, cache=cache, budget=budget)
+        results = generator.generate_batch(prompts, batch_size=batch_size, max_new_tokens=MAX_NEW)
+        assert [r.tokens for r in results] == truth, f"{arch}/{budget}/{batch_size}"
+        IDENTITY_COUNTS[f"{arch}/batch-offer/{budget}"] += len(results)
+        return [r.offered for result in results for r in result.stats.records if r.reason != "no draft"]
+
+    capped = offers(3, "auto")
+    assert capped and max(capped) == ROW_OFFER_NODES
+    assert max(offers(1, "auto")) > ROW_OFFER_NODES
+    assert max(offers(3, "full")) > ROW_OFFER_NODES
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
