@@ -374,8 +374,13 @@ def test_a_batch_plan_prices_what_each_rows_draft_added_to_the_forward() -> None
 def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Under budget="auto" each drafting row's gate is fed its accepted draft tokens less its share of the
-    forward's extra seconds in plain tokens: never more than it accepted, less whenever its draft added rows."""
+    forward's extra seconds in plain tokens: never more than it accepted, less whenever its draft added rows.
+    The batch's cost model is a fixed curve (1 ms a row over 20 ms), so what a node is charged does not
+    depend on this machine's timings: ~0.15 plain tokens at four rows (an earlier version read the
+    calibrated curve, on which a loaded machine's extra rows came out nearly free)."""
     model = tiny_model(arch)
+    cost = flat_costs(0.02, 0.001)
+    monkeypatch.setattr(api.Generator, "_batch_cost_model", lambda self: (cost, 0.0))
     cache = cache_for(arch)
     prompts = ragged_prompts(f"net-{arch}", 6)
     truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
@@ -394,7 +399,7 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
     IDENTITY_COUNTS[f"{arch}/batch-net-gate/oracle"] += len(results)
     accepted = sum(r.accepted for result in results for r in result.stats.records)  # undrafted rows: 0
     assert len(fed) > 20 and any(gain != int(gain) for gain in fed)  # fractions: rows' seconds were charged
-    assert sum(fed) < accepted - 0.5  # drafts that added rows were charged for them
+    assert accepted > 20 and sum(fed) < 0.95 * accepted, (sum(fed), accepted)  # every accepted node was charged
 
 
 def test_only_the_rows_that_verified_a_draft_age_the_acceptance_statistics() -> None:
