@@ -16,6 +16,12 @@ Generators every round; the arm that starts rotates. Reported per round: each ar
 tokens/s and its ratio to the first arm; then the median ratio. Rows are checked against the
 first arm's (``none``: plain decoding).
 
+**Caveat (measured 2026-11-27, 00:11-00:16 UTC): the ratios to ``none`` come out too high.** A
+drafting arm's allocations trigger Python's garbage collector, whose passes then land in whichever
+arm's turn is running: at B = 4 this gave 1.136x where ``specdec bench batch`` gave 1.00x minutes
+apart, and 1.006x with ``gc.disable()``. Compare drafting variants with one another here, not with
+``none`` (docs/benchmarks.md, "Batches in lockstep").
+
 An arm is a drafter name, optionally with ``:`` and a variant this script knows, to compare a
 policy with its alternative in one process: ``sam+recycling:whole`` (a batch row offers its
 drafter's whole tree, as before ``ROW_OFFER_NODES``), ``sam+recycling:everyrow`` (undrafted rows
