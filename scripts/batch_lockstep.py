@@ -10,8 +10,8 @@ they alternate every ~30 ms and see the same machine. An arm's time is the sum o
 prefills, drafting, planning, verification and bookkeeping), its tokens/s its tokens over that
 time. Each round starts every arm from the same learned state: Token Recycling's matrix warmed on
 the warm-up prompts alone (as ``specdec bench batch`` gives its runs; put back before every round)
-and the planner statistics those warm-up calls saved (in a folder of this run's own, put back
-before every round too; the rounds run the batch loop itself, which saves nothing). New
+and the planner statistics those warm-up calls saved (in a folder of this run's own; the rounds run
+the batch loop itself, which saves nothing, so every round's Generators load the same). New
 Generators every round; the arm that starts rotates. Reported per round: each arm's
 tokens/s and its ratio to the first arm; then the median ratio. Rows are checked against the
 first arm's (``none``: plain decoding).
@@ -47,7 +47,6 @@ from specdec.batching import BatchRequest, decode_batch
 from specdec.bench import oneoff
 from specdec.bench.batched import WARM_UP
 from specdec.budget import batch_planner
-from specdec.budget.batch_planner import BatchPlanner
 from specdec.drafters.recycling_state import clear_shared, restore_shared, snapshot_shared
 from specdec.models import encode_prompt
 
@@ -108,8 +107,8 @@ def one_round(model: Any, tokenizer: Any, arms: list[str], prompts: list[list[in
         generator = specdec.Generator(model, tokenizer, drafter=drafter, store=False)
         config = generator.decoding_config(max_new_tokens=max_new)
         requests = [BatchRequest(index, list(prompt), config) for index, prompt in enumerate(prompts)]
-        planner = BatchPlanner(config.budget, generator.acceptance, generator.batch_throughputs,
-                               generator._batch_cost_model)  # fmt: skip
+        planner = batch_planner.BatchPlanner(config.budget, generator.acceptance, generator.batch_throughputs,
+                                             generator._batch_cost_model)  # fmt: skip
         generators.append(generator)
         live.append(decode_batch(generator.verifier, requests, generator.new_drafter, batch_size=batch,
                                  planner=planner))  # fmt: skip
@@ -148,7 +147,7 @@ def main() -> None:
         if any(v not in VARIANTS for v in arm.split(":")[1:]):
             raise SystemExit(f"{arm!r}: the variants are {', '.join(VARIANTS)}")
     stats = Path(tempfile.mkdtemp(prefix="lockstep-planner-"))
-    os.environ["SPECDEC_PLANNER_DIR"] = str(stats / "live")  # read at every Generator's start
+    os.environ["SPECDEC_PLANNER_DIR"] = str(stats)  # read at every Generator's start
     model, tokenizer = specdec.load_model()
     prompts = [encode_prompt(tokenizer, p.text, None) for p in oneoff.heldout_prompts()[:16]]
     warm = [encode_prompt(tokenizer, text, None) for text in WARM_UP]
@@ -161,13 +160,10 @@ def main() -> None:
             with specdec.Generator(model, tokenizer, drafter=arm, store=False) as generator:
                 generator.generate_batch(warm, batch_size=args.batch_size, max_new_tokens=8)
         learned = snapshot_shared()
-        shutil.copytree(stats / "live", stats / "warm", dirs_exist_ok=True)
         ratios: list[list[float]] = [[] for _ in arms]
         print(f"B = {args.batch_size}, {len(prompts)} prompts, {args.max_new_tokens} new tokens, arms in lockstep")
         for r in range(args.rounds):
             restore_shared(learned)
-            shutil.rmtree(stats / "live")
-            shutil.copytree(stats / "warm", stats / "live")
             rates, outs = one_round(model, tokenizer, arms, prompts, args.batch_size, args.max_new_tokens,
                                     r % len(arms))  # fmt: skip
             same = [sum(a == b for a, b in zip(out, outs[0], strict=True)) for out in outs]
