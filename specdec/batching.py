@@ -237,7 +237,7 @@ def _step(
         row_plan = None if plan is None else plan.plans[b]
         sequence.record.stats.calibration_s += calibration_s
         sequence.record.add_step(trees[b], offered[b], row_plan, result, draft_s + planning_s + learned[b], verify_s,
-                                 step_s)  # fmt: skip
+                                 step_s, len(drafted))  # fmt: skip
         if asked:  # what drafting gained this row net of its verification, against what drafting cost
             gained = float(len(result.accepted_nodes) - 1)
             if plan is not None and price:  # the forward's extra seconds for this row's nodes, in plain tokens

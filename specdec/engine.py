@@ -81,13 +81,15 @@ class StepRecorder:
 
     def add_step(
         self, tree: DraftTree, offered: int, plan: Plan | None, result: Verification, draft_s: float,
-        verify_s: float, step_s: float,
+        verify_s: float, step_s: float, batch_rows: int = 1,
     ) -> StepRecord:
-        """A step timed by the caller (a batch times its rows' steps together): its record, kept in the stats."""
+        """A step timed by the caller (a batch times its rows' steps together, ``batch_rows`` of them): its
+        record, kept in the stats."""
         self.step_s = step_s
         accepted = result.accepted_nodes[1:]
         sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in accepted)
-        record = StepRecord(tree.size, len(accepted), tree.source, draft_s, verify_s, sources, offered)
+        record = StepRecord(tree.size, len(accepted), tree.source, draft_s, verify_s, sources, offered,
+                            step_s=step_s, batch_rows=batch_rows)  # fmt: skip
         if plan is not None:
             record.reason, record.expected, record.predicted_s = plan.reason, plan.expected, plan.predicted_s
         stats = self.stats

@@ -550,6 +550,11 @@ class StepRecord:
     reason: str = ""
     expected: float | None = None
     predicted_s: float | None = None
+    # The whole step's wall seconds (drafting, verification, the drafter's update; calibration excluded)
+    # and the sequences it advanced: a batched step (specdec.batching) is shared by its batch_rows rows,
+    # each of whose records carries the same step_s; a lone sequence's steps have batch_rows == 1.
+    step_s: float = 0.0
+    batch_rows: int = 1
 
 
 @dataclass

@@ -552,6 +552,42 @@ def test_every_finished_row_feeds_the_shared_store() -> None:
     assert store.num_sequences == len(prompts)
 
 
+def test_each_rows_step_records_say_how_many_rows_shared_the_step() -> None:
+    """A batched step's records carry its seconds and its row count (``StepRecord.step_s``, ``batch_rows``), so
+    what a step cost is counted once however many rows it advanced: ``specdec bench batch`` splits a run
+    into its full-batch steps and its tail (:func:`specdec.bench.batched.step_split`) from these alone."""
+    from specdec.bench.batched import step_split
+
+    model = tiny_model("llama")
+    prompts = ragged_prompts("shared steps", 5)
+    for drafter in ("none", "pld"):
+        generator = specdec.Generator(model, drafter=drafter, cache="native")
+        live: list[int] = []
+
+        def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0, *, original: Any = (
+                generator.verifier.verify_batch), live: list[int] = live) -> Any:  # type: ignore[attr-defined]
+            live.append(len(states))
+            return original(states, trees, topk)
+
+        generator.verifier.verify_batch = watched  # type: ignore[attr-defined]
+        results = generator.generate_batch(prompts, batch_size=2, max_new_tokens=10)
+        records = [record for result in results for record in result.stats.records]
+        assert all(record.step_s > 0 and 1 <= record.batch_rows <= 2 for record in records)
+        # every step counted once: its r rows' records each carry 1 / r of it
+        assert sum(1 / record.batch_rows for record in records) == pytest.approx(len(live))
+        assert sorted(record.batch_rows for record in records) == sorted(r for r in live for _ in range(r))
+        split = step_split(results)
+        assert split["full_tokens"] + split["tail_tokens"] == sum(r.stats.emitted_by_steps for r in results)
+        assert split["full_s"] + split["tail_s"] == pytest.approx(sum(r.step_s / r.batch_rows for r in records),
+                                                                  abs=1e-3)  # fmt: skip
+        if drafter == "none":  # one token a step: rows 0-1 and 2-3 finish together, row 4 runs alone
+            pairs = [(results[a].stats.records, results[a + 1].stats.records) for a in (0, 2)]
+            assert all(x.step_s == y.step_s and x.batch_rows == y.batch_rows == 2 for a, b in pairs
+                       for x, y in zip(a, b, strict=True))  # fmt: skip
+            assert {record.batch_rows for record in results[4].stats.records} == {1}
+            assert split["full_tokens"] == 4 * 9 and split["tail_tokens"] == 9  # the prefill gives each its first
+
+
 def test_per_row_stats() -> None:
     model = tiny_model("llama")
     prompts = ragged_prompts("stats", 4)

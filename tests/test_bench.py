@@ -879,6 +879,39 @@ def test_the_batch_bench_runs_hugging_faces_static_cache_as_a_peer() -> None:
         batched.Arms(model, CharTokenizer(), "none,hf-pld")
 
 
+def test_the_batch_bench_streams_up_to_64_held_out_prompts(capsys: pytest.CaptureFixture[str]) -> None:
+    """``specdec bench batch --prompts 64``: the 16 held-out prompts the one-off measurements time, then 48 more
+    of their four kinds, 12 each, none repeated; more than there are is refused before a model loads."""
+    from specdec.bench.oneoff import heldout_prompts
+
+    first, every = heldout_prompts(), heldout_prompts(extra=True)
+    assert len(first) == 16 and len(every) == 64 and every[:16] == first
+    assert len({p.text for p in every}) == 64
+    kinds = [p.kind for p in every[16:]]
+    assert {kind: kinds.count(kind) for kind in kinds} == {"humaneval": 12, "mbpp": 12, "gsm8k": 12, "code edit": 12}
+    for count in ("65", "0"):
+        assert main(["bench", "batch", "--model", "no/such/model", "--prompts", count]) == 2
+        assert f"--prompts takes 1 to 64 held-out prompts, got {count}" in capsys.readouterr().err
+
+
+def test_batch_summary_reports_the_full_batch_pace_and_the_tail() -> None:
+    """The batch bench's step figures: the tokens/s of the steps with every place busy (prefills excluded), the
+    tail's seconds and share of the run, and the full-batch pace over ``none``'s within each repeat."""
+    from specdec.bench.batched import ArmRun, format_summary
+    from specdec.bench.batched import summarize as summarize_batch
+
+    rows = [[1] * 10, [2] * 10]
+    runs = [ArmRun("none", 4, rows, 2.0, split={"full_s": 1.0, "full_tokens": 18, "tail_s": 0.1, "tail_tokens": 2}),
+            ArmRun("sam+recycling", 4, rows, 2.0,
+                   split={"full_s": 0.6, "full_tokens": 15, "tail_s": 0.5, "tail_tokens": 5})]  # fmt: skip
+    steps = summarize_batch(runs)["steps"][4]
+    assert steps["none"] == {"full_tokens_per_s": 18.0, "tail_s": 0.1, "tail_share": 0.05}
+    assert steps["sam+recycling"] == {"full_tokens_per_s": 25.0, "tail_s": 0.5, "tail_share": 0.25,
+                                      "full_over_none": round(25 / 18, 3)}  # fmt: skip
+    text = format_summary(summarize_batch(runs))
+    assert "25.0, 1.39x none; tail 0.50 s (25%)" in text and "18.0; tail 0.10 s (5%)" in text
+
+
 def test_batch_summary_takes_each_figures_median_over_repeats() -> None:
     """``specdec bench batch --repeats 3``: each (arm, B) figure is the median of its runs, a ratio the median
     of the ratios within each repeat (the arms of one repeat ran in the same minute), identity counted over

@@ -28,6 +28,13 @@ saved, so the measured prompts' outputs are not kept either. A ``Generator`` kee
 drafters learned from its own answers (``sam``'s store of earlier outputs), so every timed run
 gets a new one (the untimed calls before have paid for calibration and compiled kernels).
 
+Each specdec arm's run is also split (:func:`step_split`) into its full-batch steps, every place busy
+(the pace a long list keeps between its prefills), and its tail, the steps with fewer rows once no
+prompt is left: plain decoding's rows all run ``max_new_tokens`` unless an EOS comes first, so a wave
+of them ends together, while drafting rows end at different steps and the last ones run alone. A list
+of a few batches pays that tail in full (``--prompts 64`` streams 48 more held-out prompts of the same
+kinds after the 16).
+
 Every row of every arm is compared with its own single-sequence plain decoding (the ``none``
 spec at ``B = 1``, or, without one, a lone ``specdec.run(drafter="none")``) by
 :func:`specdec.testing.compare_outputs`: identical, or first different at a judged near-tie.
@@ -53,6 +60,7 @@ from specdec.drafters.recycling_state import clear_shared, restore_shared, snaps
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids
 from specdec.testing import compare_outputs
+from specdec.types import GenerationResult
 
 HF = "hf-generate"
 BATCHED_PEERS = (HF, "hf-static")  # Hugging Face's methods that take a batch (prompt lookup refuses one)
@@ -73,6 +81,7 @@ class ArmRun:
     acceptable: int = 0
     identical: int = 0
     peer: bool = False  # a Hugging Face arm (BATCHED_PEERS): what specdec's arms are compared with
+    split: dict[str, float] | None = None  # where a specdec arm's steps went (:func:`step_split`)
 
     @property
     def tokens(self) -> int:
@@ -85,8 +94,29 @@ class ArmRun:
     def to_json(self) -> dict[str, Any]:
         return {"arm": self.arm, "batch_size": self.batch_size, "tokens": self.tokens, "seconds": self.seconds,
                 "tokens_per_s": round(self.tokens_per_s, 3), "steps": self.steps, "identical": self.identical,
-                "acceptable": self.acceptable, "peer": self.peer, "verdicts": self.verdicts,
+                "acceptable": self.acceptable, "peer": self.peer, "split": self.split, "verdicts": self.verdicts,
                 "rows": self.rows}  # fmt: skip
+
+
+def step_split(results: Sequence[GenerationResult]) -> dict[str, float]:
+    """Where a batched run's steps went, from its rows' step records (each batched step's ``step_s`` is in
+    every one of its ``batch_rows`` rows' records, so a record counts ``step_s / batch_rows``):
+
+    - ``full_s``, ``full_tokens``: the steps in which every place held a row (the most rows any step
+      had), and the tokens they emitted: the pace a long list keeps between its prefills;
+    - ``tail_s``, ``tail_tokens``: the steps with fewer rows, which come once the list has no prompt left
+      to take a finished row's place (rows that finish at different steps leave the last ones alone).
+
+    The run's other seconds are its prefills (a joining row's prefill holds up the batch) and the loop's
+    bookkeeping."""
+    records = [record for result in results for record in result.stats.records]
+    places = max((record.batch_rows for record in records), default=1)
+    split = {"full_s": 0.0, "full_tokens": 0.0, "tail_s": 0.0, "tail_tokens": 0.0}
+    for record in records:
+        part = "full" if record.batch_rows == places else "tail"
+        split[f"{part}_s"] += record.step_s / record.batch_rows
+        split[f"{part}_tokens"] += record.accepted + 1
+    return {key: round(value, 4) for key, value in split.items()}
 
 
 def hf_batched(
@@ -182,7 +212,8 @@ class Arms:
             results = generator.generate_batch([list(p) for p in prompts], batch_size=batch_size,
                                                max_new_tokens=max_new_tokens, **decoding)  # fmt: skip
         seconds = time.perf_counter() - started
-        return ArmRun(arm, batch_size, [list(r.tokens) for r in results], seconds, sum(r.stats.steps for r in results))
+        return ArmRun(arm, batch_size, [list(r.tokens) for r in results], seconds, sum(r.stats.steps for r in results),
+                      split=step_split(results))  # fmt: skip
 
 
 def measure(
@@ -275,11 +306,34 @@ def summarize(runs: Sequence[ArmRun]) -> dict[str, Any]:
     return {
         "tokens_per_s": table,
         "ratios": ratios,
+        "steps": _step_figures(runs),
         "identical": {key: f"{same}/{rows}" for key, (same, rows) in identical.items()},
         "acceptable": {key: f"{same}/{rows}" for key, (same, rows) in acceptable.items()},
         "prompts": len(runs[0].rows) if runs else 0,
         "repeats": max((len(values) for row in rates.values() for values in row.values()), default=0),
     }
+
+
+def _step_figures(runs: Sequence[ArmRun]) -> dict[int, dict[str, dict[str, float]]]:
+    """Per ``B`` and specdec arm (batched ones), the medians over repeats of :func:`step_split`'s figures:
+    ``full_tokens_per_s`` (the full-batch steps' pace), ``tail_s`` and ``tail_share`` (of the run's seconds),
+    and ``full_over_none``: the full-batch pace over ``none``'s in the same repeat (paired as the ratios)."""
+    figures: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for r in runs:
+        if r.split is None or r.arm.startswith(SINGLE) or r.split["full_s"] <= 0:
+            continue
+        entry = figures.setdefault(r.batch_size, {}).setdefault(r.arm, {})
+        entry.setdefault("full_tokens_per_s", []).append(r.split["full_tokens"] / r.split["full_s"])
+        entry.setdefault("tail_s", []).append(r.split["tail_s"])
+        entry.setdefault("tail_share", []).append(r.split["tail_s"] / r.seconds if r.seconds > 0 else 0.0)
+    for row in figures.values():
+        plain = row.get("none", {}).get("full_tokens_per_s")
+        for arm, entry in row.items():
+            if plain is not None and arm != "none":
+                pace = entry["full_tokens_per_s"]
+                entry["full_over_none"] = [mine / theirs for mine, theirs in zip(pace, plain, strict=False)]
+    return {batch: {arm: {key: round(float(np.median(values)), 3) for key, values in entry.items()}
+                    for arm, entry in row.items()} for batch, row in figures.items()}  # fmt: skip
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -293,6 +347,19 @@ def format_summary(summary: dict[str, Any]) -> str:
         ratio_rows = [[str(b), *(f"{summary['ratios'][b][n]:.2f}x" if n in summary["ratios"][b] else ""
                                  for n in names)] for b in summary["ratios"]]  # fmt: skip
         lines += ["", markdown_table(["B", *names], ratio_rows)]
+    steps = summary.get("steps") or {}
+    step_arms = list(dict.fromkeys(arm for row in steps.values() for arm in row))
+    if step_arms:
+        def cell(entry: dict[str, float] | None) -> str:
+            if entry is None:
+                return ""
+            over = f", {entry['full_over_none']:.2f}x none" if "full_over_none" in entry else ""
+            return f"{entry['full_tokens_per_s']:.1f}{over}; tail {entry['tail_s']:.2f} s ({entry['tail_share']:.0%})"
+
+        step_rows = [[str(b), *(cell(steps[b].get(a)) for a in step_arms)] for b in steps]
+        lines += ["", "Full-batch steps (every place busy; prefills excluded) tok/s, and the tail (steps with fewer "
+                  "rows, once no prompt is left to join):", "",
+                  markdown_table(["B", *step_arms], step_rows)]  # fmt: skip
     bad = {k: v for k, v in summary["acceptable"].items() if v.split("/")[0] != v.split("/")[1]}
     lines.append(
         f"\n{summary['prompts']} prompts, median of {summary.get('repeats', 1)} run(s) per figure (a ratio: the median "

@@ -70,10 +70,12 @@ class Prompt:
     text: str
 
 
-def heldout_prompts() -> list[Prompt]:
-    """The held-out prompts shipped with specdec (module docstring)."""
+def heldout_prompts(extra: bool = False) -> list[Prompt]:
+    """The held-out prompts shipped with specdec (module docstring): the 16 every one-off measurement times,
+    then, with ``extra``, 48 more of the same kinds (``heldout_extra``), for a batch that streams a list
+    several batches long (:mod:`specdec.bench.batched`)."""
     data = json.loads(resources.files("specdec").joinpath("data/prompts.json").read_text(encoding="utf-8"))
-    return [Prompt(p["kind"], p["prompt"]) for p in data["heldout"]]
+    return [Prompt(p["kind"], p["prompt"]) for p in data["heldout"] + (data["heldout_extra"] if extra else [])]
 
 
 @dataclass

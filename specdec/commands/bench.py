@@ -284,8 +284,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
         sizes = [int(b) for b in args.batch_size.split(",") if b.strip()]
     except ValueError:
         raise SpecDecError(f"--batch-size takes comma-separated ints, got {args.batch_size!r}") from None
+    available = oneoff.heldout_prompts(extra=True)
+    if args.prompts is not None and not 1 <= args.prompts <= len(available):
+        raise SpecDecError(f"--prompts takes 1 to {len(available)} held-out prompts, got {args.prompts}")
     model, tokenizer = load(args)
-    texts = [prompt.text for prompt in oneoff.heldout_prompts()[: args.prompts]]
+    texts = [prompt.text for prompt in available[: args.prompts or len(oneoff.heldout_prompts())]]
     runs = batched.measure(model, tokenizer, texts, args.drafters, sizes, args.max_new_tokens, not args.quiet,
                            args.repeats)
     summary = batched.summarize(runs)
@@ -483,7 +486,9 @@ def register(sub: Any) -> None:
                        help="comma-separated greedy specs; hf-generate is HF's batched generate, hf-static the "
                        "same on HF's static cache, compiled (hf-static:compile=false: not) (default: %(default)s)")
     batch.add_argument("--max-new-tokens", type=int, default=128)
-    batch.add_argument("--prompts", type=int, default=None, help="the first N held-out prompts (default: all 16)")
+    batch.add_argument("--prompts", type=int, default=None,
+                       help="the first N held-out prompts (default: the 16 of the one-off measurements; up to 64: "
+                            "48 more of the same kinds follow them)")  # fmt: skip
     batch.add_argument("--repeats", type=int, default=1,
                        help="rounds of the whole plan, interleaved; each figure is the median (default: %(default)s)")
     batch.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, batch.png go")
