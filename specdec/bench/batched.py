@@ -320,18 +320,22 @@ def _step_figures(runs: Sequence[ArmRun]) -> dict[int, dict[str, dict[str, float
     and ``full_over_none``: the full-batch pace over ``none``'s in the same repeat (paired as the ratios)."""
     figures: dict[int, dict[str, dict[str, list[float]]]] = {}
     for r in runs:
-        if r.split is None or r.arm.startswith(SINGLE) or r.split["full_s"] <= 0:
+        if r.split is None or r.arm.startswith(SINGLE):
             continue
         entry = figures.setdefault(r.batch_size, {}).setdefault(r.arm, {})
-        entry.setdefault("full_tokens_per_s", []).append(r.split["full_tokens"] / r.split["full_s"])
+        full_s = r.split["full_s"]  # 0.0 when no step had every place busy: a pace of 0, kept so repeats stay paired
+        entry.setdefault("full_tokens_per_s", []).append(r.split["full_tokens"] / full_s if full_s > 0 else 0.0)
         entry.setdefault("tail_s", []).append(r.split["tail_s"])
         entry.setdefault("tail_share", []).append(r.split["tail_s"] / r.seconds if r.seconds > 0 else 0.0)
     for row in figures.values():
         plain = row.get("none", {}).get("full_tokens_per_s")
         for arm, entry in row.items():
-            if plain is not None and arm != "none":
-                pace = entry["full_tokens_per_s"]
-                entry["full_over_none"] = [mine / theirs for mine, theirs in zip(pace, plain, strict=False)]
+            if plain is None or arm == "none":
+                continue
+            pace = entry["full_tokens_per_s"]
+            paired = [mine / theirs for mine, theirs in zip(pace, plain, strict=True) if theirs > 0]
+            if paired:  # as summarize's ratios: the k-th runs of the two arms, which ran one after the other
+                entry["full_over_none"] = paired
     return {batch: {arm: {key: round(float(np.median(values)), 3) for key, values in entry.items()}
                     for arm, entry in row.items()} for batch, row in figures.items()}  # fmt: skip
 

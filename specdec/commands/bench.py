@@ -284,11 +284,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
         sizes = [int(b) for b in args.batch_size.split(",") if b.strip()]
     except ValueError:
         raise SpecDecError(f"--batch-size takes comma-separated ints, got {args.batch_size!r}") from None
-    available = oneoff.heldout_prompts(extra=True)
-    if args.prompts is not None and not 1 <= args.prompts <= len(available):
-        raise SpecDecError(f"--prompts takes 1 to {len(available)} held-out prompts, got {args.prompts}")
+    held_out = oneoff.heldout_prompts(extra=args.prompts is not None)  # the 48 more only when asked for a count
+    if args.prompts is not None and not 1 <= args.prompts <= len(held_out):
+        raise SpecDecError(f"--prompts takes 1 to {len(held_out)} held-out prompts, got {args.prompts}")
     model, tokenizer = load(args)
-    texts = [prompt.text for prompt in available[: args.prompts or len(oneoff.heldout_prompts())]]
+    texts = [prompt.text for prompt in held_out[: args.prompts]]
     runs = batched.measure(model, tokenizer, texts, args.drafters, sizes, args.max_new_tokens, not args.quiet,
                            args.repeats)
     summary = batched.summarize(runs)
