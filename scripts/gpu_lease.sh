@@ -48,7 +48,8 @@ probe)
   step probe "${T_PROBE:-120}" env OUT="$W/probe" python3 scripts/gpu_probe.py cuda
   grep -v "Warning\|warn" "$W/probe.log" | tail -12; cp "$W/probe.log" "$W/probe/probe.json" "$OUT/" 2>/dev/null
   step tests "${T_TESTS:-170}" python3 -m pytest -p no:cacheprovider -o addopts=-ra -q --tb=short \
-    tests/test_static_shared.py tests/test_static.py tests/test_cuda_ext.py tests/test_batch.py tests/test_bad_input.py \
+    tests/test_static_rows.py tests/test_static_shared.py tests/test_static.py tests/test_cuda_ext.py tests/test_batch.py \
+    tests/test_bad_input.py \
     -k cuda -m "not slow"
   grep -E "^(FAILED|ERROR)|passed|failed" "$W/tests.log" | tail -12; cp "$W/tests.log" "$OUT/tests-tiny.txt"
   ;;

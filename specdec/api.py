@@ -21,6 +21,8 @@ from typing import Any, TypedDict
 from typing_extensions import Unpack
 
 from specdec.backends import make_verifier
+from specdec.backends.static import StaticVerifier
+from specdec.backends.static_rows import RowsStaticVerifier
 from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
@@ -224,6 +226,7 @@ class Generator:
         # The batch planner's own learning: its rate per number of rows and its cost model (batching.py).
         self.batch_throughputs: dict[int, Throughput] = {}
         self._batch_cost: VerifyCostModel | None = None
+        self._rows: dict[int, RowsStaticVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
         self._cost: VerifyCostModel | None = None  # the cost model this generator's planners use, once loaded
         self.planner_stats = open_planner_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
         if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
@@ -240,6 +243,8 @@ class Generator:
         with self._lock:
             self._closed = True
             self.verifier.close()
+            for rows in self._rows.values():
+                rows.close()
 
     def __enter__(self) -> Generator:
         return self
@@ -391,8 +396,9 @@ class Generator:
 
         Continuous batching (:mod:`specdec.batching`): up to ``batch_size`` prompts are decoded
         side by side, one verification forward per step for all of them on ``cache="native"``
-        (the CPU's default; the model's own forward verifies the rows one after another, and a
-        static cache holds one row at a time), and a finished row's place goes to the next
+        (the CPU's default) and on a static cache (CUDA's default: the rows share one cache,
+        :mod:`specdec.backends.static_rows`); the model's own forward (``cache="dynamic"``)
+        verifies the rows one after another. A finished row's place goes to the next
         prompt at once. Each row has its own drafter (from this generator's drafter name or
         factory; shared datastores are shared, and ``sam``'s store is fed by every row that
         finishes), its own stop rules and its own seed: with ``seed=S`` (or a seed drawn when
@@ -415,16 +421,33 @@ class Generator:
         requests = [BatchRequest(index, ids, row_config) for index, (ids, row_config) in enumerate(
             zip(self._batch_prompts(prompts, config), self._row_configs(config, len(prompts), seeds, options),
                 strict=True))]  # fmt: skip
-        limit = live_limit(self.verifier)
+        verifier = self._batch_verifier(batch_size)
+        limit = live_limit(verifier)
         places = batch_size if limit is None else min(batch_size, limit)
         if places > 1 and self._factory is None and isinstance(self._drafter_spec, Drafter):
             raise SpecDecError(
                 "a batch gives every row its own drafter: pass the drafter by name or as a factory (a Drafter "
                 "object serves one sequence at a time), or batch_size=1"
             )
-        check_memory(self.verifier, requests, batch_size, available_memory(self.verifier.device))
+        check_memory(verifier, requests, batch_size, available_memory(verifier.device))
         planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model)
-        return self._locked("iter_batch", self._batch(requests, places, planner))
+        return self._locked("iter_batch", self._batch(verifier, requests, places, planner))
+
+    def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
+        """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
+        sequence (a static cache), a :class:`~specdec.backends.static_rows.RowsStaticVerifier` of the same
+        mode, tree ops and buckets with ``batch_size`` places (made at the first batch of that size, closed
+        with this generator), which verifies every row in one forward."""
+        verifier = self.verifier
+        if batch_size < 2 or type(verifier) is not StaticVerifier:
+            return verifier
+        rows = self._rows.get(batch_size)
+        if rows is None:
+            rows = self._rows[batch_size] = RowsStaticVerifier(
+                self.model, verifier.ops, verifier.chooser, places=batch_size, mode=verifier.mode,
+                buckets=verifier.buckets,
+            )  # fmt: skip
+        return rows
 
     def _locked(
         self, what: str, rows: Iterator[tuple[int, GenerationResult]]
@@ -477,7 +500,7 @@ class Generator:
         return self._batch_cost, spent
 
     def _batch(
-        self, requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
+        self, verifier: Verifier[Any], requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
     ) -> Iterator[tuple[int, GenerationResult]]:
         stepped = False
         try:
@@ -487,7 +510,7 @@ class Generator:
                     stepped = stepped or result.stats.steps > 0
                     yield request.index, result
                 return
-            for finished in decode_batch(self.verifier, requests, self.new_drafter, batch_size=batch_size,
+            for finished in decode_batch(verifier, requests, self.new_drafter, batch_size=batch_size,
                                          planner=planner):  # fmt: skip
                 finish = getattr(finished.drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
                 if callable(finish):

@@ -26,9 +26,11 @@ is its single-sequence output; on ``cache="native"`` the rows' logits are bitwis
 logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.runner_verifier`).
 
 **Verifiers.** A :class:`~specdec.types.BatchVerifier` verifies all rows in one call
-(``cache="native"``: one forward; the model's own forward, ``"dynamic"``: one row after another,
+(``cache="native"``: one forward; a static cache's rows verifier,
+:class:`~specdec.backends.static_rows.RowsStaticVerifier`, that a Generator on a static cache
+batches with: one forward; the model's own forward, ``"dynamic"``: one row after another,
 lossless but no faster than decoding the prompts in turn) and says how many sequences it holds
-at once (``"static"``: one, so its rows run one at a time). A plain
+at once. A plain
 :class:`~specdec.types.Verifier` is taken one row at a time.
 
 **Memory.** Each live row holds its own KV cache (:meth:`~specdec.types.BatchVerifier.row_bytes`).

@@ -138,13 +138,22 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
     assert order != list(range(len(prompts))) or by_steps == order  # completion order, not prompt order
 
 
-def test_a_static_cache_runs_its_rows_one_at_a_time() -> None:
+def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
+    """Its own verifier holds one sequence; a batch runs on a rows verifier of as many places (test_static_rows)."""
+    from specdec.backends.static_rows import RowsStaticVerifier
+
     model = tiny_model("llama")
     prompts = ragged_prompts("static", 3)
     generator = specdec.Generator(model, drafter="pld", cache="static-eager")
     assert isinstance(generator.verifier, BatchVerifier) and generator.verifier.live_limit == 1
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=12)
     assert [r.tokens for r in results] == alone(model, prompts, "static-eager", max_new_tokens=12)
+    rows = generator._batch_verifier(4)
+    assert isinstance(rows, RowsStaticVerifier) and rows.live_limit == 4 and generator._batch_verifier(4) is rows
+    assert generator._batch_verifier(1) is generator.verifier
+    generator.close()
+    with pytest.raises(SpecDecError, match="closed"):
+        rows.prefill([1, 2, 3])
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -142,6 +142,7 @@ def tree_forward(
     additive_dtype: torch.dtype | None,
     logits_to_keep: int,
     cache_keyword: str,
+    bounds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One forward of ``model`` over ``T`` nodes written at ``slots``; returns logits ``[T or keep, V]``.
 
@@ -152,10 +153,15 @@ def tree_forward(
     ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
     ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
     ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
+    ``bounds`` int64 ``[2, T]`` (rows of a batch, :mod:`specdec.backends.static_rows`): node ``i``'s
+    committed slots are ``bounds[0, i] <= s < bounds[1, i]`` instead of ``s < C``.
     """
     width = writer.owner.width
     columns = torch.arange(width, device=slots.device)  # [W]
-    committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, W]
+    if bounds is None:  # one sequence: its committed slots are 0 .. C-1
+        committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, W]
+    else:  # rows of a batch, each in its own region of slots (static_rows): node i's are bounds[0, i] .. bounds[1, i]-1
+        committed = (columns.unsqueeze(0) >= bounds[0].unsqueeze(1)) & (columns.unsqueeze(0) < bounds[1].unsqueeze(1))
     tree = torch.zeros((slots.shape[0], width), dtype=torch.bool, device=slots.device)
     tree = tree.index_copy(1, slots, ancestors)  # [T, W]: the ancestors' slots
     allowed = (committed | tree)[None, None]  # [1, 1, T, W]
@@ -212,6 +218,7 @@ class BucketRunner:
         self.positions = torch.zeros((1, size), dtype=torch.int64, device=device)
         self.slots = torch.arange(size, dtype=torch.int64, device=device)
         self.ancestors = torch.eye(size, dtype=torch.bool, device=device)
+        self.bounds: torch.Tensor | None = None  # per-node committed ranges: rows of a batch only (static_rows)
         # Host staging for the uploads: one int64 row of tokens, positions and slots, pinned on CUDA.
         self._staging = torch.zeros((3, size), dtype=torch.int64)
         self._staging_ancestors = torch.zeros((size, size), dtype=torch.bool)
@@ -266,7 +273,7 @@ class BucketRunner:
         verifier = self.verifier
         return tree_forward(
             verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-            verifier.additive_dtype, 0, verifier.cache_keyword,
+            verifier.additive_dtype, 0, verifier.cache_keyword, self.bounds,
         )  # fmt: skip
 
     def _compiled_forward(self) -> torch.Tensor:
@@ -282,7 +289,7 @@ class BucketRunner:
         with torch._inductor.config.patch(settings):
             return self._compiled(
                 verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-                verifier.additive_dtype, 0, verifier.cache_keyword,
+                verifier.additive_dtype, 0, verifier.cache_keyword, self.bounds,
             )  # fmt: skip
 
     def reset_compiled(self) -> None:
@@ -363,6 +370,7 @@ class StaticVerifier(ModelVerifier):
     """
 
     buckets: tuple[int, ...]
+    runner_class: type[BucketRunner] = BucketRunner  # what each bucket's forward is run by
 
     def __init__(
         self,
@@ -418,7 +426,7 @@ class StaticVerifier(ModelVerifier):
         setting = self._pool_setting()
         held: DeviceSet | None = static_shared.take_idle(self.model, setting) if pooled else None
         if held is None:
-            held = DeviceSet(StaticKVCache(num_layers, MIN_CAPACITY, self.device), signature)
+            held = DeviceSet(StaticKVCache(num_layers, self._first_capacity(), self.device), signature)
         else:
             held.cache.committed_len = 0
             held.cache.window = None
@@ -433,6 +441,10 @@ class StaticVerifier(ModelVerifier):
         if pooled:
             self._finalizer = weakref.finalize(self, _release, weakref.ref(self.model), setting, held)
         return held
+
+    def _first_capacity(self) -> int:
+        """The slots a new cache starts with (it grows as sequences need)."""
+        return MIN_CAPACITY
 
     def close(self) -> None:
         """Done with this verifier: its device state (cache, captured graphs) goes back to the model's pool
@@ -473,11 +485,12 @@ class StaticVerifier(ModelVerifier):
 
     @property
     def live_limit(self) -> int | None:
-        """One: the verifier's one cache serves one sequence at a time (a batch runs its rows one by one)."""
+        """One: the verifier's one cache serves one sequence at a time (a Generator batches on a
+        :class:`~specdec.backends.static_rows.RowsStaticVerifier` instead)."""
         return 1
 
     def row_bytes(self, tokens: int) -> int | None:
-        """None: the verifier's one cache, whatever the number of rows (a batch holds one row at a time)."""
+        """None: the verifier's one cache, whatever the number of sequences (it holds one at a time)."""
         del tokens
         return None
 
@@ -490,9 +503,12 @@ class StaticVerifier(ModelVerifier):
 
     def shared_store(self) -> ForwardStore:
         """The model's compiled forwards for this verifier's dtype, device, kernels and compile settings."""
+        return store_for(self.model, self._store_setting(), self.held.weights)
+
+    def _store_setting(self) -> tuple[Any, ...]:
+        """What this verifier's compiled forwards must match to be shared (the store's key)."""
         kernels = tuple(self.kernels.variant_for(bucket) for bucket in self.buckets)  # what each bucket runs
-        setting = (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack)
-        return store_for(self.model, setting, self.held.weights)
+        return (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack)
 
     def shared_forward(self, size: int, mode: str) -> SharedForward:
         """The compiled forward of the ``size``-node bucket at this cache capacity, shared by the model's
@@ -560,7 +576,7 @@ class StaticVerifier(ModelVerifier):
             if failed is not None and self._fallback_reason is None:  # an earlier verifier of the model found it
                 self._fall_back(failed, "failed for this model earlier in this process")
             mode = self.mode if self._fallback_reason is None else "eager"
-            runner = self._runners[bucket] = BucketRunner(self, bucket, mode)
+            runner = self._runners[bucket] = self.runner_class(self, bucket, mode)
         return runner
 
     def _run(self, runner: BucketRunner) -> torch.Tensor:
@@ -623,7 +639,7 @@ class StaticVerifier(ModelVerifier):
         buckets = list(self._runners)
         self.held.drop_runners()  # their graphs go, and a fresh pool serves any later capture
         for bucket in buckets:
-            self._runners[bucket] = BucketRunner(self, bucket, "eager")
+            self._runners[bucket] = self.runner_class(self, bucket, "eager")
 
     def warm_up(self, max_tokens: int, on_bucket: Callable[[int], None] | None = None) -> None:
         """Compile or capture every bucket's forward for sequences of up to ``max_tokens`` tokens.

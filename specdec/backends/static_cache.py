@@ -110,6 +110,23 @@ class StaticKVCache:
                 new.append(grown)
         self.generation += 1
 
+    def regrow_regions(self, capacity: int, regions: list[tuple[int, int, int]]) -> None:
+        """Reallocate to ``capacity`` slots, copying each ``(source, target, length)`` run of slots over;
+        every other slot starts at zero (the batch of rows that shares one cache moves its regions apart:
+        :mod:`specdec.backends.static_rows`)."""
+        old_keys, old_values = self.keys, self.values
+        self.capacity = capacity
+        self.generation += 1
+        if old_keys is None or old_values is None:
+            return
+        self.keys, self.values = [], []
+        for old, new in ((old_keys, self.keys), (old_values, self.values)):
+            for tensor in old:
+                moved = tensor.new_zeros((*tensor.shape[:2], capacity, tensor.shape[3]))
+                for source, target, length in regions:
+                    moved[:, :, target : target + length] = tensor[:, :, source : source + length]
+                new.append(moved)
+
     def ensure(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s keys and values ``[B, H, S, D]``, allocated like ``keys``/``values`` ``[B, H, T, D]``
         if this is the cache's first write."""

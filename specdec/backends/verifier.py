@@ -53,6 +53,7 @@ class KVState:
     repetition_penalty: float = 1.0
     presence: torch.Tensor | None = None
     sequence: int = 0  # which prefill made it (a static cache serves the latest one only)
+    place: int = 0  # its region of a cache shared by a batch's rows (specdec.backends.static_rows)
 
 
 @dataclass(frozen=True)
