@@ -9,7 +9,10 @@
    and three ``run`` calls, each with its ms per step and what its verifier did (eager forwards,
    captures and replays counted by patching :class:`specdec.backends.static.BucketRunner`), whether
    it took a lent device state, and its runners' modes and self-check flags.
-2. **Why captures fail after Hugging Face's compiled static ``generate``.** In that lease, after
+2. **What a batch on the static cache gets now** (``specdec.backends.static_rows``: every row in one
+   forward, new since that lease): ``none`` at B = 1, 4, 16, 32 against Hugging Face's batched
+   ``generate`` on the same prompts, tokens/s.
+3. **Why captures fail after Hugging Face's compiled static ``generate``.** In that lease, after
    ``hf-static`` (``torch.compile``, reduce-overhead: inductor's own CUDA graphs) ran in the process,
    every capture of specdec's failed ("operation failed due to a previous error during capture")
    and fell back to eager forwards. Here: the compiled ``generate``, then a Generator with the
@@ -150,12 +153,48 @@ def part_two(model: Any, prompt: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+def part_three(model: Any, prompt: list[int]) -> list[dict[str, Any]]:
+    """Batches on the static cache, every row in one forward (``static_rows``), against Hugging Face's batched
+    ``generate`` on the same prompts (rotations of one prompt: equal lengths, no padding): tokens/s by B."""
+    rows: list[dict[str, Any]] = []
+    prompts = [prompt[i:] + prompt[:i] for i in range(32)]
+    for batch in (1, 4, 16, 32) if not QUICK else (1, 2):
+        chosen = prompts[: max(batch, 8)]
+        generator = specdec.Generator(model, drafter="none", cache=CACHE)
+        generator.generate_batch(chosen[:batch], batch_size=batch, max_new_tokens=8)  # captures its buckets
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        results = generator.generate_batch(chosen, batch_size=batch, max_new_tokens=NEW_TOKENS)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        ours = time.perf_counter() - started
+        tokens = sum(len(result.tokens) for result in results)
+        verifier = generator._batch_verifier(batch)
+        hf_tokens, started = 0, time.perf_counter()
+        for first in range(0, len(chosen), batch):
+            ids = torch.tensor(chosen[first : first + batch], device=DEVICE)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS)
+            hf_tokens += int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        hf = time.perf_counter() - started
+        row = {"batch": batch, "prompts": len(chosen), "specdec_none_tok_s": round(tokens / ours, 1),
+               "hf_batched_tok_s": round(hf_tokens / hf, 1), "verifier": type(verifier).__name__,
+               **describe(verifier)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        generator.close()
+    return rows
+
+
 def main() -> None:
     torch.manual_seed(0)
     model = shaped_model(torch.float32)
     prompt = [int(t) for t in torch.randint(100, 40000, (40,))] * 3
     report = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu",
               "run_vs_generator": part_one(model, prompt)}
+    report["batches"] = part_three(model, prompt)  # before part two: a compiled generate may break later captures
     if not QUICK:
         report["capture_after_hf_static"] = part_two(model, prompt)
     out = os.environ.get("OUT", ".")

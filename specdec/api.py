@@ -22,7 +22,7 @@ from typing_extensions import Unpack
 
 from specdec.backends import make_verifier
 from specdec.backends.static import StaticVerifier
-from specdec.backends.static_rows import RowsStaticVerifier
+from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
 from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
@@ -443,9 +443,10 @@ class Generator:
             return verifier
         rows = self._rows.get(batch_size)
         if rows is None:
+            extra = tuple(b for b in ROWS_BUCKETS if b > verifier.buckets[-1])  # every row's tree in one forward
             rows = self._rows[batch_size] = RowsStaticVerifier(
                 self.model, verifier.ops, verifier.chooser, places=batch_size, mode=verifier.mode,
-                buckets=verifier.buckets,
+                buckets=(*verifier.buckets, *extra), row_nodes=verifier.largest_bucket,
             )  # fmt: skip
         return rows
 

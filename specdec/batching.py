@@ -114,7 +114,9 @@ def check_memory(
 
     A row's peak is :meth:`~specdec.types.BatchVerifier.row_bytes` of its prompt, its
     ``max_new_tokens`` and its largest tree; the batch's, the sum of its ``batch_size``
-    largest rows (any of them may be live together). Raises :class:`SpecDecError` when that is
+    largest rows (any of them may be live together), or ``batch_size`` times the largest where
+    every place is as large as the largest row's (a verifier with ``regions_alike``: one static
+    cache cut into equal regions, :mod:`specdec.backends.static_rows`). Raises :class:`SpecDecError` when that is
     more than :data:`MEMORY_SHARE` of ``available`` bytes, naming the largest batch size that fits.
     """
     if not isinstance(verifier, BatchVerifier) or not requests:
@@ -129,6 +131,8 @@ def check_memory(
             return None
         sizes.append(size)
     largest = sorted(sizes, reverse=True)
+    if getattr(verifier, "regions_alike", False):
+        largest = [largest[0]] * len(largest)
     peak = sum(largest[:places])
     if available is None or peak <= MEMORY_SHARE * available:
         return peak

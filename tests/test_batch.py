@@ -150,6 +150,7 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
     assert [r.tokens for r in results] == alone(model, prompts, "static-eager", max_new_tokens=12)
     rows = generator._batch_verifier(4)
     assert isinstance(rows, RowsStaticVerifier) and rows.live_limit == 4 and generator._batch_verifier(4) is rows
+    assert rows.buckets[-1] == 512 and rows.max_tree_nodes == generator.verifier.max_tree_nodes == 128
     assert generator._batch_verifier(1) is generator.verifier
     generator.close()
     with pytest.raises(SpecDecError, match="closed"):

@@ -166,6 +166,24 @@ def test_places_are_taken_given_back_and_refused_when_full() -> None:
     assert rows.row_bytes(100) == rows.row_bytes(256) < rows.row_bytes(257)
     with pytest.raises(SpecDecError, match="places must be a positive int"):
         RowsStaticVerifier(tiny_model("llama"), places=0)
+    wide = RowsStaticVerifier(tiny_model("llama"), places=2)  # every row's tree in one forward, each row's within 128
+    assert (wide.largest_bucket, wide.max_tree_nodes) == (512, 128)
+    with pytest.raises(SpecDecError, match="row_nodes must be an int from 1 to the largest bucket"):
+        RowsStaticVerifier(tiny_model("llama"), places=2, row_nodes=600)
+
+
+def test_the_memory_check_counts_every_place_as_large_as_the_largest_row() -> None:
+    from specdec.batching import BatchRequest, check_memory
+    from specdec.decoding import DecodingConfig, StopRules
+
+    _, rows = lone_and_rows(3)
+    config = DecodingConfig(StopRules(20))
+    requests = [BatchRequest(i, [1] * n, config) for i, n in enumerate((10, 10, 300, 10))]
+    largest = rows.row_bytes(300 + 20 + rows.max_tree_nodes)
+    assert largest > rows.row_bytes(10 + 20 + rows.max_tree_nodes)
+    assert check_memory(rows, requests, 3, None) == 3 * largest
+    with pytest.raises(SpecDecError, match="pass batch_size=2"):
+        check_memory(rows, requests, 3, int(2.5 * largest / 0.8))
 
 
 def test_warm_up_and_calibration_leave_the_live_rows_alone() -> None:

@@ -14,7 +14,10 @@ region (``bounds`` of :func:`~specdec.backends.static.tree_forward`) and their o
 padding nodes write to scratch slots and see only themselves. So every row is verified by one
 forward, and all a bucket has carries over unchanged from the one-sequence verifier: its
 buffers, its compiled function or captured CUDA graph, its self-check at first use against the
-eager forward. Trees that add up to more than the largest bucket go in several forwards.
+eager forward. The buckets go on past the one-sequence verifier's (:data:`ROWS_BUCKETS`: up to 512
+nodes, 32 rows of 16), while one row's tree stays within ``row_nodes`` (128); trees that add up to
+more than the largest bucket go in several forwards (the batch planner, which prices one forward,
+then under-prices the step).
 
 **What it costs.** Every node attends over all ``P*S + M`` slots, masked: nothing next to a GPU
 step's launch overhead at these sizes; on a CPU an eager attention over every region costs more
@@ -52,6 +55,9 @@ from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, TreeOps, _kv_bytes_per_token
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, TokenChooser, Verification
+
+# A batch's buckets: the one-sequence ones, then room for every row's tree of a large batch in one forward.
+ROWS_BUCKETS = (*BUCKETS, 256, 512)
 
 
 class RowsBucketRunner(BucketRunner):
@@ -102,9 +108,12 @@ class RowsBucketRunner(BucketRunner):
 
 class RowsStaticVerifier(StaticVerifier):
     """A static-cache verifier of up to ``places`` sequences at once, all rows in one forward per step
-    (module docstring). ``mode`` and ``buckets`` as for :class:`~specdec.backends.static.StaticVerifier`."""
+    (module docstring). ``mode`` and ``buckets`` (by the rows' total nodes) as for
+    :class:`~specdec.backends.static.StaticVerifier`; ``row_nodes``: the most nodes one row's tree may have
+    (:attr:`max_tree_nodes`; at most the largest bucket; None: 128, or the largest bucket if smaller)."""
 
     runner_class = RowsBucketRunner
+    regions_alike = True  # every place's region is as large as the largest (batching.check_memory counts so)
 
     def __init__(
         self,
@@ -114,7 +123,8 @@ class RowsStaticVerifier(StaticVerifier):
         *,
         places: int,
         mode: str | None = None,
-        buckets: Sequence[int] = BUCKETS,
+        buckets: Sequence[int] = ROWS_BUCKETS,
+        row_nodes: int | None = None,
     ) -> None:
         if isinstance(places, bool) or not isinstance(places, int) or places < 1:
             raise SpecDecError(f"places must be a positive int, got {places!r}")
@@ -122,6 +132,13 @@ class RowsStaticVerifier(StaticVerifier):
         self._owners: list[weakref.ReferenceType[KVState] | None] = [None] * places
         self._opening: int | None = None  # the place the prefill in progress writes
         super().__init__(model, ops, chooser, mode=mode, buckets=buckets)
+        if row_nodes is None:
+            row_nodes = min(BUCKETS[-1], self.largest_bucket)
+        if isinstance(row_nodes, bool) or not isinstance(row_nodes, int) or not 1 <= row_nodes <= self.largest_bucket:
+            raise SpecDecError(f"row_nodes must be an int from 1 to the largest bucket ({self.largest_bucket}), "
+                               f"got {row_nodes!r}")  # fmt: skip
+        self.row_nodes = row_nodes
+        self.max_tree_nodes = row_nodes  # one row's tree; the buckets hold every row's
 
     # -- layout ---------------------------------------------------------------------------
     def _first_capacity(self) -> int:
@@ -205,7 +222,7 @@ class RowsStaticVerifier(StaticVerifier):
                 f"all {self.places} places of this batch verifier hold live sequences: release one first"
             )
         length = input_ids.shape[1]
-        self._fit(length + max(reserve, 0) + self.largest_bucket)
+        self._fit(length + max(reserve, 0) + self.row_nodes)
         base = place * self.span
         slots = torch.arange(base, base + length, dtype=torch.int64, device=self.device)
         ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
@@ -241,7 +258,7 @@ class RowsStaticVerifier(StaticVerifier):
 
     def _rows_forward(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' logits ``[R, V]`` and positions int64 ``[R]``, tree after tree (``R = sum N_b``)."""
-        self._fit(max(state.committed_len for state in states) + self.largest_bucket)
+        self._fit(max(state.committed_len + tree.size for state, tree in zip(states, trees, strict=True)))
         span, scratch = self.span, self.places * self.span
         logits_parts, position_parts = [], []
         groups = _groups([tree.size for tree in trees], self.largest_bucket)
