@@ -6,7 +6,8 @@ is the default, that kept specdec's tokens per second flat in the batch size whi
 Face's batched ``generate`` grew 34x by B = 32 (0.19x there: docs/bench/gpu-h200-2026-11-27).
 
 **The flat layout.** One cache of batch 1 whose slots are cut into ``P`` regions of ``S`` slots,
-one per place, and ``M`` scratch slots at the end (``M``: the largest bucket). Place ``p`` owns
+one per place, and ``M`` scratch slots at the end (``M``: the most padding a bucket adds, 255 for
+buckets up to 512). Place ``p`` owns
 slots ``p*S .. (p+1)*S - 1``. A step concatenates every row's tree into one tree of
 ``T = sum N_b`` nodes, padded up to a bucket as a lone tree is: row ``b``'s nodes are written at
 ``p_b*S + C_b + i`` with positions ``C_b + depth``, and see the committed slots of their own
@@ -142,12 +143,21 @@ class RowsStaticVerifier(StaticVerifier):
 
     # -- layout ---------------------------------------------------------------------------
     def _first_capacity(self) -> int:
-        return self.places * MIN_CAPACITY + self.largest_bucket
+        return self.places * MIN_CAPACITY + self.scratch
 
     @property
     def span(self) -> int:
         """Slots per place (``S``)."""
-        return (self.cache.capacity - self.largest_bucket) // self.places
+        return (self.cache.capacity - self.scratch) // self.places
+
+    @property
+    def scratch(self) -> int:
+        """Slots for padding nodes after the regions: a tree is padded by less than the gap below its bucket.
+
+        >>> max(b - a - 1 for a, b in zip((0, *ROWS_BUCKETS), ROWS_BUCKETS))
+        255
+        """
+        return max(b - a - 1 for a, b in zip((0, *self.buckets), self.buckets, strict=False))
 
     def _pool_setting(self) -> tuple[Any, ...]:
         return (*super()._pool_setting(), "rows", self.places)
@@ -167,7 +177,7 @@ class RowsStaticVerifier(StaticVerifier):
             state = self._owner(place)
             if state is not None:
                 moves.append((place * span, place * grown, state.committed_len))
-        self.cache.regrow_regions(self.places * grown + self.largest_bucket, moves)
+        self.cache.regrow_regions(self.places * grown + self.scratch, moves)
         self.held.drop_runners()  # their buffers wrote the old layout; the graphs read the old tensors
 
     # -- places ---------------------------------------------------------------------------
