@@ -262,6 +262,10 @@ class BucketRunner:
         ancestors[:] = False
         ancestors[:n, :n] = ancestor_matrix(tree.parents)
         ancestors[np.arange(n, size), np.arange(n, size)] = True
+        self._upload()
+
+    def _upload(self) -> None:
+        """Copy the host staging into the device buffers (pinned and asynchronous on CUDA)."""
         blocking = self.tokens.device.type == "cpu"
         self.tokens.copy_(self._staging[0:1], non_blocking=not blocking)
         self.positions.copy_(self._staging[1:2], non_blocking=not blocking)
@@ -667,16 +671,24 @@ class StaticVerifier(ModelVerifier):
         length = input_ids.shape[1]
         self._reserve(length + max(reserve, 0) + self.largest_bucket)
         self.cache.committed_len = 0
-        slots = torch.arange(length, dtype=torch.int64, device=self.device)
-        ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
-        positions = slots.unsqueeze(0)
         self.cache.window = self._window_for(length, "eager")
-        logits = tree_forward(
-            self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
-            0 if keep_all else 1, self.cache_keyword,
-        )  # fmt: skip
+        logits = self._prompt_forward(input_ids, keep_all)
         self.cache.committed_len = length
         return self.cache, logits
+
+    def _prompt_forward(
+        self, input_ids: torch.Tensor, keep_all: bool, base: int = 0, bounds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The prompt ``[1, L]`` as a chain at positions ``0 .. L-1``, written at slots ``base ..`` (eager: its
+        length varies); ``bounds`` as :func:`tree_forward` takes them."""
+        length = input_ids.shape[1]
+        slots = torch.arange(base, base + length, dtype=torch.int64, device=self.device)
+        ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
+        positions = (slots - base).unsqueeze(0)
+        return tree_forward(
+            self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
+            0 if keep_all else 1, self.cache_keyword, bounds,
+        )  # fmt: skip
 
     def _on_new_state(self, state: KVState) -> None:
         self._sequences_made += 1

@@ -95,30 +95,18 @@ class StaticKVCache:
 
     def grow(self, capacity: int) -> None:
         """Reallocate to ``capacity`` slots (> the present one), keeping the committed slots' contents."""
-        if capacity <= self.capacity:
-            return
-        old_keys, old_values = self.keys, self.values
-        self.capacity = capacity
-        if old_keys is None or old_values is None:
-            return
-        keep = self.committed_len
-        self.keys, self.values = [], []
-        for old, new in ((old_keys, self.keys), (old_values, self.values)):
-            for tensor in old:
-                grown = tensor.new_zeros((*tensor.shape[:2], capacity, tensor.shape[3]))
-                grown[:, :, :keep] = tensor[:, :, :keep]
-                new.append(grown)
-        self.generation += 1
+        if capacity > self.capacity:
+            self.regrow_regions(capacity, [(0, 0, self.committed_len)])
 
     def regrow_regions(self, capacity: int, regions: list[tuple[int, int, int]]) -> None:
         """Reallocate to ``capacity`` slots, copying each ``(source, target, length)`` run of slots over;
         every other slot starts at zero (the batch of rows that shares one cache moves its regions apart:
-        :mod:`specdec.backends.static_rows`)."""
+        :mod:`specdec.backends.static_rows`; :meth:`grow` keeps one region, the committed slots)."""
         old_keys, old_values = self.keys, self.values
         self.capacity = capacity
-        self.generation += 1
         if old_keys is None or old_values is None:
             return
+        self.generation += 1
         self.keys, self.values = [], []
         for old, new in ((old_keys, self.keys), (old_values, self.values)):
             for tensor in old:

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.backends.static import BUCKETS, MIN_CAPACITY, BucketRunner, StaticVerifier, capacity_for, tree_forward
+from specdec.backends.static import BUCKETS, MIN_CAPACITY, BucketRunner, StaticVerifier, capacity_for
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, TreeOps, _kv_bytes_per_token
 from specdec.errors import SpecDecError
@@ -98,13 +98,12 @@ class RowsBucketRunner(BucketRunner):
         bounds[:, start:] = 0
         ancestors[np.arange(start, size), np.arange(start, size)] = True
         self.filled = start
-        blocking = self.tokens.device.type == "cpu"
-        self.tokens.copy_(self._staging[0:1], non_blocking=not blocking)
-        self.positions.copy_(self._staging[1:2], non_blocking=not blocking)
-        self.slots.copy_(self._staging[2], non_blocking=not blocking)
-        self.ancestors.copy_(self._staging_ancestors, non_blocking=not blocking)
+        self._upload()
+
+    def _upload(self) -> None:
+        super()._upload()
         assert self.bounds is not None
-        self.bounds.copy_(self._staging_bounds, non_blocking=not blocking)
+        self.bounds.copy_(self._staging_bounds, non_blocking=self.bounds.device.type != "cpu")
 
 
 class RowsStaticVerifier(StaticVerifier):
@@ -234,15 +233,9 @@ class RowsStaticVerifier(StaticVerifier):
         length = input_ids.shape[1]
         self._fit(length + max(reserve, 0) + self.row_nodes)
         base = place * self.span
-        slots = torch.arange(base, base + length, dtype=torch.int64, device=self.device)
-        ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
-        positions = torch.arange(length, dtype=torch.int64, device=self.device).unsqueeze(0)
         bounds = torch.full((2, length), base, dtype=torch.int64, device=self.device)  # nothing committed yet
         self.cache.window = None
-        logits = tree_forward(
-            self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
-            0 if keep_all else 1, self.cache_keyword, bounds,
-        )  # fmt: skip
+        logits = self._prompt_forward(input_ids, keep_all, base, bounds)
         self._opening = place
         return self.cache, logits
 
