@@ -21,8 +21,12 @@ only tensor contents do. This module does that for tree verification:
   to :data:`WINDOW_STEP`): ``W`` is a dynamic size of the compiled forward (marked on a
   zero-byte ``[W, 0]`` tensor the cache holds), so one graph per bucket serves every
   window and a step's attention costs what the sequence holds, not what the cache could
-  (eager forwards anywhere, compiled ones on the CPU; CUDA graphs replay one shape and keep
-  the whole cache as their window);
+  (eager forwards anywhere, compiled ones on the CPU). A CUDA graph replays one shape, so
+  ``cudagraphs`` windows come in power-of-two **tiers** (256, 512, ... slots, up to the
+  capacity) and a bucket captures one graph per tier it meets: a cache that once grew for a
+  long prompt (or for the budget's calibration, which prefills 1,024 tokens) does not make
+  every later short sequence attend over all its slots (``inductor-cudagraphs`` keeps the
+  whole cache as its window);
 - the forward of a bucket is run as is (``eager``), compiled with inductor and frozen,
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
@@ -231,10 +235,37 @@ class BucketRunner:
         # The compiled function is the model's, shared with every verifier of it (static_shared).
         self.shared: SharedForward | None = verifier.shared_forward(size, mode) if "inductor" in mode else None
         # Whether this forward's output is known to agree with the eager forward's (StaticVerifier._run).
-        self.checked = mode == "eager" or (mode == "inductor" and self.shared is not None and self.shared.checked)
+        self._checked = mode == "eager" or (mode == "inductor" and self.shared is not None and self.shared.checked)
         self._compiled: Callable[..., torch.Tensor] | None = None
-        self._graph: Any = None
-        self._output: torch.Tensor | None = None
+        # CUDA-graph modes: one graph (and its output tensor) per attention width it was captured at, each
+        # checked at its own first replay (StaticVerifier._window_for: the widths come in a few tiers).
+        self._graphs: dict[int, Any] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._checked_widths: set[int] = set()
+
+    @property
+    def checked(self) -> bool:
+        """Whether the forward this runner would run now is known to agree with the eager forward: in the
+        CUDA-graph modes the graph of the cache's current width, else the bucket's one forward."""
+        if "cudagraphs" in self.mode:
+            return self.verifier.cache.width in self._checked_widths
+        return self._checked
+
+    @checked.setter
+    def checked(self, value: bool) -> None:
+        if "cudagraphs" in self.mode:
+            width = self.verifier.cache.width
+            if value:
+                self._checked_widths.add(width)
+            else:
+                self._checked_widths.discard(width)
+        else:
+            self._checked = value
+
+    @property
+    def captured_widths(self) -> tuple[int, ...]:
+        """The attention widths this runner holds a captured graph for (CUDA-graph modes; tests count them)."""
+        return tuple(sorted(self._graphs))
 
     @property
     def verifier(self) -> StaticVerifier:
@@ -300,8 +331,9 @@ class BucketRunner:
         """Take :attr:`shared`'s function again at the next forward (it was replaced)."""
         self._compiled = None
 
-    def _capture(self, forward: Callable[[], torch.Tensor]) -> None:
-        """Warm up on a side stream, then capture ``forward`` into a CUDA graph (shared memory pool)."""
+    def _capture(self, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """Warm up on a side stream, then capture ``forward`` into a CUDA graph (shared memory pool); the
+        graph and the output tensor its replays write."""
         side = torch.cuda.Stream(device=self.tokens.device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(self.tokens.device))
         with torch.cuda.stream(side):
@@ -310,8 +342,8 @@ class BucketRunner:
         torch.cuda.current_stream(self.tokens.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.verifier.graph_pool()):
-            self._output = forward()
-        self._graph = graph
+            output = forward()
+        return graph, output
 
     def run(self) -> torch.Tensor:
         """The bucket's logits ``[T, V]`` for the inputs in the buffers (KV written at ``slots``)."""
@@ -319,11 +351,14 @@ class BucketRunner:
             return self.eager()
         if self.mode == "inductor":
             return self._compiled_forward()
-        if self._graph is None:
-            self._capture(self._compiled_forward if self.mode == "inductor-cudagraphs" else self.eager)
-        self._graph.replay()
-        assert self._output is not None
-        return self._output
+        width = self.verifier.cache.width  # a graph replays the width it was captured at
+        graph = self._graphs.get(width)
+        if graph is None:
+            forward = self._compiled_forward if self.mode == "inductor-cudagraphs" else self.eager
+            graph, self._outputs[width] = self._capture(forward)
+            self._graphs[width] = graph
+        graph.replay()
+        return self._outputs[width]
 
 
 @dataclass
@@ -557,12 +592,19 @@ class StaticVerifier(ModelVerifier):
         """The window tensor for a forward that writes up to slot ``needed - 1``; None: all slots.
 
         Eager forwards take windows anywhere, compiled ones on the CPU (where they were measured
-        and tested; a compiled CUDA forward with a dynamic width is untested), captured CUDA
-        graphs never (a graph replays one shape).
+        and tested; a compiled CUDA forward with a dynamic width is untested). A captured graph
+        replays one shape, so ``cudagraphs`` takes a power-of-two tier of at least
+        :data:`MIN_CAPACITY` slots (:func:`capacity_for`; each bucket captures a graph per tier it
+        meets, a handful at most); ``inductor-cudagraphs`` never takes one.
         """
-        if "cudagraphs" in mode or (mode != "eager" and self.device.type != "cpu"):
+        if mode == "cudagraphs":
+            width = capacity_for(needed)
+            if width >= self.cache.capacity:
+                return None
+        elif mode == "inductor-cudagraphs" or (mode != "eager" and self.device.type != "cpu"):
             return None
-        width = min(self.cache.capacity, -(-needed // WINDOW_STEP) * WINDOW_STEP)
+        else:
+            width = min(self.cache.capacity, -(-needed // WINDOW_STEP) * WINDOW_STEP)
         window = self._windows.get(width)
         if window is None:
             window = self._windows[width] = torch.empty((width, 0), device=self.device)
