@@ -16,7 +16,10 @@ runs for a lone sequence. A step of the batch is the loop's step for every row a
 is finished at once, its result handed out (:func:`decode_batch` yields ``(index, result)`` as
 rows complete, in completion order), its cache released, and the next prompt takes its place
 before the next step: a long list of prompts streams through ``batch_size`` places without
-waiting for the slowest row of a group. A joining row is prefilled alone (one prompt per
+waiting for the slowest row of a group. When the list runs out, the batch shrinks as rows
+finish, and each shrink gives the rows left fresh drafting gates (the planner's ``RowGate``: what
+their drafting gained was priced at more rows); the last row offers its drafter's whole tree, as a
+lone sequence does (``BatchPlanner.row_offer``). A joining row is prefilled alone (one prompt per
 forward: the prefill's hundreds of rows are compute-bound, so batching prefills saves little
 (docs/architecture.md, "Batch size"), and a lone prefill is bitwise a single-sequence run's).
 
@@ -173,11 +176,14 @@ def decode_batch(
     queue = iter(requests)
     rows: list[tuple[BatchRequest, LiveSequence]] = []
     gates: dict[int, RowGate] = {}  # by request index: whether each row's drafting pays (batch_planner.RowGate)
+    drained = False  # no request is left: a finished row's place stays empty from now on
+    width = 0  # the batch's rows at the last step
     try:
         while True:
-            while len(rows) < places:  # continuous batching: finished rows' places go to the next prompts
+            while not drained and len(rows) < places:  # continuous batching: finished rows' places go to the next
                 request = next(queue, None)
                 if request is None:
+                    drained = True
                     break
                 sequence = LiveSequence(verifier, new_drafter(), request.prompt, request.config, budget=budget)
                 if offer is not None:
@@ -189,6 +195,14 @@ def decode_batch(
                 gates[request.index] = RowGate()
             if not rows:
                 return
+            if drained and len(rows) < width:  # the batch shrank for good (the tail): what its rows do is decided
+                gates = {request.index: RowGate() for request, _ in rows}  # afresh, at the rows left
+                if offer is not None and planner is not None:  # a lone row offers what a lone sequence does
+                    left = planner.row_offer(len(rows))
+                    for request, sequence in rows:
+                        full = tree_cap(request.config, verifier)
+                        sequence.cap = full if left is None else min(full, left)
+            width = len(rows)
             yield from _step(verifier, rows, planner, gates)
     finally:  # the caller stopped early (or a step raised): the live rows' caches go now
         for _, sequence in rows:

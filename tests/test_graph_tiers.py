@@ -96,6 +96,8 @@ def test_a_short_sequence_after_a_long_one_replays_graphs_of_its_own_tier(captur
     model = long_context_model(seed=3)
     rng = random.Random(3)
     verifier = graph_verifier(model)
+    assert verifier.identity()["graph_widths"] == "tiers"  # cost tables measured on whole-cache graphs are not read
+    assert "graph_widths" not in StaticVerifier(model, mode="eager").identity()
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(700)], 20, seed=1)
     assert verifier.cache.capacity == 1024  # 700 + 20 + the largest bucket (128)
     long_widths = {width for _, width in captured}

@@ -337,9 +337,9 @@ def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
     captures = []
     capture = static.BucketRunner._capture
 
-    def counted(self: static.BucketRunner, forward: Callable[[], torch.Tensor]) -> None:
-        captures.append(self.size)
-        capture(self, forward)
+    def counted(self: static.BucketRunner, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        captures.append((self.size, self.verifier.cache.width))  # a graph per bucket and width tier
+        return capture(self, forward)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(static.BucketRunner, "_capture", counted)
@@ -348,7 +348,7 @@ def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
             truth = hf_greedy(model, prompt, 30)
             drafter = OracleTreeDrafter(truth, VOCAB, seed=index, size=8, depth=4)
             assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full").tokens == truth
-    assert captures and len(captures) == len(set(captures))  # no bucket captured twice: later runs replayed
+    assert captures and len(captures) == len(set(captures)), captures  # no graph captured twice: later runs replayed
     assert static_shared.idle_count(model) == 1
 
 

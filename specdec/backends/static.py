@@ -533,6 +533,14 @@ class StaticVerifier(ModelVerifier):
         del tokens
         return None
 
+    def identity(self) -> dict[str, str]:
+        """The verifier's identity (:meth:`ModelVerifier.identity`); in ``cudagraphs``, with the attention widths'
+        tiers, so a cost table measured when graphs attended over the whole cache is measured again."""
+        identity = super().identity()
+        if self.mode == "cudagraphs":
+            identity["graph_widths"] = "tiers"
+        return identity
+
     def graph_pool(self) -> Any:
         """One CUDA graph memory pool shared by every bucket's graph (they never run at once)."""
         held = self.held

@@ -55,9 +55,8 @@ FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
 # 6: static buckets compile narrow products; 7: they attend over a window of the cache; 8: kernel choice as
-# one value, the narrow products gone, specdec's CPU kernels ("cpu") on cache="native"; 9: CUDA graphs attend over
-# a tier of the cache, not all of it (a table made before timed every context at the cache's whole width)
-CALIBRATION_VERSION = 9
+# one value, the narrow products gone, specdec's CPU kernels ("cpu") on cache="native"
+CALIBRATION_VERSION = 8
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
 RATIO_CLIP = 5.0
 SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
