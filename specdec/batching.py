@@ -177,7 +177,7 @@ def decode_batch(
     rows: list[tuple[BatchRequest, LiveSequence]] = []
     gates: dict[int, RowGate] = {}  # by request index: whether each row's drafting pays (batch_planner.RowGate)
     drained = False  # no request is left: a finished row's place stays empty from now on
-    width = 0  # the batch's rows at the last step
+    last_rows = 0  # how many rows the last step had
     try:
         while True:
             while not drained and len(rows) < places:  # continuous batching: finished rows' places go to the next
@@ -195,14 +195,14 @@ def decode_batch(
                 gates[request.index] = RowGate()
             if not rows:
                 return
-            if drained and len(rows) < width:  # the batch shrank for good (the tail): what its rows do is decided
+            if drained and len(rows) < last_rows:  # the batch shrank for good (the tail): what its rows do is decided
                 gates = {request.index: RowGate() for request, _ in rows}  # afresh, at the rows left
                 if offer is not None and planner is not None:  # a lone row offers what a lone sequence does
                     left = planner.row_offer(len(rows))
                     for request, sequence in rows:
                         full = tree_cap(request.config, verifier)
                         sequence.cap = full if left is None else min(full, left)
-            width = len(rows)
+            last_rows = len(rows)
             yield from _step(verifier, rows, planner, gates)
     finally:  # the caller stopped early (or a step raised): the live rows' caches go now
         for _, sequence in rows:

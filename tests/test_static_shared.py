@@ -334,11 +334,12 @@ def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
     """The GPU default: run() gives its captured graphs back, the next run() captures nothing."""
     model = private_model("llama", seed=6).to("cuda")
     rng = random.Random(6)
-    captures = []
+    captures: list[tuple[int, int, int]] = []  # (run, bucket, width tier) of every capture
     capture = static.BucketRunner._capture
+    index = 0
 
     def counted(self: static.BucketRunner, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
-        captures.append((self.size, self.verifier.cache.width))  # a graph per bucket and width tier
+        captures.append((index, self.size, self.verifier.cache.width))  # a graph per bucket and width tier
         return capture(self, forward)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -348,7 +349,9 @@ def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
             truth = hf_greedy(model, prompt, 30)
             drafter = OracleTreeDrafter(truth, VOCAB, seed=index, size=8, depth=4)
             assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full").tokens == truth
-    assert captures and len(captures) == len(set(captures)), captures  # no graph captured twice: later runs replayed
+    graphs = [entry[1:] for entry in captures]
+    assert graphs and len(graphs) == len(set(graphs)), captures  # no graph captured twice
+    assert {run for run, _, _ in captures} == {0}, captures  # later runs replayed the first one's graphs
     assert static_shared.idle_count(model) == 1
 
 
