@@ -26,7 +26,7 @@ from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
 from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.batch_planner import BatchPlanner
+from specdec.budget.batch_planner import BatchGuard, BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
@@ -225,6 +225,7 @@ class Generator:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
         # The batch planner's own learning: its rate per number of rows and its cost model (batching.py).
         self.batch_throughputs: dict[int, Throughput] = {}
+        self.batch_guards: dict[int, BatchGuard] = {}  # by rows: whether drafting pays a batch (measured)
         self._batch_cost: VerifyCostModel | None = None
         self._rows: dict[int, RowsStaticVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
         self._cost: VerifyCostModel | None = None  # the cost model this generator's planners use, once loaded
@@ -430,7 +431,8 @@ class Generator:
                 "object serves one sequence at a time), or batch_size=1"
             )
         check_memory(verifier, requests, batch_size, available_memory(verifier.device))
-        planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model)
+        planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model,
+                               self.batch_guards)  # fmt: skip
         return self._locked("iter_batch", self._batch(verifier, requests, places, planner))
 
     def _batch_verifier(self, batch_size: int) -> Verifier[Any]:

@@ -4,13 +4,15 @@ Each row is one prompt's :class:`~specdec.engine.LiveSequence` (its verifier sta
 token, drafter, stop rules, token chooser and stats), exactly what :func:`specdec.engine.decode`
 runs for a lone sequence. A step of the batch is the loop's step for every row at once::
 
+    drafting = planner.guard(B).drafts()                 # measured: whether drafting pays B rows at all
     price   = planner.plain_seconds_per_token(B)         # a plain step's seconds per token at B rows
-    trees   = [row.draft(gates[row].drafts(price))        # each row's drafter (where its gate says drafting
-               for row in rows]                           #   pays), pruned by its own rules and the row's
-                                                          #   offer (batch_planner.ROW_OFFER_NODES)
+    trees   = [row.draft(drafting and gates[row].drafts(price))  # each row's drafter (where its gate says
+               for row in rows]                           #   drafting pays), pruned by its own rules and
+                                                          #   the row's offer (batch_planner.ROW_OFFER_NODES)
     plan    = planner.plan(trees, committed)              # how many nodes each row verifies (one cost)
     results = verifier.verify_batch(states, plan.trees)   # one forward over every row's tree
     for row, result: row.learn(result); row.emit(result)  # each row's drafter, output and stop rules
+    planner.guard(B).observe(drafting, tokens, seconds)    # the step's rate, as the kind of step it was
 
 **Continuous batching.** A row that stops (EOS, a stop string, ``max_new_tokens``, the context)
 is finished at once, its result handed out (:func:`decode_batch` yields ``(index, result)`` as
@@ -218,11 +220,13 @@ def _step(
 ) -> Iterator[FinishedRow]:
     """One step of every row (module docstring); finished rows leave ``rows`` and are yielded."""
     started = time.perf_counter()
-    price = None if planner is None else planner.plain_seconds_per_token(len(rows))
+    guard = None if planner is None else planner.guard(len(rows))
+    drafting = guard is None or guard.drafts()  # measured: whether drafting pays this batch at all
+    price = None if planner is None or not drafting else planner.plain_seconds_per_token(len(rows))
     drafted: list[tuple[BatchRequest, LiveSequence, DraftTree, float, bool]] = []
     for request, sequence in rows:
         mark = time.perf_counter()
-        asked = price is None or gates[request.index].drafts(price)
+        asked = drafting and (price is None or gates[request.index].drafts(price))
         tree = sequence.draft(asked)
         if tree is None:  # the context is full: the row stops here
             gates.pop(request.index, None)
@@ -241,8 +245,11 @@ def _step(
         trees = [row_plan.tree for row_plan in plan.plans]
     calibration_s = 0.0 if plan is None else plan.calibration_s
     planning_s = time.perf_counter() - planned - calibration_s
-    # Feedback (the top ids after each node) for the drafters that were asked; none when no row drafted.
-    topk = max((sequence.drafter.feedback_topk for _, sequence, _, _, asked in drafted if asked), default=0)
+    # Feedback (the top ids after each node) for the drafters that were asked; none when the gates asked no row.
+    # A step the guard keeps plain feeds every row's drafter as a drafting step would: what Token Recycling
+    # learns there is what its next drafts are made of (docs/budget.md, "Whether the batch drafts at all").
+    topk = max((sequence.drafter.feedback_topk for _, sequence, _, _, asked in drafted if asked or not drafting),
+               default=0)  # fmt: skip
     verify_started = time.perf_counter()
     results = verify_rows(verifier, [sequence.state for _, sequence, *_ in drafted], trees, topk)
     verify_s = time.perf_counter() - verify_started
@@ -265,6 +272,8 @@ def _step(
             gates[request.index].observe(gained, draft_s + learned[b] + planning_s / askers)
     if planner is not None and plan is not None:
         planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
+    if guard is not None:
+        guard.observe(drafting, sum(len(result.accepted_nodes) for result in results), step_s)
     staying = []
     for (request, sequence, *_), result in zip(drafted, results, strict=True):
         sequence.emit(result)

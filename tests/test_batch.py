@@ -27,12 +27,21 @@ from test_lossless import random_prompt
 from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 import specdec
-from specdec import api, batching
+from specdec import api, batching, engine
 from specdec.backends.runner import ARCHITECTURES as NATIVE
 from specdec.backends.verifier import TorchTreeOps
 from specdec.batching import BatchRequest, check_memory
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.batch_planner import ROW_OFFER_NODES, ROW_PROBE_EVERY, BatchPlanner, RowGate
+from specdec.budget.batch_planner import (
+    GUARD_EXPLORE_DRAFTING,
+    GUARD_EXPLORE_EVERY,
+    GUARD_MIN_STEPS,
+    ROW_OFFER_NODES,
+    ROW_PROBE_EVERY,
+    BatchGuard,
+    BatchPlanner,
+    RowGate,
+)
 from specdec.budget.cost_model import CostTable, VerifyCostModel
 from specdec.budget.planner import Throughput, best_nodes
 from specdec.errors import SpecDecError
@@ -342,6 +351,84 @@ def test_a_row_drafts_while_its_gain_pays_for_its_drafting_and_probes_otherwise(
     assert not gate.drafts(0.0001)  # at a tenth of a millisecond per token, 2 tokens do not pay 1 ms
 
 
+def test_a_batch_guard_runs_the_faster_way_and_the_other_once_in_a_while() -> None:
+    """BatchGuard: clock-free, from the steps fed to it. Drafting is measured first (its first draft loads
+    the cost model), then plain steps; then the way whose rate leads runs, the other now and then (a
+    drafting step once in GUARD_EXPLORE_DRAFTING while plain leads, a plain one once in GUARD_EXPLORE_EVERY
+    while drafting leads), and a lead that turns is followed."""
+    guard = BatchGuard()
+    for _ in range(GUARD_MIN_STEPS):
+        assert guard.drafts()
+        guard.observe(True, 10, 0.040)  # drafting: 250 tokens/s
+    for _ in range(GUARD_MIN_STEPS):
+        assert not guard.drafts()
+        guard.observe(False, 8, 0.030)  # plain: 267 tokens/s, faster
+    decisions = [guard.drafts() for _ in range(3 * GUARD_EXPLORE_DRAFTING)]
+    assert decisions.count(True) == 3 and decisions[GUARD_EXPLORE_DRAFTING - 1]  # plain leads; drafting explored
+    for _ in range(10):
+        guard.observe(True, 14, 0.040)  # the text turned repetitive: drafting 350 tokens/s
+    decisions = [guard.drafts() for _ in range(3 * GUARD_EXPLORE_EVERY)]
+    assert decisions.count(False) == 3 and not decisions[-1]  # drafting leads; plain explored once in 16
+    guard.observe(False, 8, 0.0)  # a step that took no measurable time is not a rate
+    assert guard.plain.steps == GUARD_MIN_STEPS
+
+
+def test_the_batch_planner_keeps_a_guard_per_number_of_rows_under_the_auto_budget_only() -> None:
+    cost = flat_costs(0.02, 0.004)
+    guards: dict[int, BatchGuard] = {}
+    auto = BatchPlanner("auto", AcceptanceModel(), {}, lambda: (cost, 0.0), guards)
+    four = auto.guard(4)
+    assert four is not None and auto.guard(4) is four and auto.guard(2) is not four
+    assert set(guards) == {2, 4}  # the caller's dict: a Generator keeps its guards across calls
+    assert BatchPlanner("full", AcceptanceModel(), {}, lambda: (cost, 0.0)).guard(4) is None
+    assert BatchPlanner(6, AcceptanceModel(), {}, lambda: (cost, 0.0)).guard(4) is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_steps_the_guard_keeps_plain_draft_nowhere_and_stay_lossless(arch: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under budget="auto", a step the batch's guard keeps plain asks no row's drafter (every row verifies
+    its pending token alone, its drafter still learning the committed tokens), a step it lets draft
+    leaves the choice to the rows' gates and the planner; the guard is fed each step's kind and tokens.
+    A scripted guard (random, seeded) mixes both kinds: every row equals its lone plain decoding."""
+    model = tiny_model(arch)
+    cache = cache_for(arch)
+    prompts = ragged_prompts(f"guarded-{arch}", 6)
+    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    rng = random.Random(f"guard-{arch}")
+    decisions: list[bool] = []
+    fed: list[tuple[bool, int]] = []
+    proposals: list[int] = []  # per step: the rows whose drafter was asked
+
+    def scripted(self: BatchGuard) -> bool:
+        decisions.append(rng.random() < 0.5)
+        proposals.append(0)
+        return decisions[-1]
+
+    def recording(self: BatchGuard, drafted: bool, tokens: int, seconds: float) -> None:
+        fed.append((drafted, tokens))
+
+    monkeypatch.setattr(BatchGuard, "drafts", scripted)
+    monkeypatch.setattr(BatchGuard, "observe", recording)
+    oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
+    draft = engine.LiveSequence.draft
+
+    def counted(self: Any, drafting: bool = True) -> Any:
+        proposals[-1] += drafting
+        return draft(self, drafting)
+
+    monkeypatch.setattr(engine.LiveSequence, "draft", counted)
+    generator = specdec.Generator(model, drafter=oracle, cache=cache, budget="auto")
+    results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
+    assert [r.tokens for r in results] == truth
+    IDENTITY_COUNTS[f"{arch}/batch-guarded/oracle"] += len(results)
+    assert decisions.count(True) > 5 and decisions.count(False) > 5
+    assert [drafted for drafted, _ in fed] == decisions  # every step fed back as the kind it was
+    assert all(asked == 0 for asked, allowed in zip(proposals, decisions, strict=True) if not allowed)
+    assert sum(asked for asked, allowed in zip(proposals, decisions, strict=True) if allowed) > 5
+    assert sum(tokens for _, tokens in fed) == sum(r.stats.emitted_by_steps for r in results)
+
+
 def test_the_batch_planner_gates_rows_only_under_the_auto_budget() -> None:
     cost = flat_costs(0.02, 0.004)
     auto = planner_with(cost)
@@ -437,6 +524,7 @@ def test_the_rows_gates_start_afresh_when_the_batch_shrinks_for_good(monkeypatch
 
     monkeypatch.setattr(RowGate, "drafts", recording)
     monkeypatch.setattr(batching, "_step", marked)
+    monkeypatch.setattr(BatchGuard, "drafts", lambda self: True)  # the gates alone decide (the guard: apart)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=40, depth=8)
     generator = specdec.Generator(model, drafter=oracle, cache="native", budget="auto")
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)

@@ -64,6 +64,19 @@ learned was priced at more rows. Measured at ``B = 8`` (16 prompts, this CPU, 20
 that: the rows left at the end drafted in 20 of 162 row-steps, the last lone row in none of its 9,
 though one row alone gains ~1.6x from drafting.
 
+**Whether the batch drafts at all** (:class:`BatchGuard`, measured). The rule and the gates decide
+from models; what the models miss (the cost model's error at the sizes a batch meets, the
+verification's feedback, the rows' learning, the machine's caches) shows only on the clock. So
+under ``"auto"`` each number of rows also keeps a guard that times whole steps two ways: steps on
+which the gates and the rule decide, and plain steps on which no row is asked to draft. The batch
+runs the way whose rate leads and the other now and then (:class:`BatchGuard`). Measured
+(2026-11-27, this CPU, held-out prompts, 128 new tokens, one process, arms interleaved,
+``sam+recycling`` over batched ``none``, docs/budget.md "Whether the batch drafts at all"): neutral
+within the machine's noise (per round, with the guard minus without: +0.03 at ``B = 8``, -0.02 at
+``B = 4``, while one arm's ratio moves 0.2-0.3 between rounds). What it adds is a bound: where
+drafting leads it costs at most one plain step in 16; where a model's error makes drafting lose
+(``B = 8`` ended ~3% below plain batched decoding before) it runs plain but for one drafting step in 4.
+
 **What a row offers.** Under ``"auto"`` a row of a batch of two or more asks its drafter for at
 most :data:`ROW_OFFER_NODES` nodes (root included; a merged tree larger than that keeps its best
 nodes by the acceptance model). The drafters offer ~110 nodes when asked for more, and the rule
@@ -84,7 +97,7 @@ forward's predicted cost.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -95,6 +108,71 @@ from specdec.types import DraftTree
 
 ROW_PROBE_EVERY = 8  # a row whose drafting does not pay drafts again after this many steps without
 ROW_OFFER_NODES = 16  # the most nodes a row of a batch asks its drafter for under budget="auto" (module docstring)
+GUARD_MIN_STEPS = 8  # steps a BatchGuard measures each way before it compares them
+GUARD_EXPLORE_EVERY = 16  # while drafting leads, a BatchGuard runs a plain step once in this many steps
+GUARD_EXPLORE_DRAFTING = 4  # while plain steps lead, a drafting step once in this many (BatchGuard's docstring)
+
+
+@dataclass
+class StepRate:
+    """Decayed sums of the tokens and seconds of one kind of batched step (drafting allowed, or not)."""
+
+    memory: float = 0.95  # per step of this kind: ~20 recent ones weigh in (one step's time is noisy: +-20% here)
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.tokens = self.memory * self.tokens + tokens
+        self.seconds = self.memory * self.seconds + seconds
+        self.steps += 1
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second lately (0.0 before any step)."""
+        return self.tokens / self.seconds if self.seconds > 0.0 else 0.0
+
+
+@dataclass
+class BatchGuard:
+    """Whether a batch of ``B`` rows drafts at all: the measured rate of its drafting steps against plain ones.
+
+    The planner and the :class:`RowGate` decide from models (the forward's cost by rows, each node's
+    acceptance, each row's drafting seconds); what they leave out (a model's error, the drafters'
+    learning, the machine's caches) shows only on the clock. So under ``budget="auto"`` every number of
+    rows keeps a guard: ``drafting`` and ``plain`` are decayed sums of the tokens and the whole seconds
+    of steps on which the rows' gates and the planner decided (``drafting``) and of steps on which no
+    row was asked to draft (``plain``: batched plain decoding, its drafters learning the committed
+    tokens and the model's feedback as ever). After :data:`GUARD_MIN_STEPS` steps each way (drafting
+    first: the first draft loads the cost model), the batch runs the way whose rate leads and the other
+    now and then, so a lead that turns is seen: while drafting leads, a plain step once in
+    :data:`GUARD_EXPLORE_EVERY`; while plain steps lead, a drafting step once in
+    :data:`GUARD_EXPLORE_DRAFTING`, since a drafting step's rate swings with the text (a stretch of
+    prose, then code that repeats) and a figure measured in a bad stretch must not hold the batch plain
+    for long. The decision depends on the observed figures only: tests and replays feed them.
+    """
+
+    drafting: StepRate = field(default_factory=StepRate)
+    plain: StepRate = field(default_factory=StepRate)
+    since_explored: int = 0
+
+    def drafts(self) -> bool:
+        """Whether this step's rows may draft (their gates and the planner decide which do)."""
+        if self.drafting.steps < GUARD_MIN_STEPS:
+            return True
+        if self.plain.steps < GUARD_MIN_STEPS:
+            return False
+        leads = self.drafting.rate >= self.plain.rate
+        self.since_explored += 1
+        if self.since_explored >= (GUARD_EXPLORE_EVERY if leads else GUARD_EXPLORE_DRAFTING):
+            self.since_explored = 0
+            return not leads
+        return leads
+
+    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+        """A step of the batch: ``drafted`` (its rows were allowed to), ``tokens`` emitted in ``seconds``."""
+        if seconds > 0.0:
+            (self.drafting if drafted else self.plain).observe(tokens, seconds)
 
 
 @dataclass
@@ -175,10 +253,12 @@ class BatchPlanner:
         acceptance: AcceptanceModel,
         throughputs: dict[int, Throughput],
         load_cost: Callable[[], tuple[VerifyCostModel, float]],
+        guards: dict[int, BatchGuard] | None = None,
     ) -> None:
         self.budget = Budget.parse(budget)
         self.acceptance = acceptance
         self.throughputs = throughputs
+        self.guards = {} if guards is None else guards
         self._load_cost = load_cost
         self._cost: VerifyCostModel | None = None
         self._since_probe = 0
@@ -197,6 +277,13 @@ class BatchPlanner:
             return None
         plain = self._cost.predict(np.array([rows]), self._context)[0] + self.throughput(rows).overhead_s
         return float(plain) / rows
+
+    def guard(self, rows: int) -> BatchGuard | None:
+        """Whether a step of ``rows`` rows drafts at all, measured (:class:`BatchGuard`, kept by the caller
+        across calls); None: every step may (a budget other than ``"auto"``: the user asked for its trees)."""
+        if self.budget.mode != "auto":
+            return None
+        return self.guards.setdefault(rows, BatchGuard())
 
     @property
     def cost(self) -> VerifyCostModel | None:
@@ -284,4 +371,15 @@ class BatchPlanner:
         self.throughput(len(batch.plans)).observe(emitted, step_s, verify_s, batch.predicted_s)
 
 
-__all__ = ["ROW_OFFER_NODES", "ROW_PROBE_EVERY", "BatchPlan", "BatchPlanner", "RowGate"]
+__all__ = [
+    "GUARD_EXPLORE_DRAFTING",
+    "GUARD_EXPLORE_EVERY",
+    "GUARD_MIN_STEPS",
+    "ROW_OFFER_NODES",
+    "ROW_PROBE_EVERY",
+    "BatchGuard",
+    "BatchPlan",
+    "BatchPlanner",
+    "RowGate",
+    "StepRate",
+]
