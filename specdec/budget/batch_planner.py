@@ -283,7 +283,10 @@ class BatchPlanner:
         across calls); None: every step may (a budget other than ``"auto"``: the user asked for its trees)."""
         if self.budget.mode != "auto":
             return None
-        return self.guards.setdefault(rows, BatchGuard())
+        guard = self.guards.get(rows)
+        if guard is None:  # built on a miss only: this runs every step
+            guard = self.guards[rows] = BatchGuard()
+        return guard
 
     @property
     def cost(self) -> VerifyCostModel | None:
@@ -291,7 +294,10 @@ class BatchPlanner:
 
     def throughput(self, rows: int) -> Throughput:
         """The batch's measured rate with ``rows`` sequences (a new one starts at plain decoding's floor)."""
-        return self.throughputs.setdefault(rows, Throughput())
+        throughput = self.throughputs.get(rows)
+        if throughput is None:
+            throughput = self.throughputs[rows] = Throughput()
+        return throughput
 
     def plan(self, trees: Sequence[DraftTree], committed: Sequence[int]) -> BatchPlan:
         """Every row's tree to verify (cut from its drafter's ``trees[b]``, after ``committed[b]`` tokens)."""
