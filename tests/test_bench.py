@@ -929,3 +929,43 @@ def test_batch_summary_takes_each_figures_median_over_repeats() -> None:
     assert summary["ratios"][2] == {"sam+recycling / none": 2.0}
     assert summary["identical"] == {"none@2": "6/6", "sam+recycling@2": "5/6"} and summary["repeats"] == 3
     assert "median of 3 run(s)" in format_summary(summary) and "ratios within each repeat" in format_summary(summary)
+
+
+def _fresh_results(rates: list[tuple[float, float, float, float]]) -> list[Any]:
+    """One-off results whose arms ``run:s``, ``hf``, ``warmed:s`` and ``hf:warmed`` ran at ``rates`` tokens/s."""
+    from specdec.bench.oneoff import Prompt, PromptResult, Timing
+
+    arms = ("run:s", "hf", "warmed:s", "hf:warmed")
+    return [PromptResult(Prompt("k", f"p{i}"), [1], {arm: Timing([0] * 100, 100 / rate)
+                                                      for arm, rate in zip(arms, row, strict=True)})
+            for i, row in enumerate(rates)]  # fmt: skip
+
+
+def test_fresh_ratio_interval_tells_within_below_and_undecided() -> None:
+    """``specdec bench oneoff --fresh`` gives the fresh/warmed ratio of speedups with a bootstrap interval over
+    prompts, and says whether the run tells it from 0.95: every prompt level -> [1, 1]; every prompt 20% slower
+    fresh -> below; prompts split between 0.8 and 1.1 -> undecided. The point is the ratio of the mean speedups."""
+    from specdec.bench.oneoff import fresh_against_warmed, fresh_ratio
+
+    level = fresh_ratio(_fresh_results([(60.0, 15.0, 60.0, 15.0)] * 8), "s")
+    assert level is not None and level.ratio == pytest.approx(1.0) and level.low == level.high == pytest.approx(1.0)
+    assert level.verdict().startswith("at or above 0.95")
+
+    slower = fresh_ratio(_fresh_results([(48.0 + i, 15.0, 60.0 + 1.25 * i, 15.0) for i in range(8)]), "s")
+    assert slower is not None and slower.ratio == pytest.approx(0.8) and slower.high < 0.95
+    assert slower.verdict().startswith("below 0.95")
+
+    rows = [(48.0, 15.0, 60.0, 15.0), (66.0, 15.0, 60.0, 15.0)] * 6
+    mixed = fresh_ratio(_fresh_results(rows), "s")
+    fresh_mean, warmed_mean = (48.0 + 66.0) / 2, 60.0
+    assert mixed is not None and mixed.ratio == pytest.approx(fresh_mean / warmed_mean)
+    assert mixed.low < 0.95 <= mixed.high and mixed.low <= mixed.ratio <= mixed.high
+    assert mixed.verdict().startswith("this run cannot tell")
+    assert fresh_ratio(_fresh_results(rows), "s") == mixed  # seeded: the same results give the same interval
+
+    line = fresh_against_warmed(_fresh_results(rows), "s")
+    assert line is not None and f"90% interval over prompts {mixed.low:.3f}-{mixed.high:.3f}" in line, line
+    alone = _fresh_results(rows)
+    for result in alone:
+        del result.arms["warmed:s"], result.arms["hf:warmed"]
+    assert fresh_ratio(alone, "s") is None and fresh_against_warmed(alone, "s") is None

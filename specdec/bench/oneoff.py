@@ -46,6 +46,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -374,8 +375,68 @@ def measure_fresh(
     return results
 
 
+FRESH_TARGET = 0.95  # issue 30: one fresh process's speedup within 5% of a warmed Generator's
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """A ratio of speedups and a bootstrap interval over prompts (:func:`fresh_ratio`)."""
+
+    ratio: float
+    low: float
+    high: float
+    level: float  # the interval's coverage, e.g. 0.9
+
+    def verdict(self, target: float = FRESH_TARGET) -> str:
+        """Whether this run tells the ratio apart from ``target``: above it, below it, or neither."""
+        if self.low >= target:
+            return f"at or above {target:g} (the whole interval)"
+        if self.high < target:
+            return f"below {target:g} (the whole interval)"
+        return f"this run cannot tell it from {target:g} (the interval holds both sides)"
+
+    def to_json(self) -> dict[str, float]:
+        return {"ratio": round(self.ratio, 4), "low": round(self.low, 4), "high": round(self.high, 4),
+                "level": self.level}  # fmt: skip
+
+
+def fresh_ratio(
+    results: Sequence[PromptResult], spec: str, *, draws: int = 2000, level: float = 0.9, seed: int = 0
+) -> RatioInterval | None:
+    """The fresh processes' speedup over their own ``hf`` against the warmed process's over its own,
+    with a bootstrap interval over prompts; None without the warmed arms.
+
+    Why an interval: one run's ratio moves by several points with the prompts it holds (a prompt's
+    trees can differ between the two sequences) and with the machine's minutes, while the claim
+    under test (:data:`FRESH_TARGET`) is 5 points from 1.0. The interval resamples the prompts
+    with replacement, a prompt's four arms together (the pairing is what cancels the machine's
+    drift), ``draws`` times from ``seed`` (the same results give the same interval), and takes the
+    central ``level`` of the ratios. It is the spread over prompts within the run; the spread of the
+    warmed process itself (one draw of a process's speed, docs/benchmarks.md) is not in it.
+    """
+    warmed = f"warmed:{spec}"
+    if not results or warmed not in results[0].arms:
+        return None
+    arms = (f"run:{spec}", "hf", warmed, "hf:warmed")
+    rates = np.array([[r.arms[arm].tokens_per_s for arm in arms] for r in results], dtype=np.float64)  # [P, 4]
+
+    def ratios(means: np.ndarray) -> np.ndarray:  # [..., 4] mean tokens/s -> [...] ratio of speedups
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray((means[..., 0] / means[..., 1]) / (means[..., 2] / means[..., 3]))
+
+    point = float(ratios(rates.mean(axis=0)))
+    picks = np.random.default_rng(seed).integers(0, len(results), size=(draws, len(results)))
+    samples = ratios(rates[picks].mean(axis=1))
+    samples = samples[np.isfinite(samples)]
+    if not np.isfinite(point) or samples.size == 0:
+        return None
+    low, high = np.quantile(samples, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return RatioInterval(point, float(low), float(high), level)
+
+
 def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | None:
-    """One line: the fresh processes' speedup over their own ``hf`` against the warmed process's over its own.
+    """One line: the fresh processes' speedup over their own ``hf`` against the warmed process's over its own,
+    with :func:`fresh_ratio`'s interval and verdict.
 
     Each process's speedup is over Hugging Face timed in that process, so a drift of the machine's
     speed between the two sequences (memory bandwidth moves by a third between minutes here)
@@ -383,7 +444,8 @@ def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | No
     :func:`summarize`'s table, whose tokens/s are rounded to two decimals.)
     """
     warmed = f"warmed:{spec}"
-    if not results or warmed not in results[0].arms:
+    interval = fresh_ratio(results, spec)
+    if interval is None:
         return None
 
     def mean(arm: str) -> float:
@@ -391,8 +453,9 @@ def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | No
 
     fresh_speedup, warmed_speedup = mean(f"run:{spec}") / mean("hf"), mean(warmed) / mean("hf:warmed")
     line = (f"fresh processes against the warmed process: {fresh_speedup:.2f}x vs {warmed_speedup:.2f}x their own "
-            f"HF greedy = {fresh_speedup / warmed_speedup:.3f} (raw tokens/s ratio "
-            f"{mean(f'run:{spec}') / mean(warmed):.3f})")
+            f"HF greedy = {interval.ratio:.3f} (raw tokens/s ratio {mean(f'run:{spec}') / mean(warmed):.3f}; "
+            f"{interval.level:.0%} interval over prompts {interval.low:.3f}-{interval.high:.3f}: "
+            f"{interval.verdict()})")  # fmt: skip
     return line + _split_line([r.arms[f"run:{spec}"] for r in results], [r.arms[warmed] for r in results])
 
 

@@ -265,6 +265,9 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     against = oneoff.fresh_against_warmed(results, args.fresh) if args.fresh else None
     if against is not None:
         summary["fresh_against_warmed"] = against
+        interval = oneoff.fresh_ratio(results, args.fresh)
+        if interval is not None:
+            summary["fresh_against_warmed_interval"] = interval.to_json()
         text += "\n" + against
     print(text)
     if args.out:
