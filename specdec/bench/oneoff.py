@@ -434,9 +434,11 @@ def fresh_ratio(
     return RatioInterval(point, float(low), float(high), level)
 
 
-def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | None:
+def fresh_against_warmed(
+    results: Sequence[PromptResult], spec: str, interval: RatioInterval | None = None
+) -> str | None:
     """One line: the fresh processes' speedup over their own ``hf`` against the warmed process's over its own,
-    with :func:`fresh_ratio`'s interval and verdict.
+    with :func:`fresh_ratio`'s interval and verdict (``interval``: that result, when the caller has it).
 
     Each process's speedup is over Hugging Face timed in that process, so a drift of the machine's
     speed between the two sequences (memory bandwidth moves by a third between minutes here)
@@ -444,7 +446,7 @@ def fresh_against_warmed(results: Sequence[PromptResult], spec: str) -> str | No
     :func:`summarize`'s table, whose tokens/s are rounded to two decimals.)
     """
     warmed = f"warmed:{spec}"
-    interval = fresh_ratio(results, spec)
+    interval = interval or fresh_ratio(results, spec)
     if interval is None:
         return None
 

@@ -262,12 +262,11 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
                                             not args.quiet)  # fmt: skip
     summary = oneoff.summarize(results)
     text = oneoff.format_summary(summary)
-    against = oneoff.fresh_against_warmed(results, args.fresh) if args.fresh else None
-    if against is not None:
+    interval = oneoff.fresh_ratio(results, args.fresh) if args.fresh else None
+    against = oneoff.fresh_against_warmed(results, args.fresh, interval) if args.fresh else None
+    if against is not None and interval is not None:
         summary["fresh_against_warmed"] = against
-        interval = oneoff.fresh_ratio(results, args.fresh)
-        if interval is not None:
-            summary["fresh_against_warmed_interval"] = interval.to_json()
+        summary["fresh_against_warmed_interval"] = interval.to_json()
         text += "\n" + against
     print(text)
     if args.out:

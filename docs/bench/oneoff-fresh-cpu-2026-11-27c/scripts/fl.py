@@ -1,11 +1,10 @@
 import json
 import sys
-import time
+
+from chains import verify_chains
 
 from specdec.api import Generator
-from specdec.bench.oneoff import heldout_prompts
-from specdec.models import encode_prompt, load_model
-from specdec.types import DraftTree
+from specdec.models import load_model
 
 model, tok = load_model(None)
 g = Generator(model, tok, drafter="sam+recycling", store=False)
@@ -14,17 +13,7 @@ v = g.verifier
 
 
 def measure(idx, n=60, size=6):
-    ids = encode_prompt(tok, heldout_prompts()[idx].text, None)
-    state, pending, _ = v.prefill(ids, reserve=600)
-    ts = []
-    for _i in range(n):
-        tree = DraftTree.chain(pending, [1000 + j for j in range(size - 1)], source="x")
-        t = time.perf_counter()
-        res = v.verify(state, tree, topk=8)
-        ts.append(time.perf_counter() - t)
-        pending = res.bonus
-    v.release(state)
-    return sum(ts) / n * 1e3
+    return sum(verify_chains(v, tok, idx, [size] * n)) / n * 1e3
 
 
 if sys.argv[1] == "fresh":

@@ -1,9 +1,7 @@
-import time
+from chains import verify_chains
 
 from specdec.api import Generator
-from specdec.bench.oneoff import heldout_prompts
-from specdec.models import encode_prompt, load_model
-from specdec.types import DraftTree
+from specdec.models import load_model
 
 model, tok = load_model(None)
 
@@ -19,17 +17,7 @@ sizes = [1, 6, 3, 9, 4, 12, 2, 8, 16, 5] * 3
 
 
 def measure(v, idx):
-    ids = encode_prompt(tok, heldout_prompts()[idx].text, None)
-    state, pending, _ = v.prefill(ids, reserve=600)
-    ts = []
-    for n in sizes:
-        tree = DraftTree.chain(pending, [1000 + j for j in range(n - 1)], source="x")
-        t = time.perf_counter()
-        res = v.verify(state, tree, topk=8)
-        ts.append(time.perf_counter() - t)
-        pending = res.bonus
-    v.release(state)
-    return ts
+    return verify_chains(v, tok, idx, sizes)
 
 
 K, N = [], []
