@@ -10,12 +10,14 @@ drafts differently). Verifiers report both (:meth:`specdec.types.Verifier.identi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 _SAMPLES_PER_TENSOR = 64  # weight values hashed per parameter tensor: enough to tell checkpoints apart
@@ -26,13 +28,20 @@ def device_name(device: torch.device) -> str:
     """``cuda:<GPU name>``, or ``<type>:<CPU model>``."""
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
+    return f"{device.type}:{_cpu_name()}"
+
+
+@functools.cache
+def _cpu_name() -> str:
+    """The CPU's model name: ``/proc/cpuinfo``'s, else :func:`platform.processor`'s (which runs ``uname -p``
+    in a child process on Linux, ~1.5 ms: asked only where there is no cpuinfo), else the machine type.
+    Once per process: every generator's identity names it."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+            found = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), None)
     except OSError:
-        pass
-    return f"{device.type}:{cpu}"
+        found = None
+    return found or platform.processor() or platform.machine()
 
 
 def model_identity(model: Any, *, dtype: torch.dtype, device: torch.device, backend: str, cache: str) -> dict[str, str]:
@@ -78,7 +87,23 @@ def _weights_fingerprint(model: Any) -> str:
             digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
             if tensor.device.type == "meta" or tensor.numel() == 0:
                 continue
-            flat = tensor.detach().reshape(-1)
-            step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
-            digest.update(flat[::step][:_SAMPLES_PER_TENSOR].to(torch.float64).cpu().numpy().tobytes())
+            digest.update(_samples(tensor))
     return digest.hexdigest()[:24]
+
+
+def _samples(tensor: torch.Tensor) -> bytes:
+    """``_SAMPLES_PER_TENSOR`` evenly spaced values of ``tensor`` (flattened) as float64 bytes.
+
+    A contiguous CPU tensor of a dtype NumPy shares is read through a NumPy view: the same bytes
+    as the torch ops below at about half their cost (four torch dispatches per tensor; for the
+    default model's 273 tensors 1.4-1.9 ms against 2.9-4.2 ms, once per model object)."""
+    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
+        flat = tensor.detach().numpy().reshape(-1)
+        step = max(1, flat.size // _SAMPLES_PER_TENSOR)
+        return bytes(flat[::step][:_SAMPLES_PER_TENSOR].astype(np.float64).tobytes())
+    flat_tensor = tensor.detach().reshape(-1)
+    step = max(1, flat_tensor.numel() // _SAMPLES_PER_TENSOR)
+    return bytes(flat_tensor[::step][:_SAMPLES_PER_TENSOR].to(torch.float64).cpu().numpy().tobytes())
+
+
+_NUMPY_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool})

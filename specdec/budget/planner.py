@@ -32,8 +32,11 @@ When no draft pays, ``k = 1``: the step is a plain step.
 size the rule never picks is never measured again. So every :data:`PROBE_EVERY`-th step
 on which the rule cut the tree verifies twice the chosen nodes instead (the next best by
 ``p``): a bounded exploration (at most one step in ``PROBE_EVERY`` pays ``cost(2k) -
-cost(k)``, ~1% on a CPU) that keeps the cost model honest where the decision is made,
-and gives the acceptance model trials of nodes just past the cut.
+cost(k)``) that keeps the cost model honest where the decision is made, and gives the
+acceptance model trials of nodes just past the cut. Its price depends on the cost curve:
+~1% on a CPU whose cost grew smoothly with ``k``, ~1.4% measured where verification is flat
+up to 8 nodes and ``2k`` crosses the step after them (docs/benchmarks.md, "A fresh
+process's first call, part by part").
 
 **Declined steps probe too, on a time budget.** A source whose first drafts failed (Token
 Recycling's tree while its matrix is still cold) gets a low estimate; the rule then

@@ -1,0 +1,46 @@
+"""`budget="auto"` against `budget=8` in one process, two Generators taking turns prompt by prompt (8 held-out
+prompts, twice): tokens/s, and per step reason the tree size, verification ms and accepted tokens.
+
+`python budget_reasons.py on|off`: the learned state (planner statistics, Token Recycling's matrix) on, in the folders
+$SPECDEC_PLANNER_DIR and $SPECDEC_RECYCLING_DIR (set them to new empty ones), or off.
+"""
+
+import collections
+import sys
+
+import numpy as np
+
+from specdec.api import Generator
+from specdec.bench.oneoff import heldout_prompts
+from specdec.models import encode_prompt, load_model
+
+model, tok = load_model(None)
+P = heldout_prompts()
+CACHE = sys.argv[1] == "on"
+gens = {
+    b: Generator(model, tok, drafter="sam+recycling", store=False, budget=b, planner_cache=CACHE) for b in ("auto", 8)
+}
+for g in gens.values():
+    g.generate(encode_prompt(tok, P[11].text, None), max_new_tokens=64)
+agg = {b: collections.defaultdict(list) for b in gens}
+tot = {b: [0.0, 0, 0] for b in gens}
+for rep in range(2):
+    for i in range(8):
+        for b, g in gens.items() if (i + rep) % 2 == 0 else reversed(list(gens.items())):
+            r = g.generate(encode_prompt(tok, P[i].text, None), max_new_tokens=128)
+            for s in r.stats.records:
+                agg[b][s.reason].append((s.tree_size, s.verify_s, s.accepted, s.step_s if hasattr(s, "step_s") else 0))
+            tot[b][0] += r.stats.total_s
+            tot[b][1] += len(r.tokens)
+            tot[b][2] += r.stats.steps
+for b in gens:
+    print(
+        f"budget {b}: steps {tot[b][2]}, total {tot[b][0]:.2f} s, tokens {tot[b][1]}, "
+        f"tokens/s {tot[b][1] / tot[b][0]:.1f}"
+    )
+    for k, v in agg[b].items():
+        a = np.array(v)
+        print(
+            f"  {k:9s} n={len(v):4d} size {a[:, 0].mean():5.2f} verify {a[:, 1].mean() * 1e3:5.2f} ms "
+            f"accepted {a[:, 2].mean():.2f}"
+        )
