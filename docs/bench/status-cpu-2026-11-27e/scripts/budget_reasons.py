@@ -1,8 +1,10 @@
 """`budget="auto"` against `budget=8` in one process, two Generators taking turns prompt by prompt (8 held-out
 prompts, twice): tokens/s, and per step reason the tree size, verification ms and accepted tokens.
 
-`python budget_reasons.py on|off`: the learned state (planner statistics, Token Recycling's matrix) on, in the folders
-$SPECDEC_PLANNER_DIR and $SPECDEC_RECYCLING_DIR (set them to new empty ones), or off.
+`python budget_reasons.py on|off [SHRINK]`: the learned state (planner statistics, Token Recycling's matrix) on, in the
+folders $SPECDEC_PLANNER_DIR and $SPECDEC_RECYCLING_DIR (set them to new empty ones), or off. SHRINK sets the cost
+model's SHRINK_STEPS for the process (a trial, not landed; raw/budget_shrink.txt). The last two lines (the auto steps'
+tree sizes, the cost model's per-size corrections) were added after the runs of raw/budget_reasons.txt.
 """
 
 import collections
@@ -10,6 +12,7 @@ import sys
 
 import numpy as np
 
+import specdec.budget.cost_model as cm
 from specdec.api import Generator
 from specdec.bench.oneoff import heldout_prompts
 from specdec.models import encode_prompt, load_model
@@ -17,6 +20,9 @@ from specdec.models import encode_prompt, load_model
 model, tok = load_model(None)
 P = heldout_prompts()
 CACHE = sys.argv[1] == "on"
+if len(sys.argv) > 2:
+    cm.SHRINK_STEPS = float(sys.argv[2])
+print("SHRINK_STEPS", cm.SHRINK_STEPS)
 gens = {
     b: Generator(model, tok, drafter="sam+recycling", store=False, budget=b, planner_cache=CACHE) for b in ("auto", 8)
 }
@@ -44,3 +50,13 @@ for b in gens:
             f"  {k:9s} n={len(v):4d} size {a[:, 0].mean():5.2f} verify {a[:, 1].mean() * 1e3:5.2f} ms "
             f"accepted {a[:, 2].mean():.2f}"
         )
+
+sizes = collections.Counter(v[0] for v in agg["auto"]["auto"])
+print("auto step sizes", sorted(sizes.items()))
+m, _ = gens["auto"].cost_model()
+print(
+    "corrections",
+    [round(float(x), 3) for x in m.correction(np.array(m.table.sizes))],
+    "counts",
+    [round(float(c), 1) for c in m._count],
+)
