@@ -49,6 +49,7 @@ def test_fingerprint_samples_match_on_odd_tensors() -> None:
         torch.tensor(3.5),
         torch.randn(5, generator=generator).half(),
         torch.randn(10_000, generator=generator, dtype=torch.float64),
+        torch._neg_view(torch.randn(300, generator=generator)),  # a negative-bit view: NumPy cannot share it
     ]
     for tensor in cases:
         flat = tensor.reshape(-1)
