@@ -19,7 +19,7 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_model
 import specdec
 from specdec.budget.acceptance import AcceptanceModel
 from specdec.budget.cost_model import CostTable, VerifyCostModel
-from specdec.budget.planner import PROBE_EVERY, BudgetPlanner, Throughput
+from specdec.budget.planner import BudgetPlanner, Throughput
 from specdec.engine import decode
 
 DRAFTERS = ["none", "pld"]
@@ -146,7 +146,7 @@ def test_auto_budget_drafts_when_verification_is_cheap(arch: str, drafter: str) 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("drafter", ["pld", "sam+recycling"])
 def test_auto_budget_drafts_nothing_when_verification_is_dear(arch: str, drafter: str) -> None:
-    """Dear verification: every offered draft is declined; only the planner's bounded probes verify two nodes."""
+    """Dear verification: every offered draft is declined, and the probes' time budget buys none."""
     model = tiny_model(arch)
     generator = specdec.Generator(model, drafter=drafter, planner_cache=False)
     rng = random.Random(f"auto-{arch}-{drafter}")
@@ -157,10 +157,8 @@ def test_auto_budget_drafts_nothing_when_verification_is_dear(arch: str, drafter
         result = auto_run(generator, prompt, 40, DEAR)
         assert result.tokens == hf_greedy(model, prompt, 40), f"{arch}/{drafter}: prompt {prompt}"
         records = result.stats.records
-        probes = [r for r in records if r.reason == "probe"]
-        assert all(r.tree_size == 1 for r in records if r.reason != "probe")
-        assert all(r.tree_size == 2 for r in probes)  # twice the chosen single node
-        cut = sum(r.reason == "declined" for r in records)
-        assert len(probes) <= (cut + len(probes)) // PROBE_EVERY
-        declined += cut
+        # Probes are on a time budget: a declined step earns 3% of its 10 ms toward a probe that
+        # adds 990 ms, so one would come after ~3300 declined steps: none here.
+        assert all(r.tree_size == 1 and r.reason in ("no draft", "declined") for r in records)
+        declined += sum(r.reason == "declined" for r in records)
     assert declined > 0, f"{arch}/{drafter}: no draft was offered, so the test decided nothing"

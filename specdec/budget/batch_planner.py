@@ -34,9 +34,11 @@ only: what it learns never bends a lone sequence's budgets. The rate is kept per
 rows (:class:`~specdec.budget.planner.Throughput` each), since a batch of 2 and a batch of 8
 run at different rates.
 
-**Probes**, as for one sequence: every :data:`~specdec.budget.planner.PROBE_EVERY`-th step on
+**Probes**: every :data:`PROBE_EVERY`-th step on
 which the rule cut some tree verifies the next best nodes up to twice the rows (``R = 2(B +
-j)``), so the sizes just past the decision keep being measured.
+j)``), so the sizes just past the decision keep being measured. (A lone sequence's probes are on
+a time budget instead, :data:`~specdec.budget.planner.CUT_PROBE_SHARE`; the batch keeps its
+cadence, which was measured with the row gates below and not measured again since.)
 
 **Which rows draft at all.** The rule above weighs the forward's extra rows against the tokens
 they are expected to bring; it cannot weigh what a row's drafting itself costs, since that is
@@ -103,9 +105,10 @@ import numpy as np
 
 from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
 from specdec.budget.cost_model import VerifyCostModel
-from specdec.budget.planner import PROBE_EVERY, Budget, Plan, Throughput, choose_budget
+from specdec.budget.planner import Budget, Plan, Throughput, choose_budget
 from specdec.types import DraftTree
 
+PROBE_EVERY = 16  # one step in this many on which the rule cut some tree verifies twice the extra rows
 ROW_PROBE_EVERY = 8  # a row whose drafting does not pay drafts again after this many steps without
 ROW_OFFER_NODES = 16  # the most nodes a row of a batch asks its drafter for under budget="auto" (module docstring)
 GUARD_MIN_STEPS = 8  # steps a BatchGuard measures each way before it compares them
@@ -381,6 +384,7 @@ __all__ = [
     "GUARD_EXPLORE_DRAFTING",
     "GUARD_EXPLORE_EVERY",
     "GUARD_MIN_STEPS",
+    "PROBE_EVERY",
     "ROW_OFFER_NODES",
     "ROW_PROBE_EVERY",
     "BatchGuard",

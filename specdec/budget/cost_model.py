@@ -12,6 +12,17 @@ past the largest) and in ``C`` between the two calibrated contexts (attention gr
 ``C``; extrapolated linearly, floored at half the smallest context's cost), times an
 online **correction**.
 
+**Plateaus**: sizes whose calibrated costs at the step's context lie within the calibration's own
+repeat spread of each other (:attr:`CostTable.spread`, capped at :data:`PLATEAU_SPREAD_MAX`) are
+one plateau: the calibration cannot tell them apart. The model prices every size of a plateau
+at its dearest, its largest calibrated size, and learns one correction for all of them (the
+refinement below). Without it, on a CPU whose verification is flat from 3 to 8 nodes, each
+size's correction learned its own noise: a size measured a few percent slow looked dear, the
+decision rule cut its trees there, and where it settled (4, 6 or 8 nodes) changed from process
+to process (docs/benchmarks.md, "The budget on a flat cost curve"). The plain step (one node)
+is never part of a plateau: it is what every draft is weighed against. :meth:`~VerifyCostModel.calibrated`
+stays the table's own figure for each size.
+
 **Online refinement**: every real step's measured ``verify_s`` is compared with the
 prediction; the ratio updates a running mean for the nearest calibrated size (an
 exponential moving average once a size has ``1 / MIN_RATE`` observations), and sizes not
@@ -59,6 +70,7 @@ FloatArray = npt.NDArray[np.float64]
 CALIBRATION_VERSION = 8
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
 RATIO_CLIP = 5.0
+PLATEAU_SPREAD_MAX = 0.1  # a plateau's widest relative cost step, whatever the calibration's spread
 SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
 COUNT_MEMORY = 0.98  # per observation of any size: a size's count of its own observations fades
 DRIFT_RATIO = 2.0  # measured / calibrated, over all sizes, past which the table has drifted
@@ -168,6 +180,8 @@ class VerifyCostModel:
         self._count = np.zeros(len(table.sizes), dtype=np.float64)  # [S] observations per size
         self._global_ratio = 1.0
         self._global_count = 0.0
+        self._grid = np.asarray(table.sizes, dtype=np.int64)  # [S]
+        self._tops_at: tuple[int, npt.NDArray[np.int64]] | None = None  # the last context's plateau tops
         self.drift_steps = DRIFT_MIN_STEPS  # observations before :attr:`drifted` can hold (module docstring)
 
     @property
@@ -215,6 +229,37 @@ class VerifyCostModel:
         t = (committed_len - contexts[0]) / (contexts[-1] - contexts[0])
         return np.maximum(lo + t * (hi - lo), 0.5 * lo)
 
+    def plateau_sizes(self, sizes: npt.NDArray[np.int64], committed_len: int) -> npt.NDArray[np.int64]:
+        """``sizes`` int ``[K]``, each raised to the largest calibrated size of its plateau at
+        ``committed_len`` (module docstring); sizes outside every plateau stay. O(K log S + S)."""
+        x = self._padded(sizes).astype(np.int64)  # a bucketed table's sizes are their buckets first
+        tops = self._plateau_tops(committed_len)  # [S]
+        grid = self._grid
+        index = np.minimum(np.searchsorted(grid, x), len(grid) - 1)  # [K] first calibrated size >= x
+        between = (index >= 1) & (tops[np.maximum(index - 1, 0)] == tops[index])  # both neighbours in one plateau
+        lift = (x <= grid[-1]) & ((grid[index] == x) | between)
+        return np.where(lift, grid[tops[index]], x)
+
+    def _plateau_tops(self, committed_len: int) -> npt.NDArray[np.int64]:
+        """``[S]``: for each calibrated size, the index of its plateau's largest size (its own index
+        when it is alone). Greedy from the smallest size above one node: a plateau takes each next
+        size while that size's calibrated cost is within the tolerance of the plateau's first."""
+        if self._tops_at is not None and self._tops_at[0] == committed_len:
+            return self._tops_at[1]  # a step plans and learns at one context: compute it once
+        sizes = len(self.table.sizes)
+        tops = np.arange(sizes, dtype=np.int64)
+        tolerance = min(self.table.spread, PLATEAU_SPREAD_MAX)
+        row = self.calibrated(self._grid, committed_len)  # [S]
+        start = int(np.searchsorted(self._sizes, 2.0))
+        while start < sizes:
+            end = start
+            while end + 1 < sizes and row[end + 1] <= row[start] * (1.0 + tolerance):
+                end += 1
+            tops[start : end + 1] = end
+            start = end + 1
+        self._tops_at = (committed_len, tops)
+        return tops
+
     def correction(self, sizes: npt.NDArray[np.int64]) -> FloatArray:
         """The online ratio measured / calibrated at ``sizes`` ``[K]``: per size, shrunk toward the global one."""
         shrunk = (self._count * self._ratio + SHRINK_STEPS * self._global_ratio) / (self._count + SHRINK_STEPS)
@@ -259,19 +304,21 @@ class VerifyCostModel:
 
     def predict(self, sizes: npt.NDArray[np.int64], committed_len: int) -> FloatArray:
         """Predicted seconds to verify trees of ``sizes`` ``[K]`` nodes after ``committed_len`` tokens. O(K log S)."""
-        return self.calibrated(sizes, committed_len) * self.correction(sizes)
+        priced = self.plateau_sizes(sizes, committed_len)
+        return self.calibrated(priced, committed_len) * self.correction(priced)
 
     def observe(self, size: int, committed_len: int, seconds: float) -> None:
         """Learn from one real verification of ``size`` nodes that took ``seconds``. O(S)."""
         if not self.learn or seconds <= 0.0 or size < 1:
             return
-        base = float(self.calibrated(np.array([size]), committed_len)[0])
+        priced = self.plateau_sizes(np.array([size]), committed_len)  # [1] a plateau learns as one
+        base = float(self.calibrated(priced, committed_len)[0])
         # Clipped around the present level, not around 1: one preempted step moves the model by
         # at most RATIO_CLIP, but a calibration measured under another load (10x off) is
         # corrected within a few steps instead of staying off by its excess over the clip.
         level = self._global_ratio
         ratio = min(max(seconds / base, level / RATIO_CLIP), level * RATIO_CLIP)
-        j = int(np.argmin(np.abs(self._log_sizes - np.log(self._padded(np.array([size]))[0]))))
+        j = int(np.argmin(np.abs(self._log_sizes - np.log(self._padded(priced)[0]))))
         self._count *= COUNT_MEMORY  # what a size has not shown lately fades (module docstring)
         self._count[j] += 1.0
         self._ratio[j] += max(1.0 / self._count[j], MIN_RATE) * (ratio - self._ratio[j])

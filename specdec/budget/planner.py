@@ -28,28 +28,29 @@ changes the choice only through ``rate``.
 1 / (cost(1) + overhead)``: in expectation, every step that drafts beats a plain step.
 When no draft pays, ``k = 1``: the step is a plain step.
 
-**Probes.** Calibration on a busy machine can overstate what larger trees cost, and a
-size the rule never picks is never measured again. So every :data:`PROBE_EVERY`-th step
-on which the rule cut the tree verifies twice the chosen nodes instead (the next best by
-``p``): a bounded exploration (at most one step in ``PROBE_EVERY`` pays ``cost(2k) -
-cost(k)``) that keeps the cost model honest where the decision is made, and gives the
-acceptance model trials of nodes just past the cut. Its price depends on the cost curve:
-~1% on a CPU whose cost grew smoothly with ``k``, ~1.4% measured where verification is flat
-up to 8 nodes and ``2k`` crosses the step after them (docs/benchmarks.md, "A fresh
-process's first call, part by part").
+**Probes, on a time budget.** Calibration on a busy machine can overstate what larger trees
+cost, and a size the rule never picks is never measured again. So a step on which the rule cut
+the tree sometimes verifies twice the chosen nodes instead (the next best by ``p``; one node
+becomes two): a bounded exploration that keeps the cost model honest where the decision is
+made, and gives the acceptance model trials of nodes just past the cut. Every cut step earns a
+share of its own predicted time, :data:`CUT_PROBE_SHARE` (:data:`DECLINED_PROBE_SHARE` when it
+declined every draft), and when the earnings cover what the probe adds, ``cost(2k) - cost(k)``,
+the step probes (reason ``"probe"``). So probes take at most that share of the cut steps' time,
+whatever the cost curve: where ``2k`` nodes cost little more than ``k`` they come often, where
+they cost a second forward, rarely. They used to come every 16th cut step whatever they cost:
+~1% of the time on a CPU whose cost grew smoothly with ``k``, but ~1.4% where verification is
+flat up to 8 nodes and ``2k`` crosses the step after them, more than they taught
+(docs/benchmarks.md, "The budget on a flat cost curve").
 
-**Declined steps probe too, on a time budget.** A source whose first drafts failed (Token
-Recycling's tree while its matrix is still cold) gets a low estimate; the rule then
-declines its drafts, so they are never verified, and the estimate stays low after the
-drafter has become good: measured on six held-out prompts from an empty state, the same
-sequence ended anywhere between 317 and 389 steps, by whether a rare probe happened to
-hit. So each declined step also earns :data:`DECLINED_PROBE_SHARE` of its plain step's
-time, ``cost(1)``, and when the earnings cover the extra node, ``cost(2) - cost(1)``, the
-step verifies its best node anyway (reason ``"probe"``). Where a node costs little (a
-CPU's ~0.5 ms against a ~12 ms step) about two declined steps in three probe; where it
-costs a whole step (dear verification) one in ~33. Either way the probes take at most
-that share of the declined steps' time, and a draft that is really worthless costs that
-much and no more.
+**Declined steps probe more.** A source whose first drafts failed (Token Recycling's tree while
+its matrix is still cold) gets a low estimate; the rule then declines its drafts, so they are
+never verified, and the estimate stays low after the drafter has become good: measured on six
+held-out prompts from an empty state, the same sequence ended anywhere between 317 and 389
+steps, by whether a rare probe happened to hit. So declined steps earn the larger share,
+:data:`DECLINED_PROBE_SHARE` of their plain step's time, ``cost(1)``, toward verifying their
+best node. Where a node costs little (a CPU's ~0.5 ms against a ~12 ms step) about two
+declined steps in three probe; where it costs a whole step (dear verification) one in ~33.
+Either way a draft that is really worthless costs that share and no more.
 
 Budgets: ``"auto"`` (the rule above), ``"full"`` (the drafter's whole tree: the papers'
 fixed budgets) or an int ``N`` (every tree cut to its first ``N`` nodes). Fixed budgets
@@ -82,7 +83,7 @@ BUDGET_MODES = ("auto", "full")
 # Why a step verified the nodes it did: the drafter offered only the root; the rule found
 # that no draft pays; the rule's choice; a probe (module docstring); a fixed or full budget.
 REASONS = ("no draft", "declined", "auto", "probe", "fixed", "full")
-PROBE_EVERY = 16  # one step in this many that the rule cut verifies twice the nodes (module docstring)
+CUT_PROBE_SHARE = 0.01  # steps the rule cut spend at most this share of their time verifying 2k nodes
 DECLINED_PROBE_SHARE = 0.03  # declined steps spend at most this share of their time verifying their best node
 
 
@@ -258,8 +259,7 @@ class BudgetPlanner:
         self.throughput = throughput if throughput is not None else Throughput()
         self._cost = cost
         self._load_cost = load_cost if load_cost is not None else lambda: cost_model(verifier)
-        self._since_probe = 0  # steps the rule cut since the last probe
-        self._probe_credit = 0.0  # seconds declined steps earned toward their probes (module docstring)
+        self._probe_credit = 0.0  # seconds cut steps earned toward their probes (module docstring)
 
     @property
     def cost(self) -> VerifyCostModel | None:
@@ -288,17 +288,12 @@ class BudgetPlanner:
         k, nodes = choose_budget(accept_probs, costs, rate)
         reason = "declined" if k == 1 else "auto"
         if k < offered:
-            self._since_probe += 1
-            extra = float(costs[1] - costs[0])  # what verifying the best node on a declined step adds
-            if k == 1:  # declined: earn a share of this plain step's time toward such a probe
-                self._probe_credit += DECLINED_PROBE_SHARE * float(costs[0])
-            if self._since_probe >= PROBE_EVERY:
-                self._since_probe = 0
-                k, reason = min(offered, 2 * k), "probe"
-                nodes = best_nodes(accept_probs, k)
-            elif k == 1 and self._probe_credit >= extra:
+            probe = min(offered, 2 * k)
+            extra = float(costs[probe - 1] - costs[k - 1])  # what verifying the probe's nodes adds to this step
+            self._probe_credit += (DECLINED_PROBE_SHARE if k == 1 else CUT_PROBE_SHARE) * float(costs[k - 1])
+            if self._probe_credit >= extra:
                 self._probe_credit = min(self._probe_credit - extra, extra)  # no hoard for a burst later
-                k, reason = 2, "probe"
+                k, reason = probe, "probe"
                 nodes = best_nodes(accept_probs, k)
             chosen = nodes.tolist()
             tree = tree.select(chosen)

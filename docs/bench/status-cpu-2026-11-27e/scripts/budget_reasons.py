@@ -3,8 +3,9 @@ prompts, twice): tokens/s, and per step reason the tree size, verification ms an
 
 `python budget_reasons.py on|off [SHRINK]`: the learned state (planner statistics, Token Recycling's matrix) on, in the
 folders $SPECDEC_PLANNER_DIR and $SPECDEC_RECYCLING_DIR (set them to new empty ones), or off. SHRINK sets the cost
-model's SHRINK_STEPS for the process (a trial, not landed; raw/budget_shrink.txt). The last two lines (the auto steps'
-tree sizes, the cost model's per-size corrections) were added after the runs of raw/budget_reasons.txt.
+model's SHRINK_STEPS for the process (a trial, not landed; raw/budget_shrink.txt). The next two lines (the auto steps'
+tree sizes, the cost model's per-size corrections) were added after the runs of raw/budget_reasons.txt, the last ones
+(expected against accepted draft tokens, trees up to 8 nodes and larger) after those of raw/budget_shrink.txt.
 """
 
 import collections
@@ -12,11 +13,11 @@ import sys
 
 import numpy as np
 
-import specdec.budget.cost_model as cm
 from specdec.api import Generator
 from specdec.bench.oneoff import heldout_prompts
 from specdec.models import encode_prompt, load_model
 
+cm = sys.modules["specdec.budget.cost_model"]  # the package re-exports a function of that name
 model, tok = load_model(None)
 P = heldout_prompts()
 CACHE = sys.argv[1] == "on"
@@ -35,7 +36,7 @@ for rep in range(2):
         for b, g in gens.items() if (i + rep) % 2 == 0 else reversed(list(gens.items())):
             r = g.generate(encode_prompt(tok, P[i].text, None), max_new_tokens=128)
             for s in r.stats.records:
-                agg[b][s.reason].append((s.tree_size, s.verify_s, s.accepted, s.step_s if hasattr(s, "step_s") else 0))
+                agg[b][s.reason].append((s.tree_size, s.verify_s, s.accepted, s.expected or 0.0))
             tot[b][0] += r.stats.total_s
             tot[b][1] += len(r.tokens)
             tot[b][2] += r.stats.steps
@@ -60,3 +61,12 @@ print(
     "counts",
     [round(float(c), 1) for c in m._count],
 )
+for b, reason in (("auto", "auto"), (8, "fixed")):  # expected against accepted draft tokens, by tree size
+    a = np.array(agg[b][reason])
+    for name, rows in (("<= 8 nodes", a[a[:, 0] <= 8]), ("> 8 nodes", a[a[:, 0] > 8])):
+        if len(rows):
+            print(
+                f"budget {b} {name}: n={len(rows)} size {rows[:, 0].mean():.2f} "
+                f"verify {rows[:, 1].mean() * 1e3:.2f} ms expected {rows[:, 3].mean():.2f} "
+                f"accepted {rows[:, 2].mean():.2f}"
+            )
