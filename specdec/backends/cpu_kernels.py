@@ -43,6 +43,7 @@ larger ones are, not streamed: equally exact, faster on some CPUs (:data:`BLOCKS
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from typing import Any
 
 import torch
 
+from specdec.errors import SpecDecError
 from specdec.native import NativeBuildError, extension_key, load_extension, register_meta
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -74,6 +76,9 @@ ISAS = ("auto", "avx512", "avx512-blocks", "avx2", "portable")
 # rows (``csrc/skinny_linear.cpp``; the same bits). Which is faster depends on the CPU's memory
 # system: the calibration times both (the ``"cpu-blocks"`` kernel variant of the native verifier).
 BLOCKS_ISA = "avx512-blocks"
+# The environment variable that forces one kernel path for the whole process: what ``isa="auto"``
+# runs in every op, so ``run``, the demo, ``specdec bench`` and the tests all take that path.
+ISA_ENV = "SPECDEC_CPU_ISA"
 
 _LOCK = threading.Lock()
 _FAILURE: NativeBuildError | None = None
@@ -99,6 +104,7 @@ def load() -> ModuleType:
         except NativeBuildError as error:
             _FAILURE = error
             raise
+        _force_from_environment(module)
         if not _FAKES_REGISTERED:
             register_meta("specdec_cpu::skinny_linear", _skinny_linear_fake)
             register_meta("specdec_cpu::skinny_linears", _skinny_linears_fake)
@@ -129,8 +135,40 @@ def available() -> bool:
 
 
 def cpu_isa() -> str:
-    """The instruction set ``isa="auto"`` runs on this CPU: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
+    """The kernel path ``isa="auto"`` runs in this process: ``"avx512"``, ``"avx2"`` or ``"portable"``
+    (the best this CPU has, or the one :data:`ISA_ENV` forced)."""
     return str(load().cpu_isa())
+
+
+def best_isa() -> str:
+    """The best kernel path this CPU runs, whatever :data:`ISA_ENV` forces."""
+    return str(load().best_isa())
+
+
+def supported_isas() -> list[str]:
+    """The kernel paths this CPU runs, best first (``avx512``, ``avx512-blocks``, ``avx2``, ``portable``)."""
+    return [name.strip(" '") for name in str(load().supported_isas()).split(",")]
+
+
+def _force_from_environment(module: ModuleType) -> None:
+    """Make ``isa="auto"`` run the path :data:`ISA_ENV` names (unset or ``auto``: the best this CPU has).
+
+    Read at every :func:`load`, so a process that changes the variable (a test) is followed. A name
+    that is not a path, or one this CPU cannot run, raises :class:`~specdec.errors.SpecDecError`
+    naming the value and the paths this CPU runs: a forced path never falls back silently.
+    """
+    value = os.environ.get(ISA_ENV, "auto").strip() or "auto"
+    if value not in ISAS:
+        raise SpecDecError(
+            f"{ISA_ENV}={value!r} is not a kernel path; valid: {', '.join(ISAS)} (this CPU runs "
+            f"{module.supported_isas()})"
+        )
+    try:
+        module.set_auto_isa(value)
+    except RuntimeError as error:
+        raise SpecDecError(
+            f"{ISA_ENV}={value!r}: this CPU cannot run that kernel path (it runs {module.supported_isas()})"
+        ) from error
 
 
 

@@ -104,9 +104,11 @@ class RunnerVerifier(ModelVerifier):
         return "native"
 
     def kernels_build(self) -> str:
-        """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) where they serve this
-        model, else ``"-"``: part of the calibration's identity."""
-        return cpu_kernels.build_key() if self.kernels_available else "-"
+        """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) and the kernel path
+        ``auto`` runs (``cpu_isa``: forced by ``SPECDEC_CPU_ISA`` or the CPU's best) where they serve this
+        model, else ``"-"``: part of the calibration's identity, so costs measured on one path (or one
+        machine's ISA) never plan another's."""
+        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}" if self.kernels_available else "-"
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is

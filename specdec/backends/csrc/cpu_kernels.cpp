@@ -2,9 +2,16 @@
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
+#include <atomic>
+
 #include "cpu_kernels.h"
 
 namespace specdec_cpu_kernels {
+
+namespace {
+// The path 'auto' runs: -1 until set_auto_isa forces one (SPECDEC_CPU_ISA, read by cpu_kernels.py).
+std::atomic<int> forced_auto{-1};
+}  // namespace
 
 bool cpu_has(Isa isa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -22,8 +29,41 @@ Isa best_isa() {
   return best;
 }
 
+Isa auto_isa() {
+  const int forced = forced_auto.load(std::memory_order_relaxed);
+  return forced < 0 ? best_isa() : static_cast<Isa>(forced);
+}
+
+std::string isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx512Blocks:
+      return "avx512-blocks";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "portable";
+  }
+}
+
+std::string supported_isas() {
+  std::string names;
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Blocks, Isa::kAvx2, Isa::kPortable})
+    if (cpu_has(isa)) names += (names.empty() ? "'" : ", '") + isa_name(isa) + "'";
+  return names;
+}
+
+void set_auto_isa(const std::string& name) {
+  if (name == "auto") {
+    forced_auto.store(-1, std::memory_order_relaxed);
+    return;
+  }
+  forced_auto.store(static_cast<int>(parse_isa(name, "set_auto_isa")), std::memory_order_relaxed);
+}
+
 Isa parse_isa(const std::string& name, const char* op) {
-  if (name == "auto") return best_isa();
+  if (name == "auto") return auto_isa();
   Isa isa;
   if (name == "avx512") {
     isa = Isa::kAvx512;
@@ -37,20 +77,12 @@ Isa parse_isa(const std::string& name, const char* op) {
     TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name,
                 "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'portable'");
   }
-  TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU");
+  TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU (it runs ",
+              supported_isas(), ")");
   return isa;
 }
 
-std::string cpu_isa() {
-  switch (best_isa()) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    default:
-      return "portable";
-  }
-}
+std::string cpu_isa() { return isa_name(auto_isa()); }
 
 }  // namespace specdec_cpu_kernels
 
@@ -96,5 +128,10 @@ TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "specdec's CPU kernels; the ops themselves are torch.ops.specdec_cpu.*";
-  module.def("cpu_isa", &specdec_cpu_kernels::cpu_isa, "The instruction set 'auto' runs on this CPU.");
+  module.def("cpu_isa", &specdec_cpu_kernels::cpu_isa, "The kernel path 'auto' runs (forced, or the best this CPU has).");
+  module.def("best_isa", [] { return specdec_cpu_kernels::isa_name(specdec_cpu_kernels::best_isa()); },
+             "The best kernel path this CPU runs.");
+  module.def("supported_isas", &specdec_cpu_kernels::supported_isas, "The kernel paths this CPU runs, quoted.");
+  module.def("set_auto_isa", &specdec_cpu_kernels::set_auto_isa,
+             "Force the path 'auto' runs for the whole process ('auto' undoes it); a bad name raises.");
 }

@@ -43,9 +43,15 @@ inline bool avx512_family(Isa isa) { return isa == Isa::kAvx512 || isa == Isa::k
 // Whether this CPU runs `isa`; the best one it runs; `name` ('auto', 'avx512', 'avx512-blocks',
 // 'avx2', 'portable') parsed and checked against the CPU (an unknown or unsupported name raises,
 // naming `op`).
+// auto_isa: what 'auto' runs: the best, or the path set_auto_isa forced for the whole process
+// (SPECDEC_CPU_ISA, read by specdec/backends/cpu_kernels.py).
 bool cpu_has(Isa isa);
 Isa best_isa();
+Isa auto_isa();
 Isa parse_isa(const std::string& name, const char* op);
+std::string isa_name(Isa isa);
+std::string supported_isas();
+void set_auto_isa(const std::string& name);
 std::string cpu_isa();
 
 at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
