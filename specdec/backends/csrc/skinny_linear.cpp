@@ -57,14 +57,14 @@ inline __m512 load_w_tail(const uint16_t* w, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
-// Lines of W to prefetch while a block computes: `near_lines` lines from `near` into L1 and
-// `far_lines` from `far` into L2, up to `per_step` of each per k step, so the requests spread over
-// the block's arithmetic (issued in one burst, far ahead, they stalled the core: measured slower
-// than no prefetch at all).
+// Lines of W to prefetch while a block computes: lines from byte `near` of the weight into L1 and
+// from byte `far` into L2, up to `per_step` of each per k step, so the requests spread over the
+// block's arithmetic (issued in one burst, far ahead, they stalled the core: measured slower than no
+// prefetch at all). Offsets, not pointers: an address is formed only for a line inside the weight
+// (`near_end`, `far_end`: where each share stops, at most the weight's size), never past its end.
 struct Prefetch {
-  const char* near;
-  const char* far;
-  int64_t near_lines, far_lines, per_step;
+  const char* base;
+  int64_t near, far, near_end, far_end, per_step;
 };
 
 // RO weight rows (from row o) against RM rows of x (from row m); accumulator slot c * RO + r.
@@ -79,10 +79,10 @@ inline void block(const float* x, const weight_t* w, float* y, int64_t K, int64_
   const float* x_rows = x + m * K;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    for (int64_t j = 0; j < ahead.per_step && ahead.near_lines > 0; ++j, --ahead.near_lines, ahead.near += 64)
-      _mm_prefetch(ahead.near, _MM_HINT_T0);
-    for (int64_t j = 0; j < ahead.per_step && ahead.far_lines > 0; ++j, --ahead.far_lines, ahead.far += 64)
-      _mm_prefetch(ahead.far, _MM_HINT_T2);
+    for (int64_t j = 0; j < ahead.per_step && ahead.near < ahead.near_end; ++j, ahead.near += 64)
+      _mm_prefetch(ahead.base + ahead.near, _MM_HINT_T0);
+    for (int64_t j = 0; j < ahead.per_step && ahead.far < ahead.far_end; ++j, ahead.far += 64)
+      _mm_prefetch(ahead.base + ahead.far, _MM_HINT_T2);
     __m512 wv[RO];
     for (int r = 0; r < RO; ++r) wv[r] = load_w(w_rows + r * K + k);
     for (int c = 0; c < RM; ++c) {
@@ -186,17 +186,17 @@ inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t
     const int64_t lines = (4 * K * static_cast<int64_t>(sizeof(weight_t)) + 63) / 64;
     const int64_t passes = (M + 3) / 4, steps = (K + 15) / 16;
     const int64_t per_pass = (lines + passes - 1) / passes, per_step = (per_pass + steps - 1) / steps;
-    const char* weight_end = reinterpret_cast<const char*>(w + N * K);
-    auto inside = [&](const char* from) {  // the lines of a pass's share from `from` that lie in the weight
-      return std::max<int64_t>(0, std::min<int64_t>(per_pass, (weight_end - from + 63) / 64));
-    };
+    const int64_t weight_bytes = N * K * static_cast<int64_t>(sizeof(weight_t));
+    const char* base = reinterpret_cast<const char*>(w);
+    auto share_end = [&](int64_t from) { return std::min(weight_bytes, from + per_pass * 64); };
     for (; o + 4 <= o_end; o += 4) {
-      const char* near = reinterpret_cast<const char*>(w + (o + 4 * kNear) * K);
-      const char* far = reinterpret_cast<const char*>(w + (o + 4 * kFar) * K);
+      const int64_t near = (o + 4 * kNear) * K * static_cast<int64_t>(sizeof(weight_t));
+      const int64_t far = (o + 4 * kFar) * K * static_cast<int64_t>(sizeof(weight_t));
       for (int64_t m = 0, pass = 0; m < M; m += 4, ++pass) {
         const int64_t offset = pass * per_pass * 64;
         block<4, 4>(x, w, y, K, N, o, m, static_cast<int>(std::min<int64_t>(4, M - m)),
-                    Prefetch{near + offset, far + offset, inside(near + offset), inside(far + offset), per_step});
+                    Prefetch{base, near + offset, far + offset, share_end(near + offset), share_end(far + offset),
+                             per_step});
       }
     }
   }
@@ -281,6 +281,7 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
     for (int64_t b = 0; b < N; b += grain) tasks.push_back({i, b, std::min(N, b + grain)});
   }
   auto run = [&](const Task& task) {
+    if (M == 0) return;  // no x rows: nothing to compute (and x's data pointer may be null)
     const int64_t N = weights[task.weight].size(0);
     const int64_t b = task.begin, e = task.end;
     if (dtype == at::kDouble) {
