@@ -83,7 +83,7 @@ void time_shapes() {
   std::vector<std::vector<float>> weights;
   for (int layer = 0; layer < 30; ++layer)
     for (auto& s : shapes) weights.emplace_back(s[0] * s[1], 0.01f);
-  for (int64_t M : {1, 2, 4, 8, 16, 32}) {
+  for (int64_t M : {1, 2, 3, 4, 5, 6, 8, 12, 16, 32}) {
     std::vector<float> x(M * 1536, 0.5f), y(M * 1536);
     double best = 1e30;
     for (int round = 0; round < 5; ++round) {
