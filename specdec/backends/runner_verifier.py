@@ -103,6 +103,15 @@ class RunnerVerifier(ModelVerifier):
         """``"native"``: specdec's own forward, a cache per sequence, eager."""
         return "native"
 
+    def identity(self) -> dict[str, str]:
+        """:meth:`ModelVerifier.identity`, plus the kernel path ``auto`` runs where the CPU kernels serve the
+        model (``kernel_path``: the CPU's best, or the one ``SPECDEC_CPU_ISA`` forced): the throughput the
+        planner statistics remember differs between paths as much as between machines."""
+        identity = super().identity()
+        if self.kernels_available:
+            identity["kernel_path"] = cpu_kernels.cpu_isa()
+        return identity
+
     def kernels_build(self) -> str:
         """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) and the kernel path
         ``auto`` runs (``cpu_isa``: forced by ``SPECDEC_CPU_ISA`` or the CPU's best) where they serve this
