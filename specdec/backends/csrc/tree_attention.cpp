@@ -31,6 +31,11 @@ struct Visible {
   int64_t slot(int64_t v) const { return v < start ? v : tree[v - start]; }
 };
 
+// The query vectors of one KV head that one task serves: rows x query heads of the group.
+struct Vectors {
+  int64_t first, count;  // vector j = row * group + (query head - kv head * group), for j in [first, first + count)
+};
+
 namespace portable_rows {
 #include "tree_attention_portable.inc"
 }  // namespace portable_rows
@@ -57,7 +62,7 @@ using portable_rows::widen;
 #include "lane_sums_avx512.inc"  // lane_sums16, as in skinny_linear.cpp
 
 inline __m512 exp16(__m512 x) {  // exp_c on sixteen lanes: the same operations, vectorized
-  x = _mm512_max_ps(x, _mm512_set1_ps(-86.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-86.0f), x);  // vmaxps gives its second operand where one is NaN: NaN stays
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
@@ -95,11 +100,6 @@ inline void scores16(const __m512* qv, const __mmask16* masks, const scalar_t* c
   const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
   _mm512_mask_storeu_ps(out, keep, _mm512_mul_ps(lane_sums16(acc), scale));
 }
-
-// The query vectors of one KV head that one task serves: rows x query heads of the group.
-struct Vectors {
-  int64_t first, count;  // vector j = row * group + (query head - kv head * group), for j in [first, first + count)
-};
 
 // VP vectors' weighted values over slots [v0, v1) (weights p_j[v]), added to their running sums in
 // `outs` (VP x CHUNKS accumulators: each value chunk is loaded once for the VP vectors). Each vector's
@@ -177,11 +177,15 @@ void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, cons
     float* row = scores + j * width;
     const int64_t n = start + tree_size;
     __m512 top_v = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __mmask16 nan = 0;  // the contract's non-finite rule: a NaN score makes the max NaN (vmaxps would drop it)
     for (int64_t v0 = 0; v0 < n; v0 += 16) {
       const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
-      top_v = _mm512_mask_max_ps(top_v, m, top_v, _mm512_maskz_loadu_ps(m, row + v0));
+      const __m512 s = _mm512_maskz_loadu_ps(m, row + v0);
+      nan |= _mm512_mask_cmp_ps_mask(m, s, s, _CMP_UNORD_Q);
+      top_v = _mm512_mask_max_ps(top_v, m, top_v, s);
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));  // a max: exact in any order
+    const float top_max = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(top_v);
+    const __m512 top = _mm512_set1_ps(top_max);  // a max: exact in any order
     __m512 sums = _mm512_setzero_ps();
     for (int64_t v0 = 0; v0 < n; v0 += 16) {
       const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - v0)) - 1u);
@@ -294,7 +298,7 @@ void attend(const at::Tensor& query, const std::vector<Part>& parts, double scal
   scalar_t* op = out.mutable_data_ptr<scalar_t>();  // [1, R, Hq * D]
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> scores;
-    std::vector<acc_t> outs, totals;
+    std::vector<acc_t> outs, totals, query_scratch;
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[static_cast<size_t>(t)];
       const Part& part = parts[task.part];
@@ -304,6 +308,13 @@ void attend(const at::Tensor& query, const std::vector<Part>& parts, double scal
       scalar_t* part_out = op + part.first * Hq * D;
       const scalar_t* head_keys = part.keys.const_data_ptr<scalar_t>() + kv_head * S * D;
       const scalar_t* head_values = part.values.const_data_ptr<scalar_t>() + kv_head * S * D;
+      auto store_outs = [&] {  // a blocked kernel's outs [count, D] to the output rows, in the output dtype
+        for (int64_t j = 0; j < vectors.count; ++j) {
+          const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
+          scalar_t* o = part_out + (row * Hq + head) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[j * D + d]);
+        }
+      };
 #if SPECDEC_X86
       if constexpr (!std::is_same_v<scalar_t, double>) {
         if (avx512_family(isa) && D <= 256) {
@@ -313,15 +324,33 @@ void attend(const at::Tensor& query, const std::vector<Part>& parts, double scal
           head_avx512_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group, kv_head,
                                     part.tree_slots, static_cast<float>(scale), vectors, scores.data(), outs.data(),
                                     totals.data());
-          for (int64_t j = 0; j < vectors.count; ++j) {
-            const int64_t vector = vectors.first + j, row = vector / group, head = kv_head * group + vector % group;
-            scalar_t* o = part_out + (row * Hq + head) * D;
-            for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(outs[j * D + d]);
-          }
+          store_outs();
           continue;
         }
       }
 #endif
+      if constexpr (!std::is_same_v<scalar_t, double>) {
+        if (D <= 256) {  // AVX2 or portable: the blocked kernel of tree_attention_portable.inc
+          scores.resize(static_cast<size_t>(vectors.count * (start + T)));
+          outs.resize(static_cast<size_t>(vectors.count * D));
+          totals.resize(static_cast<size_t>(vectors.count));
+          query_scratch.resize(static_cast<size_t>(vectors.count * 256));
+#if SPECDEC_X86
+          if (isa == Isa::kAvx2) {
+            avx2_rows::head_blocked_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group,
+                                                  kv_head, part.tree_slots, static_cast<float>(scale), vectors,
+                                                  scores.data(), outs.data(), totals.data(), query_scratch.data());
+          } else
+#endif
+          {
+            portable_rows::head_blocked_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group,
+                                                      kv_head, part.tree_slots, static_cast<float>(scale), vectors,
+                                                      scores.data(), outs.data(), totals.data(), query_scratch.data());
+          }
+          store_outs();
+          continue;
+        }
+      }
       scores.resize(static_cast<size_t>(start + T));
       outs.resize(static_cast<size_t>(D));
       Visible seen{start, {}};
