@@ -333,6 +333,15 @@ def test_the_one_call_op_refuses_what_does_not_add_up(one_call: Kernels) -> None
         cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers, [3], [2], [None, None])
     with pytest.raises(RuntimeError, match="unknown isa 'sse9'"):  # the kernel path is passed through, checked
         cpu_kernels.decoder_layers(hidden, cos, sin, weights, heads, True, 1.0, layers, [3], [2], [None], isa="sse9")
+    # Head counts that do not fit the projections (the views would read the wrong rows), checked before any work.
+    wrong = (runner.query_heads * 2, runner.kv_heads)
+    with pytest.raises(RuntimeError, match="do not fit"):
+        cpu_kernels.decoder_layers(hidden, cos, sin, weights, wrong, True, 1.0, layers, [3], [2], [None])
+    with pytest.raises(RuntimeError, match="a multiple of the second"):
+        cpu_kernels.decoder_layers(hidden, cos, sin, weights, (runner.query_heads, runner.query_heads + 1), True, 1.0,
+                                   layers, [3], [2], [None])  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[1, R, D\]"):
+        cpu_kernels.decoder_layers(hidden, cos[:, :1], sin[:, :1], weights, heads, True, 1.0, layers, [3], [2], [None])
 
 
 def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(

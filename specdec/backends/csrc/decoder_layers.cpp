@@ -74,7 +74,26 @@ at::Tensor decoder_layers_cpu(const at::Tensor& hidden_in, const at::Tensor& cos
                   static_cast<int64_t>(values.size()) == layers * segments,
               op, ": ", keys.size(), " key and ", values.size(), " value caches for ", layers, " layers x ", segments,
               " segments (layer-major)");
-  TORCH_CHECK(query_heads >= 1 && kv_heads >= 1, op, ": head counts must be positive");
+  TORCH_CHECK(query_heads >= 1 && kv_heads >= 1 && query_heads % kv_heads == 0, op, ": ", query_heads,
+              " query heads over ", kv_heads, " KV heads (positive, the first a multiple of the second)");
+  TORCH_CHECK(cos_in.dim() == 3 && sin_in.sizes() == cos_in.sizes() && cos_in.size(0) == 1 &&
+                  cos_in.size(1) == hidden_in.size(1),
+              op, ": cos and sin must be [1, R, D] with R = ", hidden_in.size(1), " rows, got ", cos_in.sizes(), " and ",
+              sin_in.sizes());
+  // The projections must fit the heads, or the views below would read the wrong rows: q and o carry
+  // query_heads * head_dim features, k and v kv_heads * head_dim, each layer alike.
+  const int64_t dim = cos_in.size(-1);
+  for (size_t i = 0; i < weights.size(); ++i)
+    TORCH_CHECK(weights[i].dim() == 2, op, ": weight ", i, " must be [out, in], got shape ", weights[i].sizes());
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const int64_t w0 = layer * kWeightsPerLayer;
+    const int64_t q_out = weights[static_cast<size_t>(w0)].size(0), k_out = weights[static_cast<size_t>(w0 + 1)].size(0),
+                  v_out = weights[static_cast<size_t>(w0 + 2)].size(0), o_in = weights[static_cast<size_t>(w0 + 3)].size(-1);
+    TORCH_CHECK(q_out == query_heads * dim && o_in == query_heads * dim && k_out == kv_heads * dim &&
+                    v_out == kv_heads * dim,
+                op, ": layer ", layer, "'s projections (q ", q_out, ", k ", k_out, ", v ", v_out, ", o in ", o_in,
+                " features) do not fit ", query_heads, " query heads and ", kv_heads, " KV heads of ", dim);
+  }
   const int64_t head_dim = cos_in.size(-1);
   const int64_t rows = hidden_in.size(1);
   const at::Tensor cos = cos_in.unsqueeze(1);  // [1, 1, R, D]

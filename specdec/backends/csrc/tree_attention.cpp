@@ -394,6 +394,7 @@ Part checked_part(const at::Tensor& query, const at::Tensor& keys, const at::Ten
   const bool* anc = nullptr;
   at::Tensor anc_contiguous;
   if (ancestors.has_value()) {
+    TORCH_CHECK(ancestors->device().is_cpu(), op, ": ancestors must be a CPU tensor, got one on ", ancestors->device());
     TORCH_CHECK(ancestors->scalar_type() == at::kBool && ancestors->dim() == 2 && ancestors->size(0) == T &&
                     ancestors->size(1) == T,
                 op, ": ancestors must be bool [", T, ", ", T, "], got ", ancestors->scalar_type(), " ",
