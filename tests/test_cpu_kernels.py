@@ -9,6 +9,11 @@ other rows come with it (batch invariance). Tree attention: against
 shapes), every path the same bits, and a tree row bitwise equal to the same query attending
 alone after its ancestors were committed (the contract of ``csrc/tree_attention.h``). Bad input
 raises naming the value; both ops trace into compiled graphs.
+
+Per path by name (the ``isa`` fixture: avx512, avx512-blocks, avx2, portable): a path this CPU
+cannot run is a visible skip, or a failure where ``SPECDEC_REQUIRE_ISAS`` names it; each is held to
+torch and to the portable path across parallel tasks and thread counts, for batch invariance, head
+dims up to 300 and non-finite inputs (one rule on every path: a NaN score makes the row NaN).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import native_or_skip
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.backends import cpu_kernels as skinny
@@ -374,3 +379,127 @@ def test_tree_attention_refuses_bad_input_naming_the_value(change: dict[str, Any
     with pytest.raises(RuntimeError) as raised:
         skinny.tree_attention(**arguments)
     assert message in str(raised.value)
+
+
+# ---- every kernel path by name: skipped visibly where this CPU cannot run it ------------------------
+
+ALL_ISAS = ("avx512", "avx512-blocks", "avx2", "portable")
+REQUIRE_ENV = "SPECDEC_REQUIRE_ISAS"  # comma-separated paths that must run here (CI on a known machine)
+
+
+@pytest.fixture(params=ALL_ISAS)
+def isa(request: pytest.FixtureRequest) -> str:
+    """One kernel path: a path this CPU lacks is a visible skip (a failure where ``SPECDEC_REQUIRE_ISAS`` names it)."""
+    name = str(request.param)
+    supported = skinny.supported_isas()
+    if name not in supported:
+        required = {item.strip() for item in __import__("os").environ.get(REQUIRE_ENV, "").split(",") if item.strip()}
+        reason = f"this CPU cannot run the {name} path (it runs {', '.join(supported)})"
+        if name in required:
+            pytest.fail(f"{REQUIRE_ENV} names {name}: {reason}")
+        pytest.skip(reason)
+    return name
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Torch's thread count for the test (the kernels split their tasks over them), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(request.param))
+    yield int(request.param)
+    torch.set_num_threads(before)
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values with NaN in the same places (NaN payloads aside)."""
+    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(0, 40),
+    fan_in=st.integers(1, 700),
+    fan_out=st.integers(1, 400),  # up to ~25 parallel tasks at these fan-ins: outputs drawn across tasks
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**31),
+)
+def test_each_path_is_linear_across_tasks_and_threads_and_equals_the_portable_one(
+    isa: str, threads: int, rows: int, fan_in: int, fan_out: int, dtype: torch.dtype, seed: int
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, fan_in, generator=generator, dtype=torch.float64).to(dtype)
+    weight = torch.randn(fan_out, fan_in, generator=generator, dtype=torch.float64).to(dtype)
+    got = skinny.skinny_linear(x, weight, None, isa)
+    assert got.shape == (rows, fan_out) and got.dtype == dtype
+    expected = torch.nn.functional.linear(x.double(), weight.double())
+    if rows:
+        error = (got.double() - expected).abs().max().item() / (expected.abs().max().item() + 1e-30)
+        assert error < TOLERANCE[dtype], f"{isa}, {dtype}: relative error {error:.3e}"
+    assert torch.equal(got, skinny.skinny_linear(x, weight, None, "portable")), f"{isa} differs from portable"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_path_gives_a_row_the_same_bits_whatever_rows_come_with_it(isa: str, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(40, 600, generator=generator).to(dtype)
+    weight = torch.randn(300, 600, generator=generator).to(dtype)
+    together = skinny.skinny_linear(x, weight, None, isa)
+    for count in (1, 2, 3, 4, 6, 7, 8, 13, 40):
+        for start in (0, 40 - count):
+            assert torch.equal(skinny.skinny_linear(x[start : start + count], weight, None, isa),
+                               together[start : start + count]), (isa, count, start)  # fmt: skip
+
+
+def test_each_path_keeps_non_finite_weights_where_they_are(isa: str) -> None:
+    """An inf or NaN in a weight row gives NaN/inf in that output column on every path alike."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 100, generator=generator)
+    weight = torch.randn(70, 100, generator=generator)
+    weight[3, 17] = float("nan")
+    weight[40, 99] = float("inf")
+    x[2, 0] = float("-inf")
+    got = skinny.skinny_linear(x, weight, None, isa)
+    assert _bits_equal(got, skinny.skinny_linear(x, weight, None, "portable")), isa
+    assert got[:, 3].isnan().all() and got[2].isnan().any()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    parents=trees(max_nodes=12),
+    start=st.integers(0, 150),
+    heads=st.sampled_from([(1, 1), (9, 3), (4, 2)]),
+    head_dim=st.sampled_from([8, 20, 64, 209, 232, 256, 300]),  # up to 256: the blocked paths; 300: the row path
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    non_finite=st.sampled_from(["none", "nan-key", "inf-query", "nan-value", "-inf-key"]),
+    seed=st.integers(0, 2**31),
+)
+def test_each_path_attends_as_the_portable_one_with_any_head_and_non_finite_input(
+    isa: str, threads: int, parents: tuple[int, ...], start: int, heads: tuple[int, int], head_dim: int,
+    dtype: torch.dtype, non_finite: str, seed: int,
+) -> None:
+    """Head dims past the AVX-512 kernel's 16 chunks, several tasks (threads), and the contract's rule for
+    non-finite values (tree_attention.h): every path gives the portable path's values, NaN in the same places."""
+    rows = len(parents)
+    query_heads, kv_heads = heads
+    generator = torch.Generator().manual_seed(seed)
+    slots = start + rows
+    keys = torch.randn(1, kv_heads, slots, head_dim, generator=generator)
+    values = torch.randn(1, kv_heads, slots, head_dim, generator=generator)
+    query = torch.randn(1, query_heads, rows, head_dim, generator=generator)
+    slot = int(torch.randint(0, slots, (1,), generator=generator))
+    if non_finite == "nan-key":
+        keys[0, 0, slot, head_dim // 2] = float("nan")
+    elif non_finite == "-inf-key":
+        keys[0, 0, slot, 0] = float("-inf")
+    elif non_finite == "inf-query":
+        query[0, 0, rows - 1, 1 % head_dim] = float("inf")
+    elif non_finite == "nan-value":
+        values[0, 0, slot, head_dim - 1] = float("nan")
+    keys, values, query = keys.to(dtype), values.to(dtype), query.to(dtype)
+    ancestors = torch.from_numpy(ancestor_matrix(parents))
+    got = skinny.tree_attention(query, keys, values, start, ancestors, head_dim**-0.5, isa)
+    oracle = skinny.tree_attention(query, keys, values, start, ancestors, head_dim**-0.5, "portable")
+    assert _bits_equal(got, oracle), f"{isa} differs from the portable path ({non_finite}, head dim {head_dim})"
+    if non_finite == "nan-key":  # every row that sees that key gets NaN (a NaN score makes the row NaN)
+        seen = [i for i in range(rows) if slot < start or bool(ancestors[i, slot - start])]
+        assert all(got[0, i, :head_dim].isnan().all() for i in seen)
