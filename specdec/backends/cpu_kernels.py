@@ -172,17 +172,32 @@ def _force_from_environment(module: ModuleType) -> None:
 
 
 
+def _one_device(op: str, *tensors: Any) -> None:
+    """The fake implementations' device check: a call that mixes devices (a CPU tensor beside a ``meta``
+    one, which the dispatcher sends here rather than to the CPU kernel and its checks) raises naming
+    them, instead of returning an uninitialized tensor."""
+    found = []
+    for item in tensors:
+        for tensor in item if isinstance(item, list | tuple) else (item,):
+            if isinstance(tensor, torch.Tensor) and tensor.device not in found:
+                found.append(tensor.device)
+    if len(found) > 1:
+        raise RuntimeError(f"specdec_cpu::{op}: all tensors must be on one device, got {', '.join(map(str, found))}")
+
+
 def _skinny_linear_fake(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: str = "auto"
 ) -> torch.Tensor:
-    del bias, isa
+    _one_device("skinny_linear", x, weight, bias)
+    del isa
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _skinny_linears_fake(
     x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], isa: str = "auto"
 ) -> list[torch.Tensor]:
-    del biases, isa
+    _one_device("skinny_linears", x, weights, biases)
+    del isa
     return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]
 
 
@@ -195,7 +210,8 @@ def _tree_attention_fake(
     scale: float,
     isa: str = "auto",
 ) -> torch.Tensor:
-    del keys, values, start, ancestors, scale, isa
+    _one_device("tree_attention", query, keys, values, ancestors)
+    del start, scale, isa
     return query.new_empty((1, query.shape[2], query.shape[1] * query.shape[3]))
 
 
@@ -209,7 +225,8 @@ def _tree_attention_segments_fake(
     scale: float,
     isa: str = "auto",
 ) -> torch.Tensor:
-    del keys, values, starts, counts, ancestors, scale, isa
+    _one_device("tree_attention_segments", query, keys, values, ancestors)
+    del starts, counts, scale, isa
     return query.new_empty((1, query.shape[2], query.shape[1] * query.shape[3]))
 
 
@@ -217,11 +234,12 @@ def _write_segments_fake(
     key: torch.Tensor, value: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], starts: list[int],
     counts: list[int],
 ) -> None:
-    del key, value, keys, values, starts, counts
+    _one_device("write_segments", key, value, keys, values)
+    del starts, counts
 
 
 def _decoder_layers_fake(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    del args, kwargs
+    _one_device("decoder_layers", hidden, *args, *kwargs.values())
     return hidden.new_empty(hidden.shape)
 
 
