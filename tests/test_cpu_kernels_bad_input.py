@@ -12,6 +12,7 @@ checks every op's schema, fake (meta) implementation and dispatch.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -55,7 +56,7 @@ def layer_args(**change: Any) -> tuple[Any, ...]:
         "eps": 1e-6, "query_heads": 2, "kv_heads": 1, "rotary_together": True, "scale": 0.5,
         "keys": [f(1, 1, 6, 4)], "values": [f(1, 1, 6, 4)], "starts": [1], "counts": [2], "ancestors": [None],
         "isa": "auto",
-    }  # fmt: skip
+    }
     args.update(change)
     return tuple(args.values())
 
@@ -106,13 +107,13 @@ CASES = [
          "head dim must be contiguous"),
     case("valid", "tree_attention_segments",
          (f(1, 2, 3, 4), [f(1, 1, 6, 4), f(1, 1, 5, 4)], [f(1, 1, 6, 4), f(1, 1, 5, 4)], [2, 1], [2, 1], [None, None],
-          0.5, "auto"), None),  # fmt: skip
+          0.5, "auto"), None),
     case("counts that do not add up", "tree_attention_segments",
          (f(1, 2, 3, 4), [f(1, 1, 6, 4)], [f(1, 1, 6, 4)], [2], [2], [None], 0.5, "auto"),
          "the segments' counts sum to 2, the query has 3 rows"),
     case("a segment without rows", "tree_attention_segments",
          (f(1, 2, 3, 4), [f(1, 1, 6, 4), f(1, 1, 6, 4)], [f(1, 1, 6, 4), f(1, 1, 6, 4)], [2, 1], [3, 0], [None, None],
-          0.5, "auto"), "segment 1 has 0 rows"),  # fmt: skip
+          0.5, "auto"), "segment 1 has 0 rows"),
     case("no segments", "tree_attention_segments", (f(1, 2, 3, 4), [], [], [], [], [], 0.5, "auto"),
          "at least one segment"),
     case("valid", "write_segments", (f(1, 1, 3, 4), f(1, 1, 3, 4), [f(1, 1, 6, 4)], [f(1, 1, 6, 4)], [1], [3]), None),
@@ -130,7 +131,7 @@ CASES = [
     case("caches for another layer count", "decoder_layers", layer_args(keys=[], values=[]), "layer-major"),
     case("rows past the cache", "decoder_layers", layer_args(starts=[5]), "do not fit its 6 slots"),
     case("an unknown kernel path", "decoder_layers", layer_args(isa="neon9"), "unknown isa 'neon9'"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,7 @@ def test_bad_input_to_a_cpu_kernel_raises_naming_the_value(verdicts: dict[str, A
 
 def test_every_cpu_kernel_has_a_valid_case_and_a_bad_one() -> None:
     for op in ("skinny_linear", "skinny_linears", "tree_attention", "tree_attention_segments", "write_segments",
-               "decoder_layers"):  # fmt: skip
+               "decoder_layers"):
         mine = [c for c in CASES if c.args[0] == op]
         assert any(c.match is None for c in mine) and any(c.match is not None for c in mine), op
 
@@ -162,7 +163,7 @@ def broken_linear(draw: st.DrawFn) -> tuple[Case, Case]:
     """A valid skinny_linear call and the same call with one thing broken (the message it must give)."""
     rows, fan_in, fan_out = draw(st.integers(0, 20)), draw(st.integers(1, 300)), draw(st.integers(1, 200))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
-    isa = draw(st.sampled_from(cpu_kernels.ISAS[:1] + ("portable",)))
+    isa = draw(st.sampled_from(("auto", "portable")))
     x, w = f(rows, fan_in, dtype=dtype), f(fan_out, fan_in, dtype=dtype)
     valid = case(f"valid {rows}x{fan_in} by {fan_out} {dtype} {isa}", "skinny_linear", (x, w, None, isa), None)
     what = draw(st.sampled_from(BREAKS))
@@ -174,17 +175,17 @@ def broken_linear(draw: st.DrawFn) -> tuple[Case, Case]:
         "contiguity": ((x, f(fan_out, fan_in, dtype=dtype, layout="transposed"), None, isa),
                        "must be contiguous|in-features"),
         "isa": ((x, w, None, "avx1024"), "unknown isa 'avx1024'"),
-    }  # fmt: skip
+    }
     args, match = broken[what]
     return valid, case(f"{what}: {valid.name}", "skinny_linear", args, match)
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(pairs=st.lists(broken_linear(), min_size=10, max_size=10))
 def test_randomly_broken_calls_raise_and_their_valid_twins_return(kernels: Any, pairs: list[tuple[Case, Case]]) -> None:
     del kernels
-    cases = [c for pair in pairs for c in pair]
+    cases = [replace(c, name=f"{i}. {c.name}") for i, pair in enumerate(pairs) for c in pair]  # names unique
     problems = failures(run_cases(cases, "cpu"))
     assert not problems, "\n".join(problems)
 
@@ -204,7 +205,7 @@ def _opcheck_samples() -> dict[str, tuple[Any, ...]]:
         values["hidden"], values["cos"], values["sin"], [r(8), r(8)],
         [r(8, 8), r(4, 8), r(4, 8), r(8, 8), r(16, 8), r(16, 8), r(8, 16)], [None] * 7, 1e-6, 2, 1, True, 0.5,
         [r(1, 1, 6, 4)], [r(1, 1, 6, 4)], [1], [2], [None], "auto",
-    )  # fmt: skip
+    )
     return {
         "skinny_linear": (r(3, 8), r(5, 8), r(5), "auto"),
         "skinny_linears": (r(3, 8), [r(5, 8), r(2, 8)], [r(5), None], "auto"),
