@@ -23,6 +23,11 @@
 // So a tree node's row sees exactly the numbers, in exactly the order, that the same token sees
 // in a plain step after its ancestors were committed: the results are bitwise equal.
 //
+// Non-finite values, on every path alike: m is NaN when any score is NaN (a plain max would keep or
+// drop a NaN depending on its place), exp_c(NaN) is NaN (the clamp at -86 keeps NaN), so a NaN
+// score makes every output of the row NaN; a NaN or infinity in a value reaches the outputs of its
+// dims through the fma chain; everything else is IEEE arithmetic in the order above.
+//
 // Layouts: query [1, Hq, T, D] (any strides, D contiguous), keys/values [1, Hkv, S, D] contiguous
 // (a cache layer), ancestors bool [T, T] or none; output [1, T, Hq * D] contiguous (what the output
 // projection reads). Hq must be a multiple of Hkv (grouped heads: head h reads KV head h / (Hq/Hkv)).
