@@ -18,7 +18,7 @@ import torch
 from conftest import IDENTITY_COUNTS
 from oracle_drafter import OracleTreeDrafter
 from test_lossless import hf_greedy, random_prompt
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends import make_verifier, resolve_cache
@@ -251,7 +251,7 @@ def test_trees_are_capped_at_the_largest_bucket() -> None:
 @cuda
 @pytest.mark.parametrize("mode", ["cudagraphs", "inductor-cudagraphs"])
 def test_cuda_graph_modes_match_plain_greedy(mode: str) -> None:
-    model = tiny_model("llama").to("cuda")
+    model = own_tiny_model("llama").to("cuda")  # a copy: the cached model stays on the CPU
     try:
         rng = random.Random(mode)
         generator = specdec.Generator(model, drafter="none", cache=f"static-{mode}", budget="full")
