@@ -27,6 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Markers (pyproject.toml): `slow` marks what `-m "not slow"` leaves out of the quick loop: a test that
+# loads the default model, compiles with inductor, builds an extension into a private folder, or takes
+# over ~10 s on a 2-core CPU. A new test of that kind takes the mark; `--durations=30` finds them.
+
 # A test's result must not depend on what earlier runs left in the cache: every session gets a
 # fresh temporary cache directory (calibration, planner statistics, datastore stamps, ...), removed
 # at exit. Only the kinds that are slow to rebuild and decide nothing stay in the user's cache
