@@ -186,8 +186,10 @@ def _tokenizer_files_key(tokenizer: Any) -> str | None:
     """A key for ``tokenizer``'s identity that costs no pass over its vocabulary, or None when there is none.
 
     Only for a tokenizer loaded from a local folder (``name_or_path``): the key hashes its class, the
-    folder, each tokenizer file's name, size and modification time, its length and its added tokens, so
-    editing a file, or adding tokens to the loaded object, gives another key (and a fresh hash). What
+    folder, each tokenizer file's name and bytes, its length and its added tokens, so editing a file, or
+    adding tokens to the loaded object, gives another key (and a fresh hash). The files' bytes, not their
+    size and modification time: a rewrite of the same size within one timestamp tick keeps both, and
+    tokenizer files are small (a few MB: hashing them is a small part of hashing the vocabulary). What
     it cannot see is a vocabulary changed in memory without a new token (editing the backend's model
     by hand): such a tokenizer keeps its folder's identity.
     """
@@ -198,8 +200,7 @@ def _tokenizer_files_key(tokenizer: Any) -> str | None:
         files = sorted(p for p in folder_path.iterdir() if p.name.startswith(_TOKENIZER_FILES) and p.is_file())
         if not files:
             return None
-        stats = [(p.name, p.stat()) for p in files]
-        stamps = [(name, stat.st_size, stat.st_mtime_ns) for name, stat in stats]
+        stamps = [(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         added_tokens = sorted((int(i), str(getattr(t, "content", t))) for i, t in added.items())
         document = [type(tokenizer).__qualname__, str(folder_path.resolve()), stamps, len(tokenizer), added_tokens]

@@ -27,6 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Markers (pyproject.toml): `slow` marks what `-m "not slow"` leaves out of the quick loop: a test that
+# loads the default model, compiles with inductor, builds an extension into a private folder, or takes
+# over ~10 s on a 2-core CPU. A new test of that kind takes the mark; `--durations=30` finds them.
+
 # A test's result must not depend on what earlier runs left in the cache: every session gets a
 # fresh temporary cache directory (calibration, planner statistics, datastore stamps, ...), removed
 # at exit. Only the kinds that are slow to rebuild and decide nothing stay in the user's cache
@@ -193,3 +197,35 @@ def planner_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
     yield tmp_path / "planner"
     forget_cost_models()
     forget_shared()
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state() -> Iterator[None]:
+    """What a test learned stays with it: the in-process cost models (their online refinement) and Token
+    Recycling's shared matrices are forgotten before and after every test, so a test's budgets and drafts
+    do not depend on which tests ran before it (in a file run alone, reversed or shuffled alike).
+
+    And no test changes a shared tiny model (:func:`tiny_models.tiny_model`): every cached model's weights,
+    dtypes and devices are compared after the test with what they were before, and a change fails the test
+    naming the model (a test that casts or moves one takes :func:`tiny_models.own_tiny_model`, a copy).
+    Left in place on purpose: caches of what is rebuilt identically and decides nothing (built SAM/REST
+    datastores, loaded checkpoints, compiled extensions, the weights' identity hashes).
+    """
+    import tiny_models
+
+    from specdec.budget.calibration_cache import forget_cost_models
+    from specdec.drafters.recycling_state import forget_shared
+
+    forget_cost_models()
+    forget_shared()
+    before = tiny_models.fingerprints()
+    yield
+    forget_cost_models()
+    forget_shared()
+    after = tiny_models.fingerprints()
+    changed = [args for args, prints in before.items() if after.get(args) != prints]
+    if changed:
+        for args in changed:  # rebuilt for the tests after this one, which must not inherit the change
+            del tiny_models._CACHED[args]
+        pytest.fail(f"the test changed the shared tiny model(s) {changed}: take tiny_models.own_tiny_model(...) "
+                    "to cast, move or edit one", pytrace=False)

@@ -24,7 +24,7 @@ import torch
 from conftest import IDENTITY_COUNTS, native_or_skip
 from oracle_drafter import OracleTreeFactory, random_tree
 from test_lossless import random_prompt
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec import api, batching, engine
@@ -169,28 +169,25 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_verify_batch_gives_each_row_its_lone_verification_bit_for_bit(dtype: torch.dtype) -> None:
     native_or_skip("cpu_kernels", specdec.backends.cpu_kernels.load)
-    model = tiny_model("qwen2").to(dtype)
-    try:
-        generator = specdec.Generator(model, drafter="none", cache="native")
-        verifier = generator.verifier
-        assert isinstance(verifier, BatchVerifier)
-        rng = random.Random(3)
-        prompts = ragged_prompts("verify-batch", 4)
+    model = own_tiny_model("qwen2").to(dtype)
+    generator = specdec.Generator(model, drafter="none", cache="native")
+    verifier = generator.verifier
+    assert isinstance(verifier, BatchVerifier)
+    rng = random.Random(3)
+    prompts = ragged_prompts("verify-batch", 4)
 
-        def states() -> list[Any]:
-            return [verifier.prefill(p, reserve=40)[0] for p in prompts]
+    def states() -> list[Any]:
+        return [verifier.prefill(p, reserve=40)[0] for p in prompts]
 
-        trees = [random_tree(rng, rng.randrange(VOCAB), VOCAB, size) for size in (1, 9, 4, 13)]
-        for topk in (0, 3):
-            together = verifier.verify_batch(states(), trees, topk)
-            lone = [verifier.verify(state, tree, topk) for state, tree in zip(states(), trees, strict=True)]
-            for a, b in zip(together, lone, strict=True):
-                assert (a.accepted_nodes, a.accepted_tokens, a.bonus) == (b.accepted_nodes, b.accepted_tokens, b.bonus)
-                assert (a.feedback is None) == (b.feedback is None)
-                if a.feedback is not None and b.feedback is not None:
-                    assert np.array_equal(a.feedback.topk, b.feedback.topk)
-    finally:
-        model.to(torch.float64)
+    trees = [random_tree(rng, rng.randrange(VOCAB), VOCAB, size) for size in (1, 9, 4, 13)]
+    for topk in (0, 3):
+        together = verifier.verify_batch(states(), trees, topk)
+        lone = [verifier.verify(state, tree, topk) for state, tree in zip(states(), trees, strict=True)]
+        for a, b in zip(together, lone, strict=True):
+            assert (a.accepted_nodes, a.accepted_tokens, a.bonus) == (b.accepted_nodes, b.accepted_tokens, b.bonus)
+            assert (a.feedback is None) == (b.feedback is None)
+            if a.feedback is not None and b.feedback is not None:
+                assert np.array_equal(a.feedback.topk, b.feedback.topk)
 
 
 def test_verify_batch_refuses_what_it_cannot_verify() -> None:

@@ -969,3 +969,21 @@ def test_fresh_ratio_interval_tells_within_below_and_undecided() -> None:
     for result in alone:
         del result.arms["warmed:s"], result.arms["hf:warmed"]
     assert fresh_ratio(alone, "s") is None and fresh_against_warmed(alone, "s") is None
+
+
+@pytest.mark.parametrize("prompts", [1, 2, 3])
+def test_fresh_ratio_from_too_few_prompts_gives_no_verdict(prompts: int) -> None:
+    """One prompt resamples to itself: a zero-width interval, which must not read as a firm verdict. Below
+    MIN_INTERVAL_PROMPTS the verdict says the run is insufficient, whatever the ratio; at it, a verdict again."""
+    from specdec.bench.oneoff import MIN_INTERVAL_PROMPTS, fresh_against_warmed, fresh_ratio
+
+    assert prompts < MIN_INTERVAL_PROMPTS == 4
+    slower = _fresh_results([(48.0, 15.0, 60.0, 15.0)] * prompts)  # 20% slower fresh: "below" from enough prompts
+    interval = fresh_ratio(slower, "s")
+    assert interval is not None and interval.prompts == prompts and interval.to_json()["prompts"] == prompts
+    assert interval.verdict() == (f"insufficient: {prompts} prompt(s), an interval over prompts needs at least "
+                                  f"{MIN_INTERVAL_PROMPTS}")  # fmt: skip
+    line = fresh_against_warmed(slower, "s")
+    assert line is not None and "insufficient" in line and "below" not in line, line
+    enough = fresh_ratio(_fresh_results([(48.0, 15.0, 60.0, 15.0)] * MIN_INTERVAL_PROMPTS), "s")
+    assert enough is not None and enough.verdict().startswith("below 0.95")

@@ -499,17 +499,55 @@ def test_changed_kernels_are_calibrated_again(
     verifier = make_verifier(tiny_model("llama"))
     assert isinstance(verifier, RunnerVerifier) and verifier.kernels_available
     identity = calibration_identity(verifier)
-    assert identity["kernels_build"] == cpu_kernels.build_key() and len(identity["kernels_build"]) == 12
+    # The build's key and the kernel path "auto" runs: costs measured on one path never plan another's.
+    assert identity["kernels_build"] == f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}"
+    assert len(cpu_kernels.build_key()) == 12
     # The key is the sources' hash: one changed byte of one header gives another key.
     changed = tmp_path / cpu_kernels.HEADERS[0].name
     changed.write_bytes(cpu_kernels.HEADERS[0].read_bytes() + b"\n")
     monkeypatch.setattr(cpu_kernels, "HEADERS", (changed, *cpu_kernels.HEADERS[1:]))
     monkeypatch.setattr(cpu_kernels, "_BUILD_KEY", None)
-    assert cpu_kernels.build_key() != identity["kernels_build"]
+    isa = identity["kernels_build"].split("/")[1]
+    monkeypatch.setattr(cpu_kernels, "cpu_isa", lambda: isa)  # the loaded build's path: the changed one is not built
+    assert cpu_kernels.build_key() != identity["kernels_build"].split("/")[0]
     assert calibration_path(calibration_identity(verifier)) != calibration_path(identity)
     # A verifier without the kernels (the model's own forward) has none in its identity.
     verifier.kernels_available = False
     assert calibration_identity(verifier)["kernels_build"] == "-"
+
+
+def test_the_spread_is_the_median_of_each_cells_slowest_over_fastest_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calibration on a scripted clock: every cell's repeats take ``ms * (1, 1 + a, 1 + 2a)`` in turn,
+    ``a`` by size, so each cell's slowest / fastest - 1 is ``2a``; the table keeps the fastest repeat
+    and ``spread`` is the median of those ``2a`` over every cell (both contexts)."""
+    from types import SimpleNamespace
+
+    from specdec.budget import calibration
+
+    verifier = make_verifier(tiny_model("llama"))
+    base_ms = {1: 10.0, 2: 12.0, 4: 20.0}
+    amplitude = {1: 0.05, 2: 0.15, 4: 0.45}  # cell spreads 0.1, 0.3, 0.9 at each context: median 0.3 (mean 0.43)
+    now = [0.0]
+    seen: dict[tuple[int, str], int] = {}
+    verify = verifier.verify
+
+    def scripted(state: object, tree: DraftTree) -> object:
+        key = (tree.size, repr(verifier.kernels))
+        turn = seen.get(key, 0)
+        seen[key] = turn + 1
+        now[0] += base_ms[tree.size] / 1000.0 * (1.0 + amplitude[tree.size] * (turn % 3))
+        return verify(state, tree)
+
+    monkeypatch.setattr(verifier, "verify", scripted)
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    table = calibrate(verifier, sizes=(1, 2, 4), contexts=(8, 32), repeats=3)
+    assert table.spread == pytest.approx(0.3)
+    for row in table.seconds:  # the fastest repeat of each cell, whatever kernels won
+        assert row == pytest.approx(tuple(base_ms[s] / 1000.0 for s in table.sizes))
+    # Equal repeats: no spread (a calibration that cannot tell sizes apart by noise makes no plateaus).
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    amplitude.update({1: 0.0, 2: 0.0, 4: 0.0})
+    assert calibrate(verifier, sizes=(1, 2, 4), contexts=(8, 32), repeats=3).spread == 0.0
 
 
 def test_calibrate_rejects_bad_arguments() -> None:
@@ -696,7 +734,15 @@ def test_calibrate_examples_follow_the_cost_table() -> None:
     middle = budget_examples(frozen_costs([1.0 + 0.05 * (s - 1) for s in SIZES]))
     nodes = [row["nodes"] for row in middle]
     assert nodes == sorted(nodes) and nodes[0] < nodes[-1]  # more acceptance buys more nodes
-    assert all(row["expected_speedup"] >= 1.0 for row in middle)
+    # Each row's speedup is its expected tokens over its cost in plain steps; a row that drafts beats plain
+    # decoding strictly (at plain decoding's rate, k > 1 is chosen only when E(k) > cost(k) / cost(1)).
+    for row in middle:
+        k = row["nodes"]
+        cost_k = 1.0 + 0.05 * (k - 1)  # the table is linear in size, so interpolation is exact
+        assert row["expected_tokens"] == pytest.approx((1 - row["q"] ** k) / (1 - row["q"]), abs=1e-3)
+        assert row["expected_speedup"] == pytest.approx(row["expected_tokens"] / cost_k, abs=2e-3)
+        assert (row["expected_speedup"] > 1.0) if k > 1 else (row["expected_speedup"] == 1.0)
+    assert middle[-1]["expected_speedup"] > 3.0  # q = 0.95 on a gentle slope: long drafts pay several-fold
 
 
 def test_throughput_prices_steps_with_the_cost_model_and_floors_at_plain() -> None:

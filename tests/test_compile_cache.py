@@ -156,6 +156,7 @@ def test_a_compile_that_fails_on_the_folder_empties_it_and_compiles_again(
     assert "are not possible for this model" in messages(recwarn)[-1] and len(messages(recwarn)) == 2
 
 
+@pytest.mark.slow  # inductor compiles cold on purpose (~35 s on a 2-core CPU)
 def test_a_later_compile_reads_the_folder_and_a_corrupted_one_compiles_again(compiled: Path) -> None:
     """For real: one bucket compiled cold, then by a new model object (what a later process does: its
     own trace, inductor's code read from the folder), then from a folder whose entries are garbage.

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle_drafter import OracleTreeDrafter
 from test_lossless import hf_greedy, random_prompt
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends import cpu_kernels
@@ -111,53 +111,49 @@ def test_queries_and_keys_are_rotated_in_one_call_only_where_that_gives_the_same
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", KNOWN)
 def test_segments_together_give_the_bits_they_give_alone(arch: str, dtype: torch.dtype, kernels: Kernels) -> None:
-    model = tiny_model(arch).to(dtype)
-    try:
-        runner = DecoderRunner(model)
-        first, second = list(range(3, 20)), list(range(30, 41))
-        tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 0, 1, 1))
+    model = own_tiny_model(arch).to(dtype)
+    runner = DecoderRunner(model)
+    first, second = list(range(3, 20)), list(range(30, 41))
+    tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 0, 1, 1))
 
-        def segments() -> list[Segment]:
-            return [
-                tree_segment(prefill(runner, first), len(first), tree),
-                tree_segment(prefill(runner, second), len(second), DraftTree.single(4)),
-            ]
+    def segments() -> list[Segment]:
+        return [
+            tree_segment(prefill(runner, first), len(first), tree),
+            tree_segment(prefill(runner, second), len(second), DraftTree.single(4)),
+        ]
 
-        with torch.inference_mode():
-            alone = [runner.forward([segment], kernels)[0] for segment in segments()]
-            together = runner.forward(segments(), kernels)
-        assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
-    finally:
-        model.to(torch.float64)
+    with torch.inference_mode():
+        alone = [runner.forward([segment], kernels)[0] for segment in segments()]
+        together = runner.forward(segments(), kernels)
+    assert torch.equal(together[0], alone[0]) and torch.equal(together[1], alone[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", KNOWN)
 def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtype, kernels: Kernels) -> None:
     """Batch invariance end to end: node 3 of the tree (path 0 -> 1 -> 3) against plain steps 0, 1, 3."""
-    model = tiny_model(arch).to(dtype)
-    try:
-        runner = DecoderRunner(model)
-        prompt = list(range(3, 25))
-        tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 0, 1, 1))
-        with torch.inference_mode():
-            (tree_logits,) = runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], kernels)
-            cache = prefill(runner, prompt)
-            plain = []
-            for depth, token in enumerate((5, 6, 8)):  # the path 0 -> 1 -> 3, one plain step at a time
-                committed = len(prompt) + depth
-                (step,) = runner.forward([tree_segment(cache, committed, DraftTree.single(token))], kernels)
-                plain.append(step[0])
-        for node, step in zip((0, 1, 3), plain, strict=True):
-            assert torch.equal(tree_logits[node], step), f"node {node}"
-    finally:
-        model.to(torch.float64)
+    model = own_tiny_model(arch).to(dtype)
+    runner = DecoderRunner(model)
+    prompt = list(range(3, 25))
+    tree = DraftTree((5, 6, 7, 8, 9), (-1, 0, 0, 1, 1))
+    with torch.inference_mode():
+        (tree_logits,) = runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], kernels)
+        cache = prefill(runner, prompt)
+        plain = []
+        for depth, token in enumerate((5, 6, 8)):  # the path 0 -> 1 -> 3, one plain step at a time
+            committed = len(prompt) + depth
+            (step,) = runner.forward([tree_segment(cache, committed, DraftTree.single(token))], kernels)
+            plain.append(step[0])
+    for node, step in zip((0, 1, 3), plain, strict=True):
+        assert torch.equal(tree_logits[node], step), f"node {node}"
 
 
 @pytest.mark.parametrize("arch", KNOWN)
 @pytest.mark.parametrize("variant", ["default", "cpu", "cpu-attention", "cpu-blocks"])
 def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels: Kernels) -> None:
     model = tiny_model(arch)
+    if variant == "cpu-blocks" and cpu_kernels.cpu_isa() != "avx512":
+        pytest.skip(f"kernel path {cpu_kernels.cpu_isa()!r}: without AVX-512 'cpu-blocks' runs 'cpu' (tested as 'cpu')")
     rng = random.Random(f"native-{arch}-{variant}")
     for seed in range(3):
         prompt = random_prompt(rng)
@@ -168,10 +164,11 @@ def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels:
             verifier = generator.verifier
             assert isinstance(verifier, RunnerVerifier)
             verifier.use_kernels(KernelChoice.uniform(variant))
-            blocks = verifier.cpu_kernels if verifier.cpu_blocks is None else verifier.cpu_blocks  # no AVX-512: "cpu"
             expected = {"cpu": verifier.cpu_kernels, "cpu-attention": verifier.cpu_attention,
-                        "cpu-blocks": blocks}.get(variant, PLAIN)  # fmt: skip
-            assert all(verifier._kernels_for(rows) is expected for rows in (1, 7, 40))  # the variant runs
+                        "cpu-blocks": verifier.cpu_blocks}.get(variant, PLAIN)  # fmt: skip
+            assert expected is not None and all(verifier._kernels_for(rows) is expected for rows in (1, 7, 40))
+            if variant == "cpu-blocks":  # computes otherwise than "cpu", not a second run of it
+                assert verifier.cpu_blocks is not verifier.cpu_kernels
             result = generator.generate(prompt, max_new_tokens=40)
             assert result.tokens == truth, f"{arch}/{drafter}: prompt {prompt}"
             names = {"cpu": "cpu-kernels", "cpu-attention": "torch-linear+tree-attention",
@@ -229,29 +226,26 @@ def test_the_layer_loop_in_one_call_gives_the_loops_bits(arch: str, dtype: torch
     """``decoder_layers`` (C++) against the loop written out in Python with the same kernels: the same
     logits and the same cache contents, bit for bit, for a tree, a chain, a plain step and a batch of
     segments; Qwen3 (per-head query/key norms) is refused by the runner and keeps the loop."""
-    model = tiny_model(arch).to(dtype)
-    try:
-        runner = DecoderRunner(model)
-        fits = arch != "qwen3"
-        assert runner.layers_in_one_call(one_call) is fits
-        assert (runner.layer_weights is None) is not fits
-        rng = random.Random(f"one-call-{arch}-{dtype}")
-        prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(2, 30))] for _ in range(3)]
-        shapes = [[_random_tree(rng, 9)], [DraftTree.chain(4, [5, 6, 7])], [DraftTree.single(8)],
-                  [_random_tree(rng, 5), DraftTree.single(9), _random_tree(rng, 3)]]  # fmt: skip
-        with torch.inference_mode():
-            for trees in shapes:
-                results = []
-                for kernels in (one_call, _looped(one_call)):
-                    caches = [prefill(runner, prompt) for prompt in prompts[: len(trees)]]
-                    segments = [tree_segment(cache, len(prompt), tree)
-                                for cache, prompt, tree in zip(caches, prompts, trees, strict=False)]  # fmt: skip
-                    results.append((runner.forward(segments, kernels), caches))
-                (fused, fused_caches), (looped, looped_caches) = results
-                assert all(torch.equal(a, b) for a, b in zip(fused, looped, strict=True)), f"{arch} {trees}"
-                assert all(_caches_equal(a, b) for a, b in zip(fused_caches, looped_caches, strict=True))
-    finally:
-        model.to(torch.float64)
+    model = own_tiny_model(arch).to(dtype)
+    runner = DecoderRunner(model)
+    fits = arch != "qwen3"
+    assert runner.layers_in_one_call(one_call) is fits
+    assert (runner.layer_weights is None) is not fits
+    rng = random.Random(f"one-call-{arch}-{dtype}")
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(2, 30))] for _ in range(3)]
+    shapes = [[_random_tree(rng, 9)], [DraftTree.chain(4, [5, 6, 7])], [DraftTree.single(8)],
+              [_random_tree(rng, 5), DraftTree.single(9), _random_tree(rng, 3)]]  # fmt: skip
+    with torch.inference_mode():
+        for trees in shapes:
+            results = []
+            for kernels in (one_call, _looped(one_call)):
+                caches = [prefill(runner, prompt) for prompt in prompts[: len(trees)]]
+                segments = [tree_segment(cache, len(prompt), tree)
+                            for cache, prompt, tree in zip(caches, prompts, trees, strict=False)]  # fmt: skip
+                results.append((runner.forward(segments, kernels), caches))
+            (fused, fused_caches), (looped, looped_caches) = results
+            assert all(torch.equal(a, b) for a, b in zip(fused, looped, strict=True)), f"{arch} {trees}"
+            assert all(_caches_equal(a, b) for a, b in zip(fused_caches, looped_caches, strict=True))
 
 
 @settings(max_examples=25, deadline=None)
@@ -264,25 +258,22 @@ def test_one_call_against_the_loop_on_random_batches(
     data: st.DataObject, arch: str, dtype: torch.dtype, one_call: Kernels
 ) -> None:
     """Random batches of random trees after random prompts: ``decoder_layers`` bitwise the Python loop."""
-    model = tiny_model(arch).to(dtype)
-    try:
-        runner = DecoderRunner(model)
-        rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
-        count = data.draw(st.integers(1, 4))
-        prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
-        trees = [_random_tree(rng, rng.randrange(1, 12)) for _ in range(count)]
-        with torch.inference_mode():
-            outputs = []
-            for kernels in (one_call, _looped(one_call)):
-                caches = [prefill(runner, prompt) for prompt in prompts]
-                segments = [tree_segment(cache, len(prompt), tree)
-                            for cache, prompt, tree in zip(caches, prompts, trees, strict=True)]  # fmt: skip
-                outputs.append((runner.forward(segments, kernels), caches))
-        (fused, fused_caches), (looped, looped_caches) = outputs
-        assert all(torch.equal(a, b) for a, b in zip(fused, looped, strict=True))
-        assert all(_caches_equal(a, b) for a, b in zip(fused_caches, looped_caches, strict=True))
-    finally:
-        model.to(torch.float64)
+    model = own_tiny_model(arch).to(dtype)
+    runner = DecoderRunner(model)
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+    count = data.draw(st.integers(1, 4))
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 40))] for _ in range(count)]
+    trees = [_random_tree(rng, rng.randrange(1, 12)) for _ in range(count)]
+    with torch.inference_mode():
+        outputs = []
+        for kernels in (one_call, _looped(one_call)):
+            caches = [prefill(runner, prompt) for prompt in prompts]
+            segments = [tree_segment(cache, len(prompt), tree)
+                        for cache, prompt, tree in zip(caches, prompts, trees, strict=True)]  # fmt: skip
+            outputs.append((runner.forward(segments, kernels), caches))
+    (fused, fused_caches), (looped, looped_caches) = outputs
+    assert all(torch.equal(a, b) for a, b in zip(fused, looped, strict=True))
+    assert all(_caches_equal(a, b) for a, b in zip(fused_caches, looped_caches, strict=True))
 
 
 def test_a_layer_the_op_does_not_write_out_keeps_the_loop(one_call: Kernels) -> None:
@@ -374,37 +365,39 @@ def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
     assert used[-1] is PLAIN
 
 
-@pytest.mark.parametrize("isa", cpu_kernels.ISAS[1:])
+@pytest.mark.parametrize("isa", cpu_kernels.ISAS[1:])  # every forced path; "auto" is one of them
 def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(isa: str, one_call: Kernels) -> None:
     """``decoder_layers`` with a forced kernel path (AVX-512, AVX2, portable: what a CPU without AVX-512 runs)
-    against ``isa="auto"``: the kernels' paths compute the same bits, and the op adds only ATen operations."""
+    against another path: the portable one (plain C++ loops), or for the portable path itself the best this
+    CPU has. The kernels' paths compute the same bits, and the op adds only ATen operations. ``isa="auto"``
+    runs :func:`~specdec.backends.cpu_kernels.cpu_isa`'s path, one of these, so it is no path of its own."""
     best = cpu_kernels.cpu_isa()
     if (isa.startswith("avx512") and best != "avx512") or (isa == "avx2" and best == "portable"):
         pytest.skip(f"this CPU has no {isa}")
-    model = tiny_model("qwen2").to(torch.float32)  # biases on q/k/v: every argument of the op in use
-    try:
-        runner = DecoderRunner(model)
-        assert runner.layer_weights is not None
-        rng = random.Random(isa)
-        prompts = [[rng.randrange(VOCAB) for _ in range(12)], [rng.randrange(VOCAB) for _ in range(20)]]
-        trees = [_random_tree(rng, 6), _random_tree(rng, 3)]
-        outputs = []
-        with torch.inference_mode():
-            for forced in ("auto", isa):
-                caches = [prefill(runner, prompt) for prompt in prompts]
-                segments = [tree_segment(cache, len(prompt), tree)
-                            for cache, prompt, tree in zip(caches, prompts, trees, strict=True)]  # fmt: skip
-                hidden = runner.embed(torch.cat([segment.tokens for segment in segments], dim=1))
-                cos, sin = runner.rotary(hidden, torch.cat([segment.positions for segment in segments], dim=1))
-                layers = [[cache.layer(index) for cache in caches] for index in range(runner.num_layers)]
-                outputs.append(cpu_kernels.decoder_layers(
-                    hidden, cos, sin, runner.layer_weights, (runner.query_heads, runner.kv_heads),
-                    runner.rotary_together, runner.scaling, layers, [len(p) for p in prompts],
-                    [tree.size for tree in trees], [segment.ancestors for segment in segments], isa=forced,
-                ))  # fmt: skip
-        assert torch.equal(outputs[0], outputs[1])
-    finally:
-        model.to(torch.float64)
+    reference = "portable" if isa != "portable" else best
+    if reference == isa:
+        pytest.skip(f"one kernel path here ({best!r}): nothing to compare the portable path with")
+    model = own_tiny_model("qwen2").to(torch.float32)  # biases on q/k/v: every argument of the op in use
+    runner = DecoderRunner(model)
+    assert runner.layer_weights is not None
+    rng = random.Random(isa)
+    prompts = [[rng.randrange(VOCAB) for _ in range(12)], [rng.randrange(VOCAB) for _ in range(20)]]
+    trees = [_random_tree(rng, 6), _random_tree(rng, 3)]
+    outputs = []
+    with torch.inference_mode():
+        for forced in (reference, isa):
+            caches = [prefill(runner, prompt) for prompt in prompts]
+            segments = [tree_segment(cache, len(prompt), tree)
+                        for cache, prompt, tree in zip(caches, prompts, trees, strict=True)]  # fmt: skip
+            hidden = runner.embed(torch.cat([segment.tokens for segment in segments], dim=1))
+            cos, sin = runner.rotary(hidden, torch.cat([segment.positions for segment in segments], dim=1))
+            layers = [[cache.layer(index) for cache in caches] for index in range(runner.num_layers)]
+            outputs.append(cpu_kernels.decoder_layers(
+                hidden, cos, sin, runner.layer_weights, (runner.query_heads, runner.kv_heads),
+                runner.rotary_together, runner.scaling, layers, [len(p) for p in prompts],
+                [tree.size for tree in trees], [segment.ancestors for segment in segments], isa=forced,
+            ))  # fmt: skip
+    assert torch.equal(outputs[0], outputs[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -413,24 +406,21 @@ def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_b
 ) -> None:
     """``"cpu-blocks"``: timed by the calibration only for 1-3 rows (where it computes otherwise than ``"cpu"``) and
     only with AVX-512; a forward of 1, 2 and 3 rows through it gives ``"cpu"``'s logits bit for bit."""
-    model = tiny_model("llama").to(dtype)
-    try:
-        verifier = RunnerVerifier(model)
-        blocked = cpu_kernels.cpu_isa() == "avx512"
-        assert (verifier.cpu_blocks is not None) == blocked
-        for rows in (1, 3):
-            assert ("cpu-blocks" in verifier.kernel_variants(rows)) == blocked
-        assert "cpu-blocks" not in verifier.kernel_variants(4)
-        if not blocked:
-            pytest.skip("this CPU has no AVX-512: the blocked variant is the plain one")
-        runner = DecoderRunner(model)
-        prompt = list(range(3, 25))
-        with torch.inference_mode():
-            for tree in (DraftTree.single(5), DraftTree((5, 6), (-1, 0)), DraftTree((5, 6, 7), (-1, 0, 0))):
-                streams, blocks = (
-                    runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], chosen)[0]
-                    for chosen in (verifier.cpu_kernels, verifier.cpu_blocks)
-                )
-                assert torch.equal(streams, blocks), tree
-    finally:
-        model.to(torch.float64)
+    model = own_tiny_model("llama").to(dtype)
+    verifier = RunnerVerifier(model)
+    blocked = cpu_kernels.cpu_isa() == "avx512"
+    assert (verifier.cpu_blocks is not None) == blocked
+    for rows in (1, 3):
+        assert ("cpu-blocks" in verifier.kernel_variants(rows)) == blocked
+    assert "cpu-blocks" not in verifier.kernel_variants(4)
+    if not blocked:
+        pytest.skip("this CPU has no AVX-512: the blocked variant is the plain one")
+    runner = DecoderRunner(model)
+    prompt = list(range(3, 25))
+    with torch.inference_mode():
+        for tree in (DraftTree.single(5), DraftTree((5, 6), (-1, 0)), DraftTree((5, 6, 7), (-1, 0, 0))):
+            streams, blocks = (
+                runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], chosen)[0]
+                for chosen in (verifier.cpu_kernels, verifier.cpu_blocks)
+            )
+            assert torch.equal(streams, blocks), tree

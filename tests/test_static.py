@@ -18,7 +18,7 @@ import torch
 from conftest import IDENTITY_COUNTS
 from oracle_drafter import OracleTreeDrafter
 from test_lossless import hf_greedy, random_prompt
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends import make_verifier, resolve_cache
@@ -33,7 +33,7 @@ from specdec.types import DraftTree
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])  # eager: 8-26 s each
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_static_eager_random_trees_match_plain_greedy(arch: str, attn: str) -> None:
     """Deep accepted paths and scattered slots through padding, the in-forward mask and compaction."""
@@ -125,6 +125,7 @@ def test_calibration_inside_a_sequence_leaves_it_intact() -> None:
     assert out[:40] == truth
 
 
+@pytest.mark.slow  # inductor compiles (warm compiled cache: ~20 s; cold: minutes)
 def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None:
     model = tiny_model("llama")
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -153,7 +154,7 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None
                                                   DecodingConfig(StopRules(10))).tokens
 
 
-@pytest.mark.parametrize("mode", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])  # inductor compiles
 def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str) -> None:
     """A bucket attends over the leading ``WINDOW_STEP``-multiple of slots the sequence has reached, not
     the whole cache; the window's width is a dynamic size of the compiled forward, so a sequence that
@@ -178,6 +179,7 @@ def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str
     assert verifier._window_for(10, "cudagraphs") is None  # a captured graph has one shape: the whole cache
 
 
+@pytest.mark.slow  # inductor compiles, twice
 def test_inductor_mode_recompiles_after_an_in_place_weight_update() -> None:
     """Compiled forwards hold frozen weights; an in-place update must not be served stale."""
     from tiny_models import _configs  # a private copy: the cached tiny model must stay as it is
@@ -251,7 +253,7 @@ def test_trees_are_capped_at_the_largest_bucket() -> None:
 @cuda
 @pytest.mark.parametrize("mode", ["cudagraphs", "inductor-cudagraphs"])
 def test_cuda_graph_modes_match_plain_greedy(mode: str) -> None:
-    model = tiny_model("llama").to("cuda")
+    model = own_tiny_model("llama").to("cuda")  # a copy: the cached model stays on the CPU
     try:
         rng = random.Random(mode)
         generator = specdec.Generator(model, drafter="none", cache=f"static-{mode}", budget="full")

@@ -24,7 +24,7 @@ import torch
 from conftest import IDENTITY_COUNTS
 from oracle_drafter import OracleTreeFactory, random_tree
 from test_batch import MAX_NEW, alone, frequent_token, ragged_prompts
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends.static import StaticVerifier
@@ -206,7 +206,7 @@ def test_warm_up_and_calibration_leave_the_live_rows_alone() -> None:
 
 @cuda
 def test_rows_on_cuda_graphs_equal_their_lone_plain_decoding() -> None:
-    model = tiny_model("llama").to("cuda")
+    model = own_tiny_model("llama").to("cuda")  # a copy: the cached model stays on the CPU
     try:
         prompts = ragged_prompts("rows-cuda", 6)
         truth = alone(model, prompts, "dynamic", max_new_tokens=MAX_NEW)

@@ -67,6 +67,25 @@ def test_a_changed_file_or_an_added_token_is_hashed_again(tmp_path: Path, monkey
     assert len(list(folder("tokenizers").iterdir())) == 3
 
 
+def test_a_same_size_rewrite_at_the_same_time_is_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file rewritten with as many bytes within one timestamp tick (mtime put back, as a coarse clock
+    would leave it) is another vocabulary: the key is on the files' bytes, not on their size and time."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    directory = saved_tokenizer(tmp_path / "tok")
+    first = TokenizerIdentity.of(AutoTokenizer.from_pretrained(directory))
+    path = directory / "tokenizer.json"
+    stamp = path.stat()
+    text = path.read_text()
+    swapped = text.replace('"t1": 1,', '"t1": #,').replace('"t2": 2,', '"t2": 1,').replace('"t1": #,', '"t1": 2,')
+    assert swapped != text and len(swapped) == len(text)  # t1 and t2 trade ids: same size, another vocabulary
+    path.write_text(swapped)
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stamp.st_size, stamp.st_mtime_ns)
+    rewritten = AutoTokenizer.from_pretrained(directory)
+    assert rewritten.convert_tokens_to_ids("t1") == 2
+    assert TokenizerIdentity.of(rewritten) == TokenizerIdentity.hashed(rewritten) != first
+
+
 @pytest.mark.parametrize("body", ["{not json", '{"fingerprint": "abc", "vocab_size": 50}',
                                   '{"fingerprint": "' + "0" * 24 + '", "vocab_size": true}', "[]"])
 def test_a_bad_cache_entry_is_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:

@@ -7,7 +7,7 @@ on these models demand token identity with no tolerance at all.
 
 from __future__ import annotations
 
-from functools import cache
+import copy
 from typing import Any
 
 import torch
@@ -47,9 +47,19 @@ def _configs() -> dict[str, Any]:
 ARCHITECTURES = tuple(_configs())
 
 
-@cache
+_CACHED: dict[tuple[str, str, int], Any] = {}  # (arch, attn, seed) -> the session's model
+
+
 def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0) -> Any:
-    """A fresh fp64 model of ``arch`` with weights drawn from ``seed`` (cached per arguments)."""
+    """An fp64 model of ``arch`` with weights drawn from ``seed``, cached per arguments and shared by
+    every test: read it, never change it (:func:`own_tiny_model` gives a copy to change)."""
+    key = (arch, attn, seed)
+    if key not in _CACHED:
+        _CACHED[key] = _build(arch, attn, seed)
+    return _CACHED[key]
+
+
+def _build(arch: str, attn: str, seed: int) -> Any:
     from transformers import AutoModelForCausalLM
 
     config = _configs()[arch]
@@ -66,3 +76,25 @@ def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0) -> Any:
     model.generation_config.pad_token_id = 0
     model.eval()
     return model
+
+
+def own_tiny_model(arch: str, attn: str = "sdpa", seed: int = 0) -> Any:
+    """A private copy of :func:`tiny_model`'s model, for a test that casts, moves or edits it.
+
+    The cached model is shared by every test of the session: a test that cast it to bf16 and back
+    left rounded weights for the tests after it (and a file run alone then tested other weights).
+    The session's check (``conftest.py``, ``tiny_models_untouched``) fails a test that changes it.
+    """
+    return copy.deepcopy(tiny_model(arch, attn, seed))
+
+
+def fingerprints() -> dict[tuple[Any, ...], tuple[tuple[str, torch.dtype, str, int], ...]]:
+    """Every cached model's parameters and buffers (name, dtype, device, a hash of the bytes), by arguments."""
+    prints = {}
+    for args, model in _CACHED.items():
+        prints[args] = tuple(
+            (name, tensor.dtype, str(tensor.device), hash(tensor.detach().cpu().contiguous().reshape(-1)
+                                                          .view(torch.uint8).numpy().tobytes()))
+            for name, tensor in (*model.named_parameters(), *model.named_buffers())
+        )
+    return prints

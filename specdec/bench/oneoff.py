@@ -376,6 +376,11 @@ def measure_fresh(
 
 
 FRESH_TARGET = 0.95  # issue 30: one fresh process's speedup within 5% of a warmed Generator's
+# Fewest prompts an interval over prompts is given a verdict from. A bootstrap resample of P prompts is
+# one prompt P times with probability P ** (1 - P): 100% at one prompt (a zero-width interval), 50% at
+# two, 11% at three, more than a 90% interval's 5% tail, so the tails would be single prompts' own
+# ratios; at four it is 1.6%.
+MIN_INTERVAL_PROMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -386,9 +391,14 @@ class RatioInterval:
     low: float
     high: float
     level: float  # the interval's coverage, e.g. 0.9
+    prompts: int  # prompts the interval resamples
 
     def verdict(self, target: float = FRESH_TARGET) -> str:
-        """Whether this run tells the ratio apart from ``target``: above it, below it, or neither."""
+        """Whether this run tells the ratio apart from ``target``: above it, below it, or neither; with fewer
+        than :data:`MIN_INTERVAL_PROMPTS` prompts, none (the interval cannot support one)."""
+        if self.prompts < MIN_INTERVAL_PROMPTS:
+            return (f"insufficient: {self.prompts} prompt(s), an interval over prompts needs at least "
+                    f"{MIN_INTERVAL_PROMPTS}")
         if self.low >= target:
             return f"at or above {target:g} (the whole interval)"
         if self.high < target:
@@ -397,7 +407,7 @@ class RatioInterval:
 
     def to_json(self) -> dict[str, float]:
         return {"ratio": round(self.ratio, 4), "low": round(self.low, 4), "high": round(self.high, 4),
-                "level": self.level}  # fmt: skip
+                "level": self.level, "prompts": self.prompts}  # fmt: skip
 
 
 def fresh_ratio(
@@ -431,7 +441,7 @@ def fresh_ratio(
     if not np.isfinite(point) or samples.size == 0:
         return None
     low, high = np.quantile(samples, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return RatioInterval(point, float(low), float(high), level)
+    return RatioInterval(point, float(low), float(high), level, len(results))
 
 
 def fresh_against_warmed(
