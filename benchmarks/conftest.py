@@ -12,7 +12,13 @@ Fixtures:
 - ``datastore_for``: a datastore of a given kind (``specdec.datastores.BUILDERS``) built
   once per session from other standard-library packages, for drafters that take one;
 - ``drafter_specs``: every registered drafter, each datastore-taking one also with a
-  datastore, and the featured composites, so a new drafter is benchmarked without edits.
+  datastore, and the featured composites, so a new drafter is benchmarked without edits;
+- ``default_model``: the default model, fp32 on the CPU (a skip, with the reason, where it
+  is not installed);
+- ``reference_timing`` (autouse): the reference every benchmark's time is divided by (the
+  root ``conftest.py``'s ratio check): a fixed GEMM and memory read (:func:`reference_s`)
+  timed just before and after the benchmark, unless the benchmark set its own
+  ``extra_info["reference_s"]`` (the model forwards: a read of the model's weights).
 """
 
 from __future__ import annotations
@@ -43,6 +49,46 @@ def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, An
         machine_info["load_average"] = [round(x, 2) for x in os.getloadavg()]
 
 
+REFERENCE_SIDE = 256  # the reference GEMM: [256, 256] @ [256, 256] fp32, ~34 MFLOP
+REFERENCE_READ_FLOATS = 4 << 20  # and a sum over 16 MB, past the L2 cache: compute and memory both
+
+
+def reference_s(repeats: int = 5) -> float:
+    """The fastest of ``repeats`` passes of a fixed workload (a small GEMM and a 16 MB read), in seconds.
+
+    The yardstick a benchmark's time is divided by: what moves both (frequency, memory
+    bandwidth, other jobs) cancels in the ratio; what moves only the benchmark stays.
+    """
+    import time
+
+    import torch
+
+    a = torch.ones(REFERENCE_SIDE, REFERENCE_SIDE)
+    block = torch.ones(REFERENCE_READ_FLOATS)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first pass warms up
+            started = time.perf_counter()
+            torch.mm(a, a)
+            block.sum()
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.fixture(autouse=True)
+def reference_timing(request: pytest.FixtureRequest) -> Any:
+    """Pair a benchmark with :func:`reference_s` taken right before and after it (module docstring)."""
+    if "benchmark" not in request.fixturenames or request.config.getoption("benchmark_disable"):
+        yield
+        return
+    benchmark = request.getfixturevalue("benchmark")
+    before = reference_s()
+    yield
+    if "reference_s" not in benchmark.extra_info:
+        benchmark.extra_info["reference_s"] = min(before, reference_s())
+        benchmark.extra_info["reference"] = "gemm+read"
+
+
 def per_item_us(benchmark: Any, items: int, digits: int) -> float | None:
     """Microseconds per item of a round of ``items``; None when timing is off (``--benchmark-disable``)."""
     if benchmark.stats is None:
@@ -61,6 +107,15 @@ def tokenizer() -> Any:
     from specdec.models import load_tokenizer
 
     return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def default_model(tokenizer: Any) -> Any:
+    """The default model, fp32 on the CPU, loaded once per session."""
+    from specdec.models import load_model
+
+    model, _ = load_model()
+    return model
 
 
 @pytest.fixture(scope="session")
