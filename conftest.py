@@ -2,7 +2,8 @@
 
 ``pytest`` alone runs the test suite (``tests/``; benchmarks are skipped). ``pytest
 --benchmark`` runs the pytest-benchmark suite instead (``benchmarks/``, docs/benchmarks.md
-"What `pytest --benchmark` checks") and saves the run under ``benchmarks/baselines/MACHINE``,
+"What `pytest --benchmark` checks") and, with ``--benchmark-save``, saves the run under
+``benchmarks/baselines/MACHINE``,
 where ``MACHINE`` is pytest-benchmark's id plus this CPU's model and best kernel path
 (:func:`machine_id`, e.g. ``Linux-CPython-3.11-64bit-AMD_EPYC-avx512``): a baseline is only
 ever compared with runs of its own machine kind.
@@ -17,7 +18,7 @@ value in the newest saved baseline of this machine kind, and prints every ratio 
 baseline's. Drift moves a benchmark and its reference together; a 2x slower kernel path (or
 an ISA detection that falls back to a slower path) moves only the benchmark.
 
-``specdec bench baseline`` (or ``pytest --benchmark --benchmark-save=cpu``) saves a new
+``pytest --benchmark --benchmark-save=cpu`` saves a new
 baseline; run it on a quiet machine, under ``flock /tmp/specdec-bench.lock``. Explicit
 ``--benchmark-*`` options and paths still apply (``pytest --benchmark
 benchmarks/test_loop_overhead.py``). CI runs the suite in smoke mode, every benchmark once
@@ -172,7 +173,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
         return
     write = terminalreporter.write_line
     if check is None:
-        write(f"specdec: no baseline saved for {machine} yet (specdec bench baseline saves one); nothing compared")
+        write(f"specdec: no baseline saved for {machine} yet (pytest --benchmark --benchmark-save=cpu saves one); "
+              "nothing compared")
         return
     path, rows, failed = check
     write(f"specdec: ratios (median / reference) against {path.relative_to(ROOT)}, tolerance {RATIO_TOLERANCE}x")
