@@ -117,6 +117,10 @@ def generators(default_model: Any, tokenizer: Any) -> Any:
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_generate(benchmark: Any, generators: Any, default_model: Any, drafter: str) -> None:
     """A greedy generation of :data:`NEW_TOKENS` tokens of :data:`PROMPT` with ``drafter``."""
+    if benchmark.disabled:
+        # The first speculative generation calibrates the verifier's kernel choice and cost model (over
+        # 90 s on a busy 2-core machine): too slow for the smoke run; timed runs only.
+        pytest.skip("timed runs only (pytest --benchmark): a first generation calibrates for minutes")
     generator = generators(drafter)
     reads: list[float] = []
     results: list[Any] = []
