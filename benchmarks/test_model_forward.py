@@ -47,7 +47,8 @@ def weight_read_s(model: Any) -> float:
 
 @pytest.fixture(scope="module")
 def prefilled(default_model: Any) -> tuple[Any, Any, int]:
-    """A ``cache="native"`` verifier, its state after a fixed random :data:`CONTEXT`-token prompt, and the pending token."""
+    """A ``cache="native"`` verifier, its state after a fixed random :data:`CONTEXT`-token prompt, and its pending
+    token."""
     from specdec.backends import make_verifier
 
     verifier = make_verifier(default_model, "auto", cache="native")
