@@ -15,7 +15,8 @@ trap 'rm -rf "$out"' EXIT
 if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
   if [ "$install" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "cross_check: installing g++-aarch64-linux-gnu and qemu-user (Debian packages)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user) >/dev/null
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user) \
+      >/dev/null 2>&1 || echo "cross_check: the install failed (no package registry?): aarch64 is skipped below"
   fi
 fi
 for source in tests/native/*.cpp; do
