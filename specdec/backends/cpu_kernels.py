@@ -62,7 +62,7 @@ SOURCES = (
 )
 HEADERS = (
     CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
-    CSRC / "tree_attention_portable.inc", CSRC / "lane_sums_avx512.inc",
+    CSRC / "tree_attention_portable.inc", CSRC / "lane_sums_avx512.inc", CSRC / "portable_vectors.inc",
 )
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
 # -fopenmp: at::parallel_for is a header whose OpenMP loop compiles to a serial one without it (the
