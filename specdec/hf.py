@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, TypedDict, cast
 
@@ -150,6 +151,33 @@ def _ids(value: Any) -> list[int]:
     return [int(t) for t in value]
 
 
+class _Generators(weakref.WeakKeyDictionary["HFGenerate", Generator]):
+    """The Generators that :class:`HFGenerate` callables made for one model, stored on the model.
+
+    Copying or pickling the model leaves them behind (a copy starts with none): a Generator
+    belongs to the model object it was made for.
+    """
+
+    ATTRIBUTE = "_specdec_hf_generators"
+
+    @classmethod
+    def of(cls, model: Any) -> _Generators:
+        slots = model.__dict__.get(cls.ATTRIBUTE)
+        if not isinstance(slots, cls):
+            slots = cls()
+            object.__setattr__(model, cls.ATTRIBUTE, slots)  # nn.Module.__setattr__ would do the same here
+        return slots
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Generators:
+        return type(self)()
+
+    def __copy__(self) -> _Generators:
+        return type(self)()
+
+    def __reduce__(self) -> tuple[type[_Generators], tuple[()]]:
+        return type(self), ()
+
+
 class HFGenerate:
     """The callable :func:`hf_generate` returns: ``model.generate(..., custom_generate=it)``.
 
@@ -172,20 +200,26 @@ class HFGenerate:
         self.drafter = drafter
         self.options: dict[str, Any] = dict(options)
         self.last_result: GenerationResult | None = None
-        self._generators: dict[int, Generator] = {}
         self._lock = threading.Lock()
 
     def generator(self, model: Any) -> Generator:
-        """The :class:`~specdec.Generator` for ``model``: made at its first call, then reused."""
+        """The :class:`~specdec.Generator` for ``model``: made at its first call, then reused.
+
+        It is kept on the model (:class:`_Generators`), not here: a Generator holds its model, so a
+        table here would keep every model this callable ever ran alive for as long as the
+        callable lives. On the model, the two form a cycle that goes when the user drops the
+        model; and a dropped callable's entry goes with it (weak keys).
+        """
         with self._lock:
-            generator = self._generators.get(id(model))
-            if generator is None or generator.model is not model:
+            slots = _Generators.of(model)
+            generator = slots.get(self)
+            if generator is None:
                 construction = {k: v for k, v in self.options.items() if k in GENERATOR_OPTIONS}
                 # As specdec.run: no generated text is shared between calls unless the caller gives store=.
                 construction.setdefault("store", False)
                 generator = Generator(model, self.options.get("tokenizer"), drafter=self.drafter,
                                       budget=self.options.get("budget", "auto"), **construction)
-                self._generators[id(model)] = generator
+                slots[self] = generator
             return generator
 
     def __call__(

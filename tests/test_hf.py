@@ -8,8 +8,11 @@ every option specdec does not implement must be refused with an error that names
 
 from __future__ import annotations
 
+import copy as copy_module
+import gc
 import random
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -18,7 +21,7 @@ import transformers
 from conftest import IDENTITY_COUNTS
 from packaging import version
 from test_lossless import random_prompt
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 from transformers import (
     DynamicCache,
     LogitsProcessor,
@@ -102,6 +105,30 @@ def test_no_generated_text_is_shared_between_calls_unless_asked() -> None:
     assert private.generator(model).context.store is False
     store = shared.generator(model).context.store
     assert isinstance(store, specdec.SharedStore) and store.num_tokens > 0  # it kept the answer
+
+
+def test_a_dropped_model_takes_its_generators_along() -> None:
+    """A hook keeps its Generator on the model, so dropping the model frees both; a copy of the model
+    starts with none of its own, and a dropped hook's Generator goes too (no model kept alive)."""
+    model = own_tiny_model("llama")
+    hook = specdec.hf_generate("pld", budget="full")
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]])
+    theirs, ours = both(model, ids, hook, max_new_tokens=8, do_sample=False)
+    assert torch.equal(ours, theirs)
+    first = hook.generator(model)
+    assert hook.generator(model) is first  # reused while the model lives
+    copy = copy_module.deepcopy(model)
+    assert hook.generator(copy) is not first and hook.generator(copy).model is copy
+    other = specdec.hf_generate("pld", budget="full")
+    dropped_generator = weakref.ref(other.generator(model))
+    del other
+    gc.collect()
+    assert dropped_generator() is None
+    model_ref, generator_ref = weakref.ref(model), weakref.ref(first)
+    del model, first, copy
+    gc.collect()
+    assert model_ref() is None and generator_ref() is None
+    assert hook.last_result is not None  # what the caller reads stays
 
 
 def test_return_dict_in_generate() -> None:
