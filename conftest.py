@@ -5,7 +5,7 @@
 "What `pytest --benchmark` checks") and, with ``--benchmark-save``, saves the run under
 ``benchmarks/baselines/MACHINE``,
 where ``MACHINE`` is pytest-benchmark's id plus this CPU's model and best kernel path
-(:func:`machine_id`, e.g. ``Linux-CPython-3.11-64bit-AMD_EPYC-avx512``): a baseline is only
+(:func:`machine_id`, e.g. ``Linux-CPython-3.11-64bit-AMD_EPYC-f25m17-avx512``): a baseline is only
 ever compared with runs of its own machine kind.
 
 **Ratios, not raw times.** A machine's speed drifts by 10-30% between minutes (memory
@@ -55,19 +55,27 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def cpu_model_slug() -> str:
-    """This CPU's model name (``/proc/cpuinfo``) as a folder-name slug: ``AMD EPYC`` -> ``AMD_EPYC``."""
+    """This CPU's model name (``/proc/cpuinfo``) as a folder-name slug, with its family and model numbers
+    where the file gives them: ``AMD EPYC``, family 25, model 17 -> ``AMD_EPYC-f25m17``. Cloud CPUs
+    often share one name across generations (an ``AMD EPYC`` is a Zen 1 or a Zen 4); the numbers
+    tell them apart."""
     import platform
 
-    name = platform.processor() or "unknown-cpu"
+    name, fields = platform.processor() or "unknown-cpu", {}
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                name = line.partition(":")[2]
-                break
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block ends
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    name = fields.get("model name", name)
     name = re.sub(r"\((R|TM|tm|r)\)|\bCPU\b|\bProcessor\b|@.*$", " ", name)
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", name.strip()).strip("_") or "unknown-cpu"
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", name.strip()).strip("_") or "unknown-cpu"
+    if fields.get("cpu family", "").isdigit() and fields.get("model", "").isdigit():
+        slug += f"-f{fields['cpu family']}m{fields['model']}"
+    return slug
 
 
 def best_isa_slug() -> str:
