@@ -201,6 +201,32 @@ def test_rewind_within_and_past_what_was_kept(arch: str) -> None:
         done = position + 9
 
 
+def test_rewind_to_nothing_is_an_empty_cache() -> None:
+    from specdec.backends.verifier import KVState
+
+    model = model_of("gemma2")
+    prompt = repeating_prompt(random.Random(7), 5, 3 * WINDOW)
+    verifier = ModelVerifier(model)
+    state, _, _ = verifier.prefill(prompt)
+    verifier.rewind(state, 0)
+    fresh = KVState(verifier._new_cache(), 0)
+    chain = DraftTree.chain(prompt[0], prompt[1 : 2 * WINDOW])
+    assert verifier.verify(state, chain) == verifier.verify(fresh, chain)
+    assert state.committed_len == fresh.committed_len > 0
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_a_prompt_shorter_than_the_window(arch: str) -> None:
+    """Three prompt tokens: the first trees see fewer committed tokens than the window, later ones cross it."""
+    model = model_of(arch)
+    prompt = [5, 17, 42]
+    truth = hf_greedy(model, prompt, 5 * WINDOW)
+    result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
+                         max_new_tokens=len(truth), budget="full", cache="dynamic")  # fmt: skip
+    assert result.tokens == truth
+    assert sum(r.accepted for r in result.stats.records) > WINDOW
+
+
 def test_window_mask_of_a_chain_is_transformers_own() -> None:
     """For a chain (a plain multi-token forward) the sliding layers' mask is the one transformers builds."""
     from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function

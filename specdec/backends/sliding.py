@@ -258,6 +258,9 @@ def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
     drop = state.committed_len - committed_len
     if drop == 0:
         return True
+    if committed_len == 0:  # nothing is kept: an empty cache
+        state.cache = new_cache(verifier.model.config, cache.slack)
+        return True
     need = min(committed_len, cache.window - 1)
     sliding = [layer for layer in cache.sliding_layers() if layer.is_initialized]
     if all(layer.keys.shape[-2] - drop >= need for layer in sliding):
@@ -271,8 +274,6 @@ def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
         del cache.tokens[committed_len:]
         return True
     tokens = cache.tokens[:committed_len]
-    if not tokens:
-        raise UnsupportedModelError("a sliding-window cache cannot be rewound to no tokens at all")
     input_ids = torch.tensor([tokens], dtype=torch.long, device=verifier.device)
     with torch.inference_mode():
         fresh, _ = verifier._prefill_forward(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
