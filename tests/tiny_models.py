@@ -46,6 +46,29 @@ def _configs() -> dict[str, Any]:
 
 ARCHITECTURES = tuple(_configs())
 
+WINDOW = 8  # the sliding window of the sliding-window models: prompts and generations span several
+
+
+def _sliding_configs() -> dict[str, Any]:
+    """Sliding-window models (tests/test_sliding_window.py): all layers sliding (Mistral), or sliding and
+    full layers alternating (Gemma 2, Gemma 3, gpt-oss); 4 layers, so both kinds appear twice."""
+    from transformers import Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig
+
+    common = {**_COMMON, "num_hidden_layers": 4, "num_key_value_heads": 2, "sliding_window": WINDOW}
+    return {
+        "mistral-swa": MistralConfig(**common),
+        "gemma2": Gemma2Config(**common, head_dim=8),
+        "gemma3_text": Gemma3TextConfig(**common, head_dim=8, sliding_window_pattern=2),
+        "gpt_oss": GptOssConfig(**{**common, "intermediate_size": 32}, head_dim=8, num_local_experts=4,
+                                num_experts_per_tok=2),
+        # every layer sliding (its random weights repeat a repeated text, the mixed one's do not)
+        "gpt_oss-swa": GptOssConfig(**{**common, "intermediate_size": 32}, head_dim=8, num_local_experts=4,
+                                    num_experts_per_tok=2, layer_types=["sliding_attention"] * 4),
+    }
+
+
+SLIDING_ARCHITECTURES = ("mistral-swa", "gemma2", "gemma3_text", "gpt_oss")
+
 
 _CACHED: dict[tuple[str, str, int], Any] = {}  # (arch, attn, seed) -> the session's model
 
@@ -62,10 +85,12 @@ def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0) -> Any:
 def _build(arch: str, attn: str, seed: int) -> Any:
     from transformers import AutoModelForCausalLM
 
-    config = _configs()[arch]
+    config = {**_configs(), **_sliding_configs()}[arch]
     config._attn_implementation = attn
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float64)
+    # gpt-oss's grouped expert matmul takes no fp64: its eager experts do
+    experts = {"experts_implementation": "eager"} if arch.startswith("gpt_oss") else {}
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float64, **experts)
     # Larger weights than the default init make the model's choices depend on its context
     # (a near-uniform model repeats one token), which exercises drafts and acceptance.
     with torch.no_grad():

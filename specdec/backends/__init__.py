@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from specdec.backends import sliding
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
 from specdec.backends.runner import unsupported_reason
 from specdec.backends.runner_verifier import RunnerVerifier
@@ -72,6 +73,8 @@ def auto_cache(model: Any, device: torch.device) -> str:
     specdec's own forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`),
     else ``"dynamic"``. Neither CPU choice compiles anything, so the first call is as fast as later
     ones; docs/static-cache.md measures them against the compiled static cache."""
+    if sliding.window_reason(model) is not None:  # [sliding hook] sliding-window models run on the dynamic cache only
+        return "dynamic"
     if device.type == "cuda":
         return "static"
     return "native" if unsupported_reason(model) is None else "dynamic"
@@ -79,6 +82,9 @@ def auto_cache(model: Any, device: torch.device) -> str:
 
 def auto_cache_reason(model: Any, device: torch.device) -> str:
     """Why :func:`auto_cache` picks what it picks for ``model`` on ``device``, in a few words (the demo prints it)."""
+    window = sliding.window_reason(model)  # [sliding hook]
+    if window is not None:
+        return f"{window}: Hugging Face's forward on the dynamic cache (the static cache holds full attention only)"
     if device.type == "cuda":
         return "a CUDA device: the static cache with CUDA graphs"
     reason = unsupported_reason(model)
@@ -123,6 +129,7 @@ def make_verifier(
     check_model(model)  # a model we cannot serve is the first thing to report
     device = next(model.parameters()).device
     kind, mode = resolve_cache(cache, device, model)
+    sliding.check_cache_kind(model, kind)  # [sliding hook] sliding-window models: dynamic only; hybrids: refused
     ops = make_tree_ops(backend, device)
     if kind == "static":
         return StaticVerifier(model, ops=ops, chooser=chooser, mode=mode)

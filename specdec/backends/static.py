@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.backends import compile_cache, static_shared
+from specdec.backends import compile_cache, sliding, static_shared
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
 from specdec.backends.tree import ancestor_matrix
@@ -429,7 +429,7 @@ class StaticVerifier(ModelVerifier):
         buckets = tuple(sorted(set(int(b) for b in buckets)))
         if not buckets or buckets[0] != 1:
             raise SpecDecError(f"static-cache buckets must include 1 (plain steps), got {list(buckets)}")
-        self._new_cache()  # refuses sliding-window and linear-attention layers, as the dynamic path does
+        sliding.check_cache_kind(model, "static")  # [sliding hook] refuses sliding-window and linear-attention layers
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         num_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(num_layers, int) or num_layers < 1:

@@ -27,9 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
+from specdec.backends import sliding
 from specdec.backends.identity import model_identity, weights_fingerprint
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
@@ -270,14 +269,8 @@ class ModelVerifier:
         self._kernels = choice
 
     def _new_cache(self) -> Any:
-        cache = DynamicCache(config=self.model.config)
-        for layer in getattr(cache, "layers", []):
-            if type(layer) is not DynamicLayer:
-                raise UnsupportedModelError(
-                    f"cache layer {type(layer).__name__} (sliding-window or linear attention) is not supported: "
-                    "tree verification needs full-attention layers whose KV can be gathered and cropped"
-                )
-        return cache
+        # [sliding hook] full-attention layers: a DynamicCache; sliding-window ones: sliding.WindowedCache; else refused
+        return sliding.new_cache(self.model.config)
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -407,7 +400,7 @@ class ModelVerifier:
         """Forget the committed tokens past ``committed_len`` (calibration reuses one prefill for many steps)."""
         if not 0 <= committed_len <= state.committed_len:
             raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
-        if committed_len < state.committed_len:
+        if committed_len < state.committed_len and not sliding.rewind(self, state, committed_len):  # [sliding hook]
             state.cache.crop(-(state.committed_len - committed_len))
         state.committed_len = committed_len
 
@@ -442,6 +435,7 @@ class ModelVerifier:
         cache = self._new_cache()
         keep = 0 if keep_all else 1
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **{self.cache_keyword: cache})
+        sliding.after_prefill(cache, input_ids[0].tolist())  # [sliding hook] trims sliding-window layers
         return cache, out.logits[0]
 
     def _on_new_state(self, state: KVState) -> None:
@@ -452,9 +446,10 @@ class ModelVerifier:
         committed = state.committed_len
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, self.additive_dtype)
         input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
+        masks = sliding.tree_mask(state.cache, tree, committed, mask, self.additive_dtype)  # [sliding hook]
         out = self.model(
             input_ids=input_ids,
-            attention_mask=mask,
+            attention_mask=masks,
             position_ids=position_ids,
             use_cache=True,
             **{self.cache_keyword: state.cache},
@@ -463,4 +458,5 @@ class ModelVerifier:
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
         """Keep only the accepted path's KV (slot ``committed_len + path[i]`` to ``committed_len + i``)."""
-        self.ops.compact(state.cache, committed_len, path)
+        if not sliding.compact(self.ops, state.cache, committed_len, path):  # [sliding hook]
+            self.ops.compact(state.cache, committed_len, path)

@@ -1,0 +1,281 @@
+"""Sliding-window attention in tree verification on the dynamic cache (Mistral, Gemma 2/3, gpt-oss).
+
+A sliding-window layer of window ``W`` lets the token at position ``q`` attend to the keys at
+positions ``q - W < k <= q`` (Hugging Face's ``sliding_window_overlay``). Hugging Face's own
+cache for such a layer (``DynamicSlidingWindowLayer``) keeps only the last ``W - 1`` tokens:
+after a tree forward the rejected nodes would sit among the kept ones, and the committed
+tokens they pushed out are gone, so a tree cannot be rolled back from it. Here:
+
+- **the cache** (:class:`WindowedCache`) is Hugging Face's ``DynamicCache`` with its sliding
+  layers in *past-recording* mode (``activate_past_recording``: a forward appends without
+  dropping anything); after each acceptance :func:`compact` moves the accepted path's keys and
+  values into place, as for a full-attention layer, and then trims the layer to its last
+  ``W - 1 + slack`` committed tokens. A sliding layer therefore holds at most
+  ``W - 1 + slack + tree`` tokens, whatever the context: bounded by the window, as the model's
+  own cache is. ``slack`` (:data:`DEFAULT_SLACK`, at most the window) lets a short
+  :meth:`~specdec.backends.verifier.ModelVerifier.rewind` (the budget's calibration rewinds by
+  one step's tokens) crop instead of recomputing;
+- **the mask** (:func:`tree_mask`): a full-attention layer takes the tree mask as it is
+  (every committed token plus the node's ancestors); a sliding layer sees the last
+  ``min(C, W - 1)`` committed tokens and the node's ancestors, each kept only when it lies
+  inside the node's window (``key position > node position - W``; a tree deeper than the
+  window masks its own far ancestors too). A model whose layers are all sliding (Mistral)
+  takes that mask as one tensor; a model that mixes them (Gemma 2/3, gpt-oss) takes a dict
+  keyed by layer type, which their forwards accept in place of the masks they would build;
+- **rewinds** past what a sliding layer kept run the committed tokens (the cache records them)
+  through a fresh prefill: exact, at the cost of a prefill.
+
+One-node trees need no mask: the model builds its own window mask from the layer's lengths,
+which the trimming keeps as Hugging Face's layer would have them.
+
+Not here: chunked attention (Llama 4: ``chunked_attention`` layers share the cache class but
+not the mask), layers of several window sizes, and linear-attention / state-space layers
+(their recurrent state cannot be cropped back to the accepted length): all refused with
+:class:`~specdec.errors.UnsupportedModelError`. The static cache and specdec's native forward
+do not run sliding-window models (:func:`check_cache_kind`); ``cache='auto'`` picks the dynamic
+cache for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from specdec.backends.tree import ancestor_matrix
+from specdec.errors import UnsupportedModelError
+from specdec.types import DraftTree
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+DEFAULT_SLACK = 64  # extra committed tokens a sliding layer keeps (at most its window): short rewinds crop
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def _layer_types(config: Any, layers: Sequence[Any]) -> list[str]:
+    """Each cache layer's type, as transformers dispatched it (``config.layer_types``, else inferred)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, _ = get_layer_types_and_kwargs(_text_config(config))
+    if len(types) != len(layers):
+        raise UnsupportedModelError(
+            f"the model's config names {len(types)} layer types for {len(layers)} cache layers: cannot tell which "
+            "layers are sliding-window ones"
+        )
+    return list(types)
+
+
+def _unsupported(layer: Any, kind: str) -> UnsupportedModelError:
+    what = "linear attention or state-space" if "Linear" in type(layer).__name__ else kind
+    return UnsupportedModelError(
+        f"cache layer {type(layer).__name__} ({what}) is not supported: tree verification needs attention layers "
+        "whose keys and values can be gathered and cropped back to the accepted tokens (full attention, or a "
+        "sliding window)"
+    )
+
+
+class WindowedCache(DynamicCache):
+    """A ``DynamicCache`` whose sliding-window layers keep what a rejected tree needs (module docstring).
+
+    ``layer_types``: each layer's type (:data:`FULL` or :data:`SLIDING`); ``window``: the sliding
+    layers' window; ``slack``: extra committed tokens they keep; ``tokens``: the committed tokens
+    (a rewind past the kept ones recomputes from them); ``tree_tokens``: the last verified tree's.
+    """
+
+    def __init__(self, config: Any, layer_types: Sequence[str], window: int, slack: int) -> None:
+        super().__init__(config=config)
+        self.layer_types = tuple(layer_types)
+        self.window = window
+        self.slack = slack
+        self.tokens: list[int] = []
+        self.tree_tokens: tuple[int, ...] = ()
+        for layer in self.sliding_layers():
+            layer.activate_past_recording()  # forwards append; compact() trims
+
+    def sliding_layers(self) -> list[Any]:
+        return [layer for layer, kind in zip(self.layers, self.layer_types, strict=True) if kind == SLIDING]
+
+    def full_layers(self) -> list[Any]:
+        return [layer for layer, kind in zip(self.layers, self.layer_types, strict=True) if kind == FULL]
+
+    @property
+    def kept(self) -> int:
+        """The most committed tokens a sliding layer holds between forwards: ``W - 1 + slack``."""
+        return self.window - 1 + self.slack
+
+    def trim(self, committed_len: int) -> None:
+        """Sliding layers: keep the last ``min(committed_len, kept)`` of their slots, count ``committed_len``."""
+        keep = min(committed_len, self.kept)
+        for layer in self.sliding_layers():
+            if layer.is_initialized and layer.keys.shape[-2] > keep:
+                layer.keys = layer.keys[:, :, layer.keys.shape[-2] - keep :]
+                layer.values = layer.values[:, :, layer.values.shape[-2] - keep :]
+            layer.cumulative_length = committed_len
+
+
+def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
+    """The verifier's cache for a new sequence of a model with ``config``.
+
+    A plain ``DynamicCache`` when every layer is full attention (as before); a
+    :class:`WindowedCache` when some layers are sliding-window ones of one window size;
+    :class:`~specdec.errors.UnsupportedModelError` for any other layer.
+    """
+    cache = DynamicCache(config=config)
+    layers = list(getattr(cache, "layers", []))
+    if all(type(layer) is DynamicLayer for layer in layers):
+        return cache
+    types = _layer_types(config, layers)
+    windows = set()
+    for layer, kind in zip(layers, types, strict=True):
+        if type(layer) is DynamicLayer and kind == FULL:
+            continue
+        if type(layer) is DynamicSlidingWindowLayer and kind == SLIDING:
+            windows.add(int(layer.sliding_window))
+            continue
+        raise _unsupported(layer, f"layer type {kind!r}")
+    if len(windows) != 1:
+        raise UnsupportedModelError(f"sliding-window layers of several windows ({sorted(windows)}) are not supported")
+    (window,) = windows
+    if window < 1:
+        raise UnsupportedModelError(f"sliding window {window} is not a positive number of tokens")
+    if FULL in types and getattr(_text_config(config), "layer_types", None) is None:
+        # Mixed models take a dict of masks keyed by config.layer_types; without it their forward builds one mask.
+        raise UnsupportedModelError("a model mixing sliding-window and full layers without config.layer_types")
+    return WindowedCache(config, types, window, min(max(slack, 0), window))
+
+
+def window_reason(model: Any) -> str | None:
+    """Why ``model`` needs this module's handling (its sliding-window or linear-attention layers), or None."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = _text_config(config)
+    kinds = set(getattr(text, "layer_types", None) or ())
+    windowed = getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
+    if windowed and (not kinds or SLIDING in kinds):
+        return "sliding-window attention"
+    others = kinds - {FULL}
+    if others:
+        return f"{', '.join(sorted(others))} layers"
+    return None
+
+
+def check_cache_kind(model: Any, kind: str) -> None:
+    """Refuse, with a clear error, a model the ``kind`` of cache (``"dynamic"``, ``"static"``, ``"native"``)
+    cannot verify: layers no cache here can roll back (linear attention, state-space: :func:`new_cache`),
+    and sliding-window layers anywhere but on the dynamic cache (the static cache and specdec's native
+    forward hold full-attention layers only)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return
+    new_cache(config)  # raises for layers that cannot be verified at all
+    reason = window_reason(model)
+    if kind != "dynamic" and reason is not None:
+        raise UnsupportedModelError(
+            f"cache={kind!r} does not run this model ({reason}): the static cache and specdec's native forward "
+            "hold full-attention layers only; use cache='dynamic' (what cache='auto' picks for this model)"
+        )
+
+
+# -- the hooks ModelVerifier calls ---------------------------------------------------------------------------
+
+
+def after_prefill(cache: Any, prompt: Sequence[int]) -> None:
+    """The prompt ran into ``cache``: record it, and trim the sliding layers (prefill records every token)."""
+    if isinstance(cache, WindowedCache):
+        cache.tokens = [int(t) for t in prompt]
+        cache.trim(len(cache.tokens))
+
+
+def tree_mask(
+    cache: Any, tree: DraftTree, committed_len: int, mask: torch.Tensor | None, additive_dtype: torch.dtype | None
+) -> Any:
+    """The ``attention_mask`` for verifying ``tree`` after ``committed_len`` tokens, given the full-attention
+    tree mask ``mask`` ``[1, 1, N, C + N]`` (None for a one-node tree: the model builds its own masks).
+
+    A plain cache takes ``mask``; a :class:`WindowedCache` the window mask (module docstring), as one
+    tensor when every layer is sliding, else as ``{"full_attention": mask, "sliding_attention": window}``.
+    """
+    if not isinstance(cache, WindowedCache):
+        return mask
+    cache.tree_tokens = tuple(tree.tokens)
+    if mask is None:
+        return None
+    window = cache.window
+    visible = min(committed_len, window - 1)  # the committed tokens a sliding layer hands attention
+    depths = np.asarray(tree.depths, dtype=np.int64)  # [N]
+    query = committed_len + depths  # node positions
+    committed_positions = np.arange(committed_len - visible, committed_len, dtype=np.int64)
+    allowed = np.empty((tree.size, visible + tree.size), dtype=np.bool_)
+    allowed[:, :visible] = committed_positions[None, :] > query[:, None] - window
+    allowed[:, visible:] = ancestor_matrix(tree.parents) & (depths[:, None] - depths[None, :] < window)
+    sliding = torch.from_numpy(allowed).to(mask.device)
+    if additive_dtype is not None:
+        additive = torch.zeros(sliding.shape, dtype=additive_dtype, device=mask.device)
+        sliding = additive.masked_fill_(~sliding, torch.finfo(additive_dtype).min)
+    sliding = sliding[None, None]
+    if FULL not in cache.layer_types:
+        return sliding
+    return {FULL: mask, SLIDING: sliding}
+
+
+def compact(ops: Any, cache: Any, committed_len: int, path: Sequence[int]) -> bool:
+    """Keep only the accepted path's keys and values; False when ``cache`` is not a :class:`WindowedCache`
+    (the caller compacts as before). ``ops``: the verifier's tree ops, whose ``compact`` moves slots."""
+    if not isinstance(cache, WindowedCache):
+        return False
+    full = cache.full_layers()
+    if full:
+        ops.compact(SimpleNamespace(layers=full), committed_len, path)
+    sliding = [layer for layer in cache.sliding_layers() if layer.is_initialized]
+    if sliding:
+        tree_size = len(cache.tree_tokens)
+        base = sliding[0].keys.shape[-2] - tree_size  # the committed slots the layer held before the tree
+        if any(layer.keys.shape[-2] - tree_size != base for layer in sliding):
+            raise AssertionError("sliding layers of one cache hold different lengths")
+        ops.compact(SimpleNamespace(layers=sliding), base, path)
+    cache.tokens.extend(cache.tree_tokens[i] for i in path)
+    cache.trim(committed_len + len(path))
+    return True
+
+
+def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
+    """Forget ``state``'s committed tokens past ``committed_len``; False when its cache is not a
+    :class:`WindowedCache` (the caller crops as before). Sliding layers crop while they kept what the
+    shorter sequence needs; past that the kept tokens are run again through a fresh prefill."""
+    cache = state.cache
+    if not isinstance(cache, WindowedCache):
+        return False
+    drop = state.committed_len - committed_len
+    if drop == 0:
+        return True
+    if committed_len == 0:  # nothing is kept: an empty cache
+        state.cache = new_cache(verifier.model.config, cache.slack)
+        return True
+    need = min(committed_len, cache.window - 1)
+    sliding = [layer for layer in cache.sliding_layers() if layer.is_initialized]
+    if all(layer.keys.shape[-2] - drop >= need for layer in sliding):
+        for layer in cache.full_layers():
+            layer.crop(-drop)
+        for layer in sliding:
+            end = layer.keys.shape[-2] - drop
+            layer.keys = layer.keys[:, :, end - need : end]
+            layer.values = layer.values[:, :, end - need : end]
+            layer.cumulative_length = committed_len
+        del cache.tokens[committed_len:]
+        return True
+    tokens = cache.tokens[:committed_len]
+    input_ids = torch.tensor([tokens], dtype=torch.long, device=verifier.device)
+    with torch.inference_mode():
+        fresh, _ = verifier._prefill_forward(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
+    state.cache = fresh
+    return True

@@ -1,0 +1,289 @@
+"""Sliding-window models (Mistral with a window, Gemma 2, Gemma 3, gpt-oss) verify losslessly on the
+dynamic cache, with their sliding layers' memory bounded by the window (specdec/backends/sliding.py).
+
+Tiny fp64 models (tests/tiny_models.py) whose window (8) is far shorter than the prompts and the
+generations, so every run crosses several windows, and trees are deeper than the window: identity
+with ``model.generate`` is demanded with no tolerance. Hybrid models (linear attention, state-space
+layers) are refused with a clear error, as are the static cache and the native forward.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from conftest import IDENTITY_COUNTS
+from oracle_drafter import OracleTreeDrafter
+from test_lossless import hf_greedy
+from tiny_models import SLIDING_ARCHITECTURES, VOCAB, WINDOW, tiny_model
+
+import specdec
+from specdec.backends import auto_cache, make_verifier, sliding
+from specdec.backends.verifier import ModelVerifier
+from specdec.errors import UnsupportedModelError
+from specdec.types import DraftTree
+
+# Gemma 2 (attention softcapping) and gpt-oss (attention sinks) run eager attention only: the additive mask path.
+ATTENTION = {"mistral-swa": "sdpa", "gemma2": "eager", "gemma3_text": "sdpa", "gpt_oss": "eager"}
+DRAFTERS = ["none", "pld", "sam", "sam+recycling"]
+
+
+def model_of(arch: str) -> Any:
+    return tiny_model(arch, ATTENTION[arch])
+
+
+def repeating_prompt(rng: random.Random, period: int, length: int) -> list[int]:
+    """``length`` tokens repeating a random stretch of ``period``: lookup drafters find matches."""
+    stretch = [rng.randrange(2, VOCAB) for _ in range(period)]
+    return [stretch[i % period] for i in range(length)]
+
+
+def some_prompt(rng: random.Random, model: Any, case: int) -> list[int]:
+    """Longer than the window: random text ``X``; for every case but the first followed by the model's
+    continuation ``G`` of it and ``X`` again, after which lookup drafters propose ``G``
+    (test_speculation_happens_on_a_repetitive_prompt)."""
+    text = [rng.randrange(2, VOCAB) for _ in range(rng.randrange(WINDOW + 2, 4 * WINDOW))]
+    if case == 0:
+        return text
+    return text + hf_greedy(model, text, rng.randrange(WINDOW, 3 * WINDOW)) + text
+
+
+def test_the_models_are_sliding_window_ones() -> None:
+    """The premise: every layer's cache is Hugging Face's sliding-window layer, or some are (mixed)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    for arch in SLIDING_ARCHITECTURES:
+        layers = DynamicCache(config=model_of(arch).config).layers
+        kinds = [type(layer) is DynamicSlidingWindowLayer for layer in layers]
+        assert any(kinds), arch
+        assert all(kinds) == (arch == "mistral-swa"), arch
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_drafters_match_generate(arch: str, drafter: str) -> None:
+    """Three prompts each, generations of 3 to 8 windows; drafts must have been accepted (none: never)."""
+    model = model_of(arch)
+    rng = random.Random(f"{arch}-{drafter}")
+    accepted = sum(identical_to_generate(model, some_prompt(rng, model, case), drafter, rng.randrange(3, 8) * WINDOW,
+                                         f"{arch}/{drafter}") for case in range(3))  # fmt: skip
+    assert (accepted > 0) == (drafter != "none"), f"{arch}/{drafter}: {accepted} draft tokens accepted"
+
+
+def identical_to_generate(model: Any, prompt: list[int], drafter: Any, max_new: int, case: str) -> int:
+    """specdec's greedy output equals ``generate``'s (counted in the identity summary); the draft tokens accepted."""
+    result = specdec.run(model, prompt, drafter, max_new_tokens=max_new, budget="full", cache="dynamic")
+    assert result.tokens == hf_greedy(model, prompt, max_new), f"{case}: prompt {prompt}"
+    IDENTITY_COUNTS[case] += 1
+    return sum(r.accepted for r in result.stats.records)
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_trees_deeper_than_the_window(arch: str) -> None:
+    """Random trees around the truth, up to 40 nodes and 2.5 windows deep: far ancestors fall out of a node's
+    window, and a long accepted path pushes the whole window past the last committed token."""
+    model = model_of(arch)
+    rng = random.Random(arch)
+    deepest = accepted = 0
+    for seed in range(3):
+        prompt = some_prompt(rng, model, seed)
+        truth = hf_greedy(model, prompt, 6 * WINDOW)
+        drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=40, depth=WINDOW * 5 // 2)
+        result = specdec.run(model, prompt, drafter, max_new_tokens=len(truth), budget="full", cache="dynamic")
+        assert result.tokens == truth, arch
+        IDENTITY_COUNTS[f"{arch}/oracle-tree"] += 1
+        deepest = max(deepest, *(r.accepted for r in result.stats.records))
+        accepted += sum(r.accepted for r in result.stats.records)
+    assert deepest >= WINDOW  # some step accepted a path as long as the window
+    assert accepted > 3 * WINDOW
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_sampling_equals_plain_sampling(arch: str) -> None:
+    model = model_of(arch)
+    rng = random.Random(f"sample-{arch}")
+    for case, options in enumerate(({"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9},
+                                    {"temperature": 0.5, "top_k": 20, "repetition_penalty": 1.2})):
+        options = dict(options, seed=rng.randrange(2**40))
+        prompt = repeating_prompt(rng, rng.randrange(3, 7), 3 * WINDOW)
+        expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, cache="dynamic", **options).tokens
+        for drafter in ("pld", OracleTreeDrafter(expected, VOCAB, seed=case, size=24, depth=12)):
+            result = specdec.run(model, prompt, drafter, max_new_tokens=5 * WINDOW, cache="dynamic", budget="full",
+                                 **options)  # fmt: skip
+            assert result.tokens == expected, (arch, options, drafter)
+            IDENTITY_COUNTS[f"{arch}/sampling/{getattr(drafter, 'name', drafter)}"] += 1
+
+
+@pytest.mark.parametrize("arch", [*SLIDING_ARCHITECTURES[:3], "gpt_oss-swa"])
+@pytest.mark.parametrize("drafter", ["pld", "sam+recycling"])
+def test_speculation_happens_on_a_repetitive_prompt(arch: str, drafter: str) -> None:
+    """A text that repeats itself: ``X + G + X`` with ``G`` the model's own continuation of ``X``. The model
+    continues the second ``X`` with ``G`` again (its sliding layers see only the last windows, at the same
+    relative positions), so lookup drafters find it: more than 1.5 tokens per step. gpt-oss runs here with
+    every layer sliding (``gpt_oss-swa``): the random weights of the mixed one do not repeat their context."""
+    model = tiny_model(arch, "sdpa" if arch in ("mistral-swa", "gemma3_text") else "eager")
+    text = [random.Random(6).randrange(2, VOCAB) for _ in range(4 * WINDOW)]
+    continuation = hf_greedy(model, text, 8 * WINDOW)
+    prompt = text + continuation + text
+    result = specdec.run(model, prompt, drafter, max_new_tokens=8 * WINDOW, budget="full", cache="dynamic")
+    assert result.tokens == hf_greedy(model, prompt, 8 * WINDOW)
+    assert result.stats.mat > 1.5, (arch, drafter, result.stats.mat)
+
+
+def _layer_tokens(cache: Any) -> list[tuple[bool, int]]:
+    """Each layer's (sliding?, tokens its keys hold)."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    return [(isinstance(layer, DynamicSlidingWindowLayer), int(layer.keys.shape[-2])) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_sliding_layers_stay_bounded_by_the_window(arch: str) -> None:
+    """After 8 windows of verified trees, a sliding layer holds at most window - 1 + slack tokens (the model's
+    own cache holds window - 1 there) and a full layer holds the context, as ``generate``'s cache does."""
+    model = model_of(arch)
+    prompt = repeating_prompt(random.Random(2), 5, 2 * WINDOW)
+    steps = 8 * WINDOW
+    truth = hf_greedy(model, prompt, steps + 1)
+    ids = torch.tensor([prompt])
+    # steps + 1 new tokens: generate's cache then holds the prompt and ``steps`` of them, as ours will
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps + 1, do_sample=False,
+                         return_dict_in_generate=True)  # fmt: skip
+    theirs = _layer_tokens(out.past_key_values)
+    verifier = ModelVerifier(model)
+    state, pending, _ = verifier.prefill(prompt)
+    done = 0
+    rng = random.Random(3)
+    while done < steps:
+        depth = min(rng.randrange(1, 2 * WINDOW), steps - done)
+        tree = DraftTree.chain(pending, truth[done + 1 : done + depth])
+        result = verifier.verify(state, tree)
+        assert list(result.accepted_tokens) == truth[done : done + depth]
+        done += depth
+        pending = result.bonus
+        for is_sliding, held in _layer_tokens(state.cache):
+            assert held <= (state.cache.kept if is_sliding else len(prompt) + done)
+    assert pending == truth[steps]
+    ours = _layer_tokens(state.cache)
+    assert [s for s, _ in ours] == [s for s, _ in theirs]
+    for (is_sliding, held), (_, held_by_generate) in zip(ours, theirs, strict=True):
+        if is_sliding:
+            assert held_by_generate == WINDOW - 1
+            assert held == WINDOW - 1 + state.cache.slack
+        else:
+            assert held == held_by_generate == len(prompt) + steps
+
+
+@pytest.mark.parametrize("arch", ["mistral-swa", "gemma3_text"])
+def test_rewind_within_and_past_what_was_kept(arch: str) -> None:
+    """A rewind inside the kept slack crops; past it the committed tokens run again: either way the next
+    verification is the one a fresh prefill of the shorter sequence gives."""
+    model = model_of(arch)
+    prompt = repeating_prompt(random.Random(4), 7, 3 * WINDOW)
+    truth = hf_greedy(model, prompt, 6 * WINDOW)
+    verifier = ModelVerifier(model)
+    state, pending, _ = verifier.prefill(prompt)
+    done = 0
+    while done < 5 * WINDOW:
+        result = verifier.verify(state, DraftTree.chain(pending, truth[done + 1 : done + 6]))
+        done += len(result.accepted_tokens)
+        pending = result.bonus
+    for back in (3, state.cache.slack + WINDOW, 4 * WINDOW):
+        target = len(prompt) + done - back
+        verifier.rewind(state, target)
+        assert state.committed_len == target
+        position = target - len(prompt)
+        result = verifier.verify(state, DraftTree.chain(truth[position], truth[position + 1 : position + 9]))
+        assert list(result.accepted_tokens) == truth[position : position + 9]
+        done = position + 9
+
+
+def test_rewind_to_nothing_is_an_empty_cache() -> None:
+    from specdec.backends.verifier import KVState
+
+    model = model_of("gemma2")
+    prompt = repeating_prompt(random.Random(7), 5, 3 * WINDOW)
+    verifier = ModelVerifier(model)
+    state, _, _ = verifier.prefill(prompt)
+    verifier.rewind(state, 0)
+    fresh = KVState(verifier._new_cache(), 0)
+    chain = DraftTree.chain(prompt[0], prompt[1 : 2 * WINDOW])
+    assert verifier.verify(state, chain) == verifier.verify(fresh, chain)
+    assert state.committed_len == fresh.committed_len > 0
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_a_prompt_shorter_than_the_window(arch: str) -> None:
+    """Three prompt tokens: the first trees see fewer committed tokens than the window, later ones cross it."""
+    model = model_of(arch)
+    prompt = [5, 17, 42]
+    truth = hf_greedy(model, prompt, 5 * WINDOW)
+    result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
+                         max_new_tokens=len(truth), budget="full", cache="dynamic")  # fmt: skip
+    assert result.tokens == truth
+    assert sum(r.accepted for r in result.stats.records) > WINDOW
+
+
+def test_window_mask_of_a_chain_is_transformers_own() -> None:
+    """For a chain (a plain multi-token forward) the sliding layers' mask is the one transformers builds."""
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+
+    model = model_of("gemma3_text")
+    cache = sliding.new_cache(model.config, slack=3)
+    assert isinstance(cache, sliding.WindowedCache)
+    for committed in (0, 3, WINDOW - 1, WINDOW, 5 * WINDOW):
+        tree = DraftTree.chain(5, [6] * (2 * WINDOW))
+        full = torch.ones((1, 1, tree.size, committed + tree.size), dtype=torch.bool)
+        masks = sliding.tree_mask(cache, tree, committed, full, None)
+        assert masks["full_attention"] is full
+        visible = min(committed, WINDOW - 1)
+        expected = sdpa_mask(batch_size=1, q_length=tree.size, kv_length=visible + tree.size, q_offset=committed,
+                             kv_offset=committed - visible, mask_function=sliding_window_causal_mask_function(WINDOW),
+                             allow_is_causal_skip=False)  # fmt: skip
+        assert torch.equal(masks["sliding_attention"], expected), committed
+
+
+@pytest.mark.parametrize("cache", ["static", "static-eager", "native"])
+def test_static_and_native_refuse_sliding_window_models(cache: str) -> None:
+    model = model_of("mistral-swa")
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention.*cache='dynamic'"):
+        make_verifier(model, cache=cache)
+
+
+def test_auto_runs_sliding_window_models_on_the_dynamic_cache() -> None:
+    for arch in SLIDING_ARCHITECTURES:
+        for device in ("cpu", "cuda"):
+            assert auto_cache(model_of(arch), torch.device(device)) == "dynamic", (arch, device)
+    model = model_of("gemma3_text")
+    prompt = repeating_prompt(random.Random(5), 4, 2 * WINDOW)
+    assert specdec.run(model, prompt, "pld", max_new_tokens=30).tokens == hf_greedy(model, prompt, 30)
+
+
+def _hybrid(kind: str) -> Any:
+    from transformers import AutoModelForCausalLM, FalconH1Config, Qwen3NextConfig
+
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=256)  # fmt: skip
+    config = {
+        "falcon_h1": lambda: FalconH1Config(**common, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                                            mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16),
+        "qwen3_next": lambda: Qwen3NextConfig(**common, linear_num_value_heads=4, linear_num_key_heads=2,
+                                              linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+                                              num_experts_per_tok=2, moe_intermediate_size=16,
+                                              shared_expert_intermediate_size=16,
+                                              layer_types=["linear_attention", "full_attention"]),
+    }[kind]()
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+@pytest.mark.parametrize("kind", ["falcon_h1", "qwen3_next"])
+def test_hybrid_models_are_refused_clearly(kind: str) -> None:
+    model = _hybrid(kind)
+    with pytest.raises(UnsupportedModelError, match="linear attention or state-space"):
+        specdec.run(model, [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4, cache="dynamic")
+    for cache in ("static", "native", "auto"):
+        with pytest.raises(UnsupportedModelError, match="linear attention or state-space"):
+            make_verifier(model, cache=cache)
