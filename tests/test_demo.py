@@ -116,6 +116,7 @@ def test_the_demo_runs_on_the_default_model(default_model: Any, capsys: pytest.C
     for method in ("none", "pld", "sam+recycling"):
         assert f"{method}" in out.err and "4/4" in out.err  # a progress line per method
     assert "cache='auto' runs 'native': a CPU and a Llama-family model" in out.err  # which path, and why
+    assert "Model and verifiers ready in" in out.err and "One-time costs paid in" in out.err  # what took how long
 
 
 def test_auto_cache_says_why() -> None:
@@ -172,4 +173,6 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
     prompt = [5, 6, 7, 5, 6, 7, 5]
     _warm_up(generators, [DemoPrompt("chat", prompt, 8)], [prompt])  # type: ignore[arg-type]  # ids, no tokenizer
     assert generators["none"].verifier.kernels == generators["pld"].verifier.kernels == cpu_single
+    said = capsys.readouterr().err  # a first run says it measures, and how long that took
+    assert "measuring the verification cost" in said and "measured the verification cost in" in said
     forget_cost_models()
