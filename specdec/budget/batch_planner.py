@@ -51,7 +51,7 @@ a drafting step's gain is net of what its verification cost: the accepted draft 
 the row's share of the forward's extra seconds (:meth:`BatchPlan.extra_seconds`) in plain
 tokens. The planner verifies a node when its expected acceptance beats the extra rows' price,
 so its nodes gain little over that price where it is high (at ``B = 8`` here an extra row costs
-half a plain token, and the drafters' best nodes are accepted 0.56: docs/budget.md, "Batches");
+half a plain token, and the drafters' best nodes are accepted 0.56: scripts/batch_breakeven.py);
 counting gross tokens kept such rows drafting for nodes that paid for their rows and not for
 their drafting. Measured (2026-11-26, this CPU, ``specdec bench batch``, paired ratios over
 batched ``none``, three repeats a run): ``B = 8`` 0.966-1.001 in six runs (gross gains:
@@ -87,7 +87,7 @@ row verified 3 nodes at the median, 7 at the 90th percentile, more than 16 in un
 steps at ``B = 4``, never at ``B = 8``. Drafting, planning and learning a 16-node offer took
 0.35 s of a ``B = 4`` run against 0.50 s for the whole trees (~1.3% of the run), and the cheaper
 drafting keeps more rows' :class:`RowGate` open: in lockstep with batched ``none``
-(the arms' steps taking turns in one process, six rounds, 2026-11-26) ``B = 4`` ran at 1.14x against 1.06x with
+(``scripts/batch_lockstep.py``, six rounds, 2026-11-26) ``B = 4`` ran at 1.14x against 1.06x with
 whole trees, ahead in every round; ``B = 8`` at 0.98-0.99x either way. A lone row
 (``batch_size=1``) offers what the single-sequence path does.
 
