@@ -112,11 +112,11 @@ def test_the_demo_runs_on_the_default_model(default_model: Any, capsys: pytest.C
     table = out.out[out.out.index("prompt "):]
     assert all(kind in table for kind in [*KINDS, "overall"]) and "8/8" in table  # every output identical
     assert "verifying a draft costs, next to a plain step" in out.out
+    assert "Model and verifiers ready in" in out.err and "One-time costs paid in" in out.err  # what took how long
     assert "Speculation" in out.out
     for method in ("none", "pld", "sam+recycling"):
         assert f"{method}" in out.err and "4/4" in out.err  # a progress line per method
     assert "cache='auto' runs 'native': a CPU and a Llama-family model" in out.err  # which path, and why
-    assert "Model and verifiers ready in" in out.err and "One-time costs paid in" in out.err  # what took how long
 
 
 def test_auto_cache_says_why() -> None:

@@ -229,7 +229,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for name in ["none", *drafters]
     }
     plain = generators["none"]
-    print(f"Model and verifiers ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     print(f"Device: {_device_text(plain.verifier)}; KV cache {plain.verifier.cache_kind} (cache={args.cache!r}); "
           f"backend {plain.verifier.name}; budget {args.budget}", file=sys.stderr)
     if args.cache == "auto":
@@ -240,6 +239,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("Planner statistics: " + ("; ".join(saved) if generators[drafters[0]].planner_stats else "off"),
           file=sys.stderr)
     ids = [encode_prompt(plain.tokenizer, p.prompt, None) for p in prompts]
+    print(f"Model and verifiers ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     started = time.perf_counter()
     cost = _warm_up(generators, prompts, ids)
     print(f"One-time costs paid in {time.perf_counter() - started:.1f} s (a first run on this machine measures the "
