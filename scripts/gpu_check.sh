@@ -20,8 +20,8 @@
 #   specbench-bf16.md  static cache vs Hugging Face's generate, static-cache generate and prompt lookup
 #   results-fp32.json, results-bf16.json   the two runs' results (per question, identity judged)
 # SKIP_TESTS=1, SKIP_CURVES=1 or SKIP_BENCH=1 leave a part out; PER_CATEGORY=N changes the size.
-# The whole check needs more than a 15-minute lease: docs/bench/gpu-h200-2026-11-26/README.md says what
-# one such lease ran (scripts/gpu_random_shape.py needs no weights; the default model's parts after it).
+# The whole check needs more than a 15-minute lease: run it in parts with the SKIP_* variables
+# (docs/bench/gpu-h200-2026-11-27/README.md says what one lease ran).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:?usage: PYTHONPATH=. bash scripts/gpu_check.sh OUTDIR}

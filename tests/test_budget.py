@@ -462,11 +462,16 @@ def private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> object:
     forget_cost_models()
 
 
-def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object) -> None:
+def test_calibration_is_cached_per_model_device_and_dtype(
+    private_cache: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     verifier = make_verifier(tiny_model("llama"))
     model, spent = cost_model(verifier)
     path = calibration_path(calibration_identity(verifier))
     assert spent > 0.0 and path.is_file()
+    said = capsys.readouterr().err  # a first measurement says what it does, where it keeps it, and how long it took
+    assert "measuring the verification cost" in said and str(path) in said
+    assert "measured the verification cost in" in said
     table = model.table
     assert table.identity["dtype"] == "float64" and table.identity["model_type"] == "llama"
     # The tiny model has 256 positions: calibration fits its sizes and contexts inside them.
@@ -478,6 +483,7 @@ def test_calibration_is_cached_per_model_device_and_dtype(private_cache: object)
     forget_cost_models()
     reloaded, spent = cost_model(verifier)
     assert spent == 0.0 and reloaded is not model and reloaded.table == table  # from the file
+    assert "measuring" not in capsys.readouterr().err  # read from the file: nothing to say
     # Another architecture config or dtype is another identity, hence another file.
     other = make_verifier(copy.deepcopy(tiny_model("llama", seed=1)).to(torch.float32))  # the cached model untouched
     assert calibration_path(calibration_identity(other)) != path

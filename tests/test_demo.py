@@ -112,6 +112,7 @@ def test_the_demo_runs_on_the_default_model(default_model: Any, capsys: pytest.C
     table = out.out[out.out.index("prompt "):]
     assert all(kind in table for kind in [*KINDS, "overall"]) and "8/8" in table  # every output identical
     assert "verifying a draft costs, next to a plain step" in out.out
+    assert "Model and verifiers ready in" in out.err and "One-time costs paid in" in out.err  # what took how long
     assert "Speculation" in out.out
     for method in ("none", "pld", "sam+recycling"):
         assert f"{method}" in out.err and "4/4" in out.err  # a progress line per method
@@ -172,4 +173,6 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
     prompt = [5, 6, 7, 5, 6, 7, 5]
     _warm_up(generators, [DemoPrompt("chat", prompt, 8)], [prompt])  # type: ignore[arg-type]  # ids, no tokenizer
     assert generators["none"].verifier.kernels == generators["pld"].verifier.kernels == cpu_single
+    said = capsys.readouterr().err  # a first run says it measures, and how long that took
+    assert "measuring the verification cost" in said and "measured the verification cost in" in said
     forget_cost_models()

@@ -142,6 +142,19 @@ def test_a_repeated_load_skips_resolving_and_hashing(
     assert fake_builds == [first.__name__]  # built once
 
 
+def test_a_build_says_what_it_builds_and_how_long_it_took(
+    tmp_path: Path, fake_builds: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "ops.cpp"
+    source.write_text("// ops\n")
+    native.load_extension("ops", [source])
+    said = capsys.readouterr().err
+    assert "building the C++ extension 'ops'" in said and "later runs load it from" in said
+    assert "built 'ops' in" in said
+    native.load_extension("ops", [source])  # loaded: nothing to say
+    assert capsys.readouterr().err == ""
+
+
 def test_an_edited_source_still_meets_the_stale_build_check(tmp_path: Path, fake_builds: list[str]) -> None:
     """The fast path holds only while every file keeps its size and modification time: an edit takes
     the full path, whose key changes, and a second build of a loaded extension is refused as before."""

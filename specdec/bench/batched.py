@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from specdec.api import GENERATOR_OPTIONS, Generator
 from specdec.bench.methods import PEERS, MethodSpec, parse_methods, peer_arguments
-from specdec.bench.plot import save_figure
+from specdec.bench.plot import pyplot, save_figure
 from specdec.bench.report import markdown_table
 from specdec.drafters.recycling_state import clear_shared, restore_shared, snapshot_shared
 from specdec.errors import SpecDecError
@@ -377,10 +377,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def plot(summary: dict[str, Any], path: str | Path, title: str) -> Path:
     """Tokens/s against batch size, one line per arm (``single:`` arms left out: they have one point)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     table = summary["tokens_per_s"]
     sizes = sorted(table)

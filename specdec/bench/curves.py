@@ -171,10 +171,9 @@ def write(report: dict[str, Any], out: str | None) -> str:
     table = markdown(report)
     if out is None:
         return table
-    import matplotlib
+    from specdec.bench.plot import pyplot
 
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     directory = Path(out)
     write_json_atomic(directory / "curves.json", report)

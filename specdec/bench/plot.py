@@ -1,6 +1,8 @@
 """The speedup plot: one group of bars per category, one bar per method, baseline at 1.0.
 
-Drawn with matplotlib's Agg backend (files only, no display), so it works on a server.
+Drawn with matplotlib's Agg backend (files only, no display), so it works on a server. matplotlib is the
+``bench`` extra (``pip install 'specdec[bench]'``), imported only when a plot is drawn: ``import specdec`` and
+``specdec.run`` never need it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,26 @@ from typing import Any
 from specdec.bench.report import summarize
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files only: no display, no GUI toolkit).
+
+    Raises ImportError naming the extra to install when matplotlib is absent.
+    """
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError(
+            "specdec's benchmark plots need matplotlib, the 'bench' extra: pip install 'specdec[bench]'"
+        ) from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write a PNG of speedup per category per method (the baseline is the dashed line at 1.0)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     summary = summarize(results)
     baseline = results["baseline"]

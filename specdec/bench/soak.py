@@ -41,7 +41,7 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.api import Generator
-from specdec.bench.plot import save_figure
+from specdec.bench.plot import pyplot, save_figure
 from specdec.datastores.shared_store import SharedStore
 from specdec.drafters import DrafterContext, make_factory
 from specdec.errors import SpecDecError
@@ -382,10 +382,7 @@ def format_report(report: SoakReport, command: str | None = None) -> str:
 
 def plot_rss(report: SoakReport, path: str | os.PathLike[str], title: str = "") -> Path:
     """RSS (MiB) and the store's tokens against prompt index; the warm-up's end and the RSS bound marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axes = plt.subplots(figsize=(8.0, 4.2))
     indices = [row.index + 1 for row in report.rows]

@@ -16,6 +16,7 @@ another re-measurement double each time.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -100,8 +101,11 @@ def cost_model(
     spent = 0.0
     if table is None:
         started = time.perf_counter()
+        print(f"specdec: measuring the verification cost per draft size for budget='auto' (once per model, device "
+              f"and dtype on this machine; later runs read it from {path}) ...", file=sys.stderr, flush=True)
         table = calibrate(verifier)
         spent = time.perf_counter() - started
+        print(f"specdec: measured the verification cost in {spent:.1f} s", file=sys.stderr, flush=True)
         busy = busy_reason(table)
         if busy is None or cache_busy:
             write_atomically(path, json.dumps(table.to_json(), indent=1))

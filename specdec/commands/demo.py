@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -35,7 +36,6 @@ from tqdm import tqdm
 from specdec.api import Generator
 from specdec.backends import auto_cache_reason
 from specdec.budget.calibration import calibration_identity
-from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.machine_load import BUSY_SHARE, MachineWatch
 from specdec.commands.arguments import add_budget_argument, add_model_argument, add_placement_arguments
 from specdec.errors import SpecDecError
@@ -149,9 +149,7 @@ def _device_text(verifier: Any) -> str:
 def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[list[int]]) -> Any:
     """Pay every one-time cost before the clock starts; the speculative methods' cost model."""
     first = next(g for name, g in generators.items() if name != "none")
-    if not calibration_path(calibration_identity(first.verifier)).is_file():
-        print("Measuring the verification cost per draft size on this machine (first run only) ...", file=sys.stderr)
-    cost, _ = first.cost_model()
+    cost, _ = first.cost_model()  # measured once per machine (it says so), else read from the cache
     if getattr(first.verifier, "buckets", None):
         print("Compiling or capturing the static cache's forward for every tree-size bucket (once per method) ...",
               file=sys.stderr)
@@ -223,7 +221,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     prompts = demo_prompts() if not args.prompt else [DemoPrompt("your prompt", p, 128) for p in args.prompt]
     if args.max_new_tokens is not None:
         prompts = [DemoPrompt(p.kind, p.prompt, args.max_new_tokens) for p in prompts]
-    print(f"Loading the model ({args.model}) ...", file=sys.stderr)
+    print(f"Loading the model ({args.model}; the first run converts it once) ...", file=sys.stderr)
+    started = time.perf_counter()
     generators = {
         name: Generator(args.model, drafter=name, budget=args.budget, cache=args.cache, device=args.device,
                         dtype=args.dtype, planner_cache=False if args.no_planner_cache else None)
@@ -240,7 +239,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("Planner statistics: " + ("; ".join(saved) if generators[drafters[0]].planner_stats else "off"),
           file=sys.stderr)
     ids = [encode_prompt(plain.tokenizer, p.prompt, None) for p in prompts]
+    print(f"Model and verifiers ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    started = time.perf_counter()
     cost = _warm_up(generators, prompts, ids)
+    print(f"One-time costs paid in {time.perf_counter() - started:.1f} s (a first run on this machine measures the "
+          "verification cost; later runs read it); now timing every method ...", file=sys.stderr)
 
     watch = MachineWatch.start(plain.verifier.device.type == "cpu")
     results = _timed_runs(generators, prompts)
