@@ -59,7 +59,7 @@ def step_costs(model: Any, tokenizer: Any, prompts: list[list[int]], batch: int,
     with specdec.Generator(model, tokenizer, drafter="sam+recycling", store=False) as generator:
         verifier = generator.verifier
         if not isinstance(verifier, BatchVerifier):
-            raise SystemExit(f"{verifier.cache_kind}: no batched verification")
+            raise SystemExit(f"engine {verifier.engine!r}: no batched verification")
         live: list[list[Any]] = []
         for r in range(rounds + 1):
             if r % 4 == 0:

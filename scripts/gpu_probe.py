@@ -4,10 +4,10 @@
     PYTHONPATH=. OUT=DIR python scripts/gpu_probe.py [cuda|cpu]
 
 1. **Why a one-off ``run`` verifies slower than a warmed Generator.** On the H200 a ``run:none`` step
-   took 10.0 ms against a Generator's 4.5 (both ``static-cudagraphs``, the default model in fp32,
+   took 10.0 ms against a Generator's 4.5 (both ``engine="graphs"``, the default model in fp32,
    docs/bench/gpu-h200-2026-11-27), steadily, not at the call's start. Here: a Generator's calls
    and three ``run`` calls, each with its ms per step and what its verifier did (eager forwards,
-   captures and replays counted by patching :class:`specdec.backends.static.BucketRunner`), whether
+   captures and replays counted by patching :class:`specdec.backends.bucket_runner.BucketRunner`), whether
    it took a lent device state, its cache's capacity and the widths its graphs were captured at.
    The likely cause, found on the CPU since (an emulation of the graph pool, tests/test_graph_tiers.py):
    the first drafting ``run`` calibrates the budget on its own verifier, whose cache grows to 2,048
@@ -24,7 +24,7 @@
    then one with "thread_local"; each one's fallback reason.
 
 Prints as it goes and writes ``$OUT/probe.json``. ``cpu`` is a smoke run (2 layers, part 1 only,
-``static-eager``). Nothing here is a test: it reports what it saw.
+``engine="buckets"``). Nothing here is a test: it reports what it saw.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_random_shape import DEVICE, QUICK, shaped_model
 
 import specdec
-from specdec.backends import static, static_shared
+from specdec.backends import bucket_runner, static, static_shared
 
-CACHE = "static-eager" if QUICK else "static-cudagraphs"
+ENGINE = "buckets" if QUICK else "graphs"
 NEW_TOKENS = 16 if QUICK else 64
 COUNTS: Counter[str] = Counter()
 
@@ -58,9 +58,9 @@ def counted(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-static.BucketRunner.eager = counted("eager", static.BucketRunner.eager)  # type: ignore[method-assign]
-static.BucketRunner._capture = counted("capture", static.BucketRunner._capture)  # type: ignore[method-assign]
-static.BucketRunner.run = counted("run", static.BucketRunner.run)  # type: ignore[method-assign]
+bucket_runner.BucketRunner.eager = counted("eager", bucket_runner.BucketRunner.eager)  # type: ignore[method-assign]
+bucket_runner.BucketRunner._capture = counted("capture", bucket_runner.BucketRunner._capture)  # type: ignore[method-assign]
+bucket_runner.BucketRunner.run = counted("run", bucket_runner.BucketRunner.run)  # type: ignore[method-assign]
 
 
 def describe(verifier: Any) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def described_run(model: Any, prompt: list[int]) -> tuple[Any, dict[str, Any]]:
 
     static.StaticVerifier.close = close  # type: ignore[method-assign]
     try:
-        result = specdec.run(model, prompt, "none", cache=CACHE, max_new_tokens=NEW_TOKENS)
+        result = specdec.run(model, prompt, "none", engine=ENGINE, max_new_tokens=NEW_TOKENS)
     finally:
         static.StaticVerifier.close = original  # type: ignore[method-assign]
     return result, seen[0] if seen else {}
@@ -117,9 +117,9 @@ def part_one(model: Any, prompt: list[int]) -> list[dict[str, Any]]:
     # First a drafting run, as the one-off bench's first call: its first draft calibrates the budget on the
     # run's own verifier, whose cache grows to 2,048 slots for it and goes to the model's pool for every later
     # run (lease 2026-11-27: runs verified at 10 ms a step, the Generator at 4.5; graph widths now come in tiers).
-    rows.append(call("calibrating run", lambda: (specdec.run(model, prompt, "sam+recycling", cache=CACHE,
+    rows.append(call("calibrating run", lambda: (specdec.run(model, prompt, "sam+recycling", engine=ENGINE,
                                                               max_new_tokens=NEW_TOKENS), {})))
-    generator = specdec.Generator(model, drafter="none", cache=CACHE)
+    generator = specdec.Generator(model, drafter="none", engine=ENGINE)
     generator.generate(prompt[:8], max_new_tokens=8)
     for index in range(2):
         rows.append(call(f"generator {index}", lambda: (generator.generate(prompt, max_new_tokens=NEW_TOKENS),
@@ -149,7 +149,7 @@ def part_two(model: Any, prompt: list[int]) -> list[dict[str, Any]]:
 
         torch.cuda.graph = graph  # type: ignore[assignment,misc]
         try:
-            generator = specdec.Generator(model, drafter="none", cache=CACHE)
+            generator = specdec.Generator(model, drafter="none", engine=ENGINE)
             row = call(f"after hf-static, capture_error_mode={error_mode}",
                        lambda g=generator: (g.generate(prompt, max_new_tokens=NEW_TOKENS), describe(g.verifier)))
             rows.append(row)
@@ -169,7 +169,7 @@ def part_three(model: Any, prompt: list[int]) -> list[dict[str, Any]]:
     prompts = [prompt[i:] + prompt[:i] for i in range(32)]
     for batch in (1, 4, 16, 32) if not QUICK else (1, 2):
         chosen = prompts[: max(batch, 8)]
-        generator = specdec.Generator(model, drafter="none", cache=CACHE)
+        generator = specdec.Generator(model, drafter="none", engine=ENGINE)
         generator.generate_batch(chosen[:batch], batch_size=batch, max_new_tokens=8)  # captures its buckets
         if DEVICE == "cuda":
             torch.cuda.synchronize()

@@ -10,7 +10,7 @@ a one-off call pays beyond a warmed one), every output judged against ``generate
 (:func:`specdec.testing.compare_outputs`); ``run_batch`` at batch 4 against each row's plain
 decoding; then verification ms by tree size (1-128 nodes, context 512) for the eager dynamic
 cache against the CUDA-graph static cache (``specdec.bench.curves``). Prints as it goes and
-writes ``$OUT/r1.json``. ``cpu`` is a quick smoke run (2 layers, ``static-eager``). Measured on
+writes ``$OUT/r1.json``. ``cpu`` is a quick smoke run (2 layers, ``engine="buckets"``). Measured on
 an H200: docs/bench/gpu-h200-2026-11-26.
 """
 
@@ -35,9 +35,9 @@ from specdec.testing import compare_outputs
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 QUICK = DEVICE == "cpu"
 NEW_TOKENS = 16 if QUICK else 64
-CACHE = "static-eager" if QUICK else "auto"
-VARIANTS = ("dynamic=auto:cache=dynamic,graphs=auto:cache=static-cudagraphs,"
-            "graphs-torch=torch:cache=static-cudagraphs")
+ENGINE = "buckets" if QUICK else "auto"
+VARIANTS = ("dynamic=hf,graphs=graphs,"
+            "graphs-torch=graphs:tree_ops=torch")
 
 
 def sync() -> None:
@@ -81,15 +81,15 @@ def one_offs(model: Any, prompts: list[list[int]], references: list[tuple[list[i
     rows = []
     for prompt, (reference, hf_s) in zip(prompts[:3], references, strict=True):
         def call(p: list[int] = prompt) -> Any:
-            return specdec.run(model, p, drafter, max_new_tokens=NEW_TOKENS, cache=CACHE, ignore_eos=True)
+            return specdec.run(model, p, drafter, max_new_tokens=NEW_TOKENS, engine=ENGINE, ignore_eos=True)
 
         first, first_s = timed(call)
         second, second_s = timed(call)
         comparison = compare_outputs(model, prompt, second.tokens, reference)
         rows.append({"hf_s": round(hf_s, 3), "run1_s": round(first_s, 3), "run2_s": round(second_s, 3),
                      "mat": round(second.stats.mat, 2), "same12": first.tokens == second.tokens,
-                     "verdict": comparison.describe(), "ok": comparison.acceptable, "cache": second.stats.cache})
-    generator = specdec.Generator(model, drafter=drafter, cache=CACHE)
+                     "verdict": comparison.describe(), "ok": comparison.acceptable, "engine": second.stats.engine})
+    generator = specdec.Generator(model, drafter=drafter, engine=ENGINE)
     generator.generate(prompts[3], max_new_tokens=NEW_TOKENS, ignore_eos=True)
     warmed = []
     for prompt in prompts[:3]:

@@ -27,11 +27,11 @@ forward: the prefill's hundreds of rows are compute-bound, so batching prefills 
 
 **Lossless, row by row.** Every row decides its tokens from its own logits with its own chooser
 (the position-keyed sampler: a row's draws depend on its seed and positions only), so its output
-is its single-sequence output; on ``cache="native"`` the rows' logits are bitwise their lone
+is its single-sequence output; on ``engine="specdec"`` the rows' logits are bitwise their lone
 logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.runner_verifier`).
 
 **Verifiers.** A :class:`~specdec.types.BatchVerifier` verifies all rows in one call
-(``cache="native"``: one forward; a static cache's rows verifier,
+(``engine="specdec"``: one forward; a static cache's rows verifier,
 :class:`~specdec.backends.static_rows.RowsStaticVerifier`, that a Generator on a static cache
 batches with: one forward; the model's own forward, ``"dynamic"``: one row after another,
 lossless but no faster than decoding the prompts in turn) and says how many sequences it holds

@@ -133,7 +133,7 @@ class LiveSequence:
         self.record = StepRecorder(len(prompt), planner)
         if budget is not None:  # a batch's planner decides this sequence's budget
             self.record.stats.budget = budget
-        self.record.stats.cache = verifier.cache_kind
+        self.record.stats.engine = verifier.engine
         rules, decision = config.rules, config.decision
         self.state, self.pending, prompt_feedback = verifier.prefill(
             prompt, prompt_topk=drafter.feedback_topk if config.prompt_feedback else 0,
@@ -203,7 +203,7 @@ class LiveSequence:
         self.streamed = min(self.streamed, length)
         stats = self.record.finish(len(self.output), reason)
         if getattr(self.verifier, "fallback_reason", None):  # a compiled or captured path gave way mid-run
-            stats.cache = f"{stats.cache} (fell back to eager forwards)"
+            stats.engine = f"{stats.engine} (fell back to eager forwards)"
         return GenerationResult(tokens=self.output, stats=stats, prompt_tokens=self.prompt,
                                 seed=self.config.decision.seed)
 

@@ -276,9 +276,9 @@ class Drafter(Protocol):
             drafter.update(accepted_tokens, feedback)  # accepted_tokens[0] is the old pending
 
     A batch may skip ``propose`` on a step where drafting does not pay
-    (:class:`~specdec.budget.batch_planner.DraftGate`): that step verifies the pending token
-    alone, and ``update`` still follows (with no feedback), so a drafter keeps its state in
-    ``reset`` and ``update``, never in ``propose``.
+    (:class:`~specdec.budget.batch_planner.RowGate`, :class:`~specdec.budget.batch_planner.BatchGuard`):
+    that step verifies the pending token alone, and ``update`` still follows (with no feedback),
+    so a drafter keeps its state in ``reset`` and ``update``, never in ``propose``.
 
     ``feedback_topk`` is how many top token ids per verified node the drafter wants in
     :class:`Feedback` (0: none, and the verifier skips computing them). A drafter object
@@ -348,7 +348,7 @@ class KernelChoice:
     the first range with ``rows <= up_to``, and ``beyond`` past the last range. Variants are
     names a verifier offers (:meth:`Verifier.kernel_variants`): ``"default"`` the model's own
     forward's kernels, ``"cpu"`` specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`, on
-    ``cache="native"``).
+    ``engine="specdec"``).
     A new kind of kernel is a new name, not a new field: the value and the protocol stay.
     Calibration decides the choice where it measured each variant (:mod:`specdec.budget.calibration`).
 
@@ -454,6 +454,9 @@ class Verifier(Protocol[StateT]):
     @property
     def cache_kind(self) -> str: ...
 
+    @property
+    def engine(self) -> str: ...
+
     def identity(self) -> dict[str, str]:
         """What a verification's cost depends on, as strings: model architecture, dtype, device, backend, ..."""
         ...
@@ -513,7 +516,7 @@ class BatchVerifier(Verifier[StateT], Protocol[StateT]):
 
     ``verify_batch(states, trees, topk)`` is ``[verify(s, t, topk) for s, t in zip(states, trees)]``
     in effect, each row's result exactly what verifying it alone gives; how it gets there is the
-    verifier's (one forward over every row's tree on ``cache="native"``; one row after another
+    verifier's (one forward over every row's tree on ``engine="specdec"``; one row after another
     on the model's own forward). ``live_limit``: how many sequences it can hold at once (None:
     as many as memory holds; a static cache holds one). ``row_bytes(tokens)``: the most bytes of
     KV cache one sequence of up to ``tokens`` tokens holds (None: unknown).
@@ -578,9 +581,9 @@ class GenerationStats:
     records: list[StepRecord] = field(default_factory=list)
     budget: str = ""  # "auto", "full" or a node count; "" when no budget planner ran
     calibration_s: float = 0.0  # one-time cost-model calibration inside this run (first use only)
-    # the verifier's cache kind: "native", "dynamic", "static-inductor", ...; with " (fell back to eager
-    # forwards)" where a compiled or captured forward failed its check (one warning said why)
-    cache: str = ""
+    # what ran the model's forward (specdec.backends.ENGINES): "specdec", "hf", "compiled", ...; with
+    # " (fell back to eager forwards)" where a compiled or captured forward failed its check (a warning said why)
+    engine: str = ""
 
     @property
     def mat(self) -> float:
@@ -665,7 +668,7 @@ class GenerationStats:
             "other_s": round(self.other_s, 4),
             "total_s": round(self.total_s, 4),
             "stop_reason": self.stop_reason,
-            "cache": self.cache,
+            "engine": self.engine,
             "accepted_histogram": self.accepted_histogram,
             "steps_by_source": self.steps_by_source,
             "accepted_by_source": self.accepted_by_source,

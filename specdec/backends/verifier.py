@@ -161,7 +161,7 @@ def _decision_precision(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
-def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
     """Bytes of keys and values one token holds in every layer, from the model's config; None if it does not say."""
     layers = getattr(config, "num_hidden_layers", None)
     heads = getattr(config, "num_attention_heads", None)
@@ -232,6 +232,11 @@ class ModelVerifier:
     def cache_kind(self) -> str:
         """``"dynamic"``: a Hugging Face ``DynamicCache`` per sequence, eager forwards."""
         return "dynamic"
+
+    @property
+    def engine(self) -> str:
+        """What runs the forward (:data:`specdec.backends.ENGINES`): ``"hf"``, Hugging Face's own."""
+        return "hf"
 
     @property
     def name(self) -> str:
@@ -354,7 +359,7 @@ class ModelVerifier:
         """Peak KV-cache bytes of one sequence of ``tokens`` tokens: keys and values of every layer, twice
         (a ``DynamicCache`` step concatenates into new tensors while the old ones live); None where the
         config does not say the layer count, KV heads and head size."""
-        per_token = _kv_bytes_per_token(self.model.config, self.dtype)
+        per_token = kv_bytes_per_token(self.model.config, self.dtype)
         return None if per_token is None else 2 * per_token * tokens
 
     def _check_row(self, state: KVState, tree: DraftTree) -> None:

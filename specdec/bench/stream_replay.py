@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.api import resolve_store
 from specdec.backends import make_verifier
 from specdec.bench.methods import generator_options
 from specdec.bench.report import OVERALL, markdown_table
 from specdec.budget import AcceptanceModel, BudgetPlanner, CostTable, Throughput, VerifyCostModel
 from specdec.budget.calibration_cache import cost_model
+from specdec.coercion import resolve_store
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.drafters import make_factory
 from specdec.engine import decode
@@ -109,6 +109,7 @@ class ReplayVerifier:
     max_tree_nodes: int | None = None  # no cap of its own (a static cache has one)
     buckets: tuple[int, ...] | None = None
     cache_kind = "replay"
+    engine = "replay"
     kernels = KernelChoice()
 
     def __init__(self, stream: Sequence[int], vocab_size: int) -> None:

@@ -9,14 +9,14 @@ ever add time, so the minimum is the cost of the model itself). Two physical bou
 remove what noise is left: costs are made non-decreasing in ``N`` (a larger tree never
 costs less) and at most ``N * cost(1)`` (one forward over ``N`` tokens never costs more
 than ``N`` one-token forwards). How busy the machine was meanwhile is recorded with the table
-(:mod:`specdec.budget.machine_load`). On ``cache="native"`` with specdec's CPU kernels (three or
-four variants per size, below) it is ~270 verifications, ~22 s for the default model on a
-2-core CPU (2026-11-27): the first generation on a machine pays it, with a progress bar on a
-terminal (``specdec calibrate`` pays it up front), and every later process reads the table.
+(:mod:`specdec.budget.machine_load`). On ``engine="specdec"`` with specdec's CPU kernels (three or
+four variants per size, below) it is ~270 verifications (seconds to tens of seconds: docs/budget.md):
+the first generation on a machine pays it, with a progress bar on a terminal
+(``specdec calibrate`` pays it up front), and every later process reads the table.
 
 **Kernel choice**: every size is also timed with each other kernel variant the verifier
 offers for it (:meth:`~specdec.types.Verifier.kernel_variants`: specdec's CPU kernels,
-:mod:`specdec.backends.cpu_kernels`, on ``cache="native"`` up to 64 rows), in the same
+:mod:`specdec.backends.cpu_kernels`, on ``engine="specdec"`` up to 64 rows), in the same
 rounds. :func:`choose_kernels` turns the timings into a :class:`~specdec.types.KernelChoice`:
 one node runs the variant that was fastest there; from two nodes up each calibrated size
 runs its fastest variant, up to the first size where the default kernels win, and every
