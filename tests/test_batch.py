@@ -27,7 +27,7 @@ from test_lossless import random_prompt
 from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
-from specdec import api, batching
+from specdec import api, batching, engine
 from specdec.backends.runner import ARCHITECTURES as NATIVE
 from specdec.backends.verifier import TorchTreeOps
 from specdec.batching import BatchRequest, check_memory
@@ -79,15 +79,15 @@ def frequent_token(outputs: Sequence[Sequence[int]]) -> int:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_rows_equal_their_lone_plain_decoding(arch: str) -> None:
     model = tiny_model(arch)
-    engine = engine_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"batch-{arch}", 7)
-    eos = frequent_token(alone(model, prompts, engine, max_new_tokens=MAX_NEW))
-    truth = alone(model, prompts, engine, max_new_tokens=MAX_NEW, eos_token_id=eos)
+    eos = frequent_token(alone(model, prompts, chosen, max_new_tokens=MAX_NEW))
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW, eos_token_id=eos)
     assert len({len(t) for t in truth}) > 1  # rows end at different steps
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=20, depth=7)
     accepted = 0
     for drafter in (oracle, "none", "pld", "sam+recycling"):
-        generator = specdec.Generator(model, drafter=drafter, engine=engine, budget="full")
+        generator = specdec.Generator(model, drafter=drafter, engine=chosen, budget="full")
         results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=MAX_NEW, eos_token_id=eos)
         for result, expected, prompt in zip(results, truth, prompts, strict=True):
             assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
@@ -101,18 +101,18 @@ def test_rows_equal_their_lone_plain_decoding(arch: str) -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
 def test_sampled_rows_equal_lone_sampling_with_the_rows_seed(arch: str) -> None:
     model = tiny_model(arch)
-    engine = engine_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"sampled-{arch}", 5)
     options: dict[str, Any] = {"max_new_tokens": MAX_NEW, "do_sample": True, "temperature": 0.9, "top_k": 40}
-    truth = alone(model, prompts, engine, seed=11, **options)
-    generator = specdec.Generator(model, drafter="sam+recycling", engine=engine, budget="full")
+    truth = alone(model, prompts, chosen, seed=11, **options)
+    generator = specdec.Generator(model, drafter="sam+recycling", engine=chosen, budget="full")
     results = generator.generate_batch(prompts, batch_size=2, seed=11, **options)
     assert [r.tokens for r in results] == truth
     assert [r.seed for r in results] == [11 + i for i in range(len(prompts))]
     seeds = [5, 99, 5, 1234, 7]
     explicit = generator.generate_batch(prompts, batch_size=4, seeds=seeds, **options)
     for result, prompt, seed in zip(explicit, prompts, seeds, strict=True):
-        assert result.tokens == specdec.run(model, prompt, "none", engine=engine, seed=seed, **options).tokens
+        assert result.tokens == specdec.run(model, prompt, "none", engine=chosen, seed=seed, **options).tokens
         assert result.seed == seed
 
 
@@ -134,7 +134,7 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
     for max_new in sorted(set(lengths)):
         chosen = [p for p, n in zip(prompts, lengths, strict=True) if n == max_new]
         for index, result in generator.iter_batch(chosen, batch_size=2, max_new_tokens=max_new):
-            assert result.tokens == alone(model, [chosen[index]], "native", max_new_tokens=max_new)[0]
+            assert result.tokens == alone(model, [chosen[index]], "specdec", max_new_tokens=max_new)[0]
     live.clear()
     eos = frequent_token(alone(model, prompts, "specdec", max_new_tokens=MAX_NEW))
     truth = alone(model, prompts, "specdec", max_new_tokens=MAX_NEW, eos_token_id=eos)
@@ -389,9 +389,9 @@ def test_steps_the_guard_keeps_plain_draft_nowhere_and_stay_lossless(arch: str,
     leaves the choice to the rows' gates and the planner; the guard is fed each step's kind and tokens.
     A scripted guard (random, seeded) mixes both kinds: every row equals its lone plain decoding."""
     model = tiny_model(arch)
-    engine = engine_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"guarded-{arch}", 6)
-    truth = alone(model, prompts, engine, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     rng = random.Random(f"guard-{arch}")
     decisions: list[bool] = []
     fed: list[tuple[bool, int]] = []
@@ -415,7 +415,7 @@ def test_steps_the_guard_keeps_plain_draft_nowhere_and_stay_lossless(arch: str,
         return draft(self, drafting)
 
     monkeypatch.setattr(engine.LiveSequence, "draft", counted)
-    generator = specdec.Generator(model, drafter=oracle, engine=engine, budget="auto")
+    generator = specdec.Generator(model, drafter=oracle, engine=chosen, budget="auto")
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
     assert [r.tokens for r in results] == truth
     IDENTITY_COUNTS[f"{arch}/batch-guarded/oracle"] += len(results)
@@ -475,9 +475,9 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
     model = tiny_model(arch)
     cost = flat_costs(0.02, 0.001)
     monkeypatch.setattr(api.Generator, "_batch_cost_model", lambda self: (cost, 0.0))
-    engine = engine_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"net-{arch}", 6)
-    truth = alone(model, prompts, engine, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     fed: list[float] = []
     observe = RowGate.observe
 
@@ -487,7 +487,7 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
 
     monkeypatch.setattr(RowGate, "observe", recording)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
-    generator = specdec.Generator(model, drafter=oracle, engine=engine, budget="auto")
+    generator = specdec.Generator(model, drafter=oracle, engine=chosen, budget="auto")
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
     assert [r.tokens for r in results] == truth
     IDENTITY_COUNTS[f"{arch}/batch-net-gate/oracle"] += len(results)
@@ -562,13 +562,13 @@ def test_a_batch_row_asks_its_drafter_for_at_most_the_row_offer_under_auto(arch:
     verifies few of them); a lone row, and every row under a full budget, offers its drafter's whole tree.
     (So does the last row of a drained batch, once alone: test_the_rows_gates_start_afresh_...)"""
     model = tiny_model(arch)
-    engine = engine_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"offer-{arch}", 5)
-    truth = alone(model, prompts, engine, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=40, depth=8)
 
     def offers(batch_size: int, budget: str) -> list[int]:
-        generator = specdec.Generator(model, drafter=oracle, engine=engine, budget=budget)
+        generator = specdec.Generator(model, drafter=oracle, engine=chosen, budget=budget)
         results = generator.generate_batch(prompts, batch_size=batch_size, max_new_tokens=MAX_NEW)
         assert [r.tokens for r in results] == truth, f"{arch}/{budget}/{batch_size}"
         IDENTITY_COUNTS[f"{arch}/batch-offer/{budget}"] += len(results)
@@ -588,9 +588,9 @@ def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: py
     (random decisions, seeded) makes both kinds of row meet in many steps: every row equals its lone
     plain decoding."""
     model = tiny_model(arch)
-    engine = engine_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"gated-{arch}", 6)
-    truth = alone(model, prompts, engine, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     rng = random.Random(arch)
     decisions: list[bool] = []
 
@@ -602,7 +602,7 @@ def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: py
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
     for drafter in (oracle, "sam+recycling"):
         decisions.clear()
-        generator = specdec.Generator(model, drafter=drafter, engine=engine, budget="auto")
+        generator = specdec.Generator(model, drafter=drafter, engine=chosen, budget="auto")
         results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
         assert [r.tokens for r in results] == truth, f"{arch}/{drafter}"
         assert decisions.count(True) > 10 and decisions.count(False) > 10
