@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 from specdec.backends import former_spellings, make_verifier
 from specdec.backends.static import StaticVerifier
 from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
+from specdec.backends.verifier import ModelVerifier
 from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
@@ -122,7 +123,7 @@ class Generator:
         self._holder: int | None = None  # the thread that holds it
         self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype)
         engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
-        self.verifier: Verifier[Any] = make_verifier(self.model, engine, tree_ops=tree_ops)
+        self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
         table = calibration_cache.cached_table(self.verifier)  # nothing measured here
         if table is not None:  # plain steps too run the kernels this machine's calibration chose
             self.verifier.use_kernels(table.kernels)
@@ -223,7 +224,7 @@ class Generator:
 
         Loaded from this process's models or the calibration cache, or measured on first use
         (:func:`specdec.budget.calibration_cache.cost_model`); the verifier then runs the
-        kernels the calibration chose (:meth:`~specdec.types.Verifier.use_kernels`). A
+        kernels the calibration chose (:meth:`~specdec.types.TunableVerifier.use_kernels`). A
         generation calls it at its first draft, under any budget.
         """
         with self._turn("cost_model"):
@@ -361,7 +362,7 @@ class Generator:
                 "a batch gives every row its own drafter: pass the drafter by name or as a factory (a Drafter "
                 "object serves one sequence at a time), or batch_size=1"
             )
-        check_memory(verifier, requests, batch_size, available_memory(verifier.device))
+        check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model,
                                self.batch_guards)  # fmt: skip
         return self._locked("iter_batch", self._batch(verifier, requests, places, planner))

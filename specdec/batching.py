@@ -170,7 +170,7 @@ def check_memory(
     raise SpecDecError(
         f"a batch of {places} rows needs up to {peak / mib:.0f} MiB of KV cache ({largest[0] / mib:.0f} MiB for its "
         f"largest row), more than {MEMORY_SHARE:.0%} of the {available / mib:.0f} MiB available on "
-        f"{verifier.device}: {advice}"
+        f"{verifier.description.device}: {advice}"
     )
 
 

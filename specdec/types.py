@@ -401,8 +401,28 @@ class SequenceState(Protocol):
 StateT = TypeVar("StateT", bound=SequenceState)
 
 
+@dataclass(frozen=True)
+class VerifierDescription:
+    """What a verifier is, as one value (a fresh one at every ask, so it is never stale).
+
+    ``engine``: what runs the forward (``"specdec"``, ``"hf"``, ``"compiled"``, ...; ``"replay"``);
+    ``tree_ops``: its tree operations (``"torch"``, ``"cuda_ext"``); ``device``, ``dtype``: torch's;
+    ``vocab_size``; ``context_length`` and ``max_tree_nodes`` (None: no limit of its own);
+    ``kernel_path``: the CPU kernels' path its forwards take (``"-"``: none of specdec's).
+    """
+
+    engine: str
+    tree_ops: str
+    device: Any
+    dtype: Any
+    vocab_size: int
+    context_length: int | None
+    max_tree_nodes: int | None
+    kernel_path: str = "-"
+
+
 class Verifier(Protocol[StateT]):
-    """The model side of the loop: prefill, verify a draft tree, and what the model is.
+    """The model side of the loop: one step (prefill, verify, rewind, release) and what it is.
 
     The engine calls, for one sequence::
 
@@ -411,59 +431,15 @@ class Verifier(Protocol[StateT]):
             result = verifier.verify(state, tree, topk)             # one forward, walk, keep the accepted KV
         verifier.release(state)                                     # the sequence is over
 
-    Implemented by the dynamic-cache :class:`~specdec.backends.verifier.ModelVerifier`, the
-    static-cache :class:`~specdec.backends.static.StaticVerifier` and the replayed
-    :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is each one's per-sequence
-    state. Engine, budget and drafters see verifiers only through this protocol.
-
-    What it reports: ``name`` (its tree ops: ``"torch"``, ``"cuda_ext"``; ``"replay"``),
-    ``device`` and ``dtype`` (torch's), ``vocab_size``, ``context_length`` (None: no limit),
-    ``max_tree_nodes`` (the most nodes one verification takes; None: no limit of its own),
-    ``buckets`` (the tree sizes it runs forwards of, others padded up to the next; None: every
-    size its own), ``cache_kind`` (``"dynamic"``, ``"static-inductor"``, ...), and
-    :meth:`identity`, what a forward's cost depends on (the calibration and planner caches
-    key on it).
-
-    **Kernels** belong to the verifier: :meth:`kernel_variants` says which variants a forward
-    of a size can run (calibration times each), :meth:`use_kernels` switches to a
-    :class:`KernelChoice` (the :class:`~specdec.Generator` passes the one its calibration
-    table holds), :attr:`kernels` is the choice in force.
+    Implemented by :class:`~specdec.backends.verifier.ModelVerifier` and the verifiers built on
+    it, and by the replayed :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is
+    each one's per-sequence state. :attr:`description` says what it is
+    (:class:`VerifierDescription`); calibration and the planner's memory need more of it
+    (:class:`TunableVerifier`).
     """
 
     @property
-    def name(self) -> str: ...
-
-    @property
-    def device(self) -> Any: ...
-
-    @property
-    def dtype(self) -> Any: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def context_length(self) -> int | None: ...
-
-    @property
-    def max_tree_nodes(self) -> int | None: ...
-
-    @property
-    def buckets(self) -> tuple[int, ...] | None: ...
-
-    @property
-    def cache_kind(self) -> str: ...
-
-    @property
-    def engine(self) -> str: ...
-
-    def identity(self) -> dict[str, str]:
-        """What a verification's cost depends on, as strings: model architecture, dtype, device, backend, ..."""
-        ...
-
-    def weights_fingerprint(self) -> str:
-        """A hash that tells two checkpoints of one architecture apart (the planner's statistics key on it)."""
-        ...
+    def description(self) -> VerifierDescription: ...
 
     def prefill(
         self, prompt: Sequence[int], prompt_topk: int = 0, *, chooser: TokenChooser | None = None,
@@ -483,6 +459,28 @@ class Verifier(Protocol[StateT]):
 
     def release(self, state: StateT) -> None:
         """The sequence is over: what it holds may be freed, and it can no longer be verified."""
+        ...
+
+
+class TunableVerifier(Verifier[StateT], Protocol[StateT]):
+    """A verifier that calibration times and the planner's memory keys on.
+
+    ``buckets``: the tree sizes it runs forwards of, others padded up to the next (None: every
+    size its own); :meth:`identity`: what a forward's cost depends on (the calibration and
+    planner caches key on it). **Kernels** belong to the verifier: :meth:`kernel_variants`
+    says which variants a forward of a size can run (calibration times each),
+    :meth:`use_kernels` switches to a :class:`KernelChoice`, :attr:`kernels` is the choice in force.
+    """
+
+    @property
+    def buckets(self) -> tuple[int, ...] | None: ...
+
+    def identity(self) -> dict[str, str]:
+        """What a verification's cost depends on, as strings: model architecture, dtype, device, backend, ..."""
+        ...
+
+    def weights_fingerprint(self) -> str:
+        """A hash that tells two checkpoints of one architecture apart (the planner's statistics key on it)."""
         ...
 
     def warm_up(self, max_tokens: int) -> None:

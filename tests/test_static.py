@@ -354,3 +354,23 @@ def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     with pytest.raises(SpecDecError, match="positive token count"):
         verifier.warm_up(0)
     assert specdec.Generator(model, drafter="pld", engine="hf").warm_up(64) >= 0.0  # nothing to do there
+
+
+def test_former_command_line_flags_map_to_the_new_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--cache``/``--backend`` are still parsed (hidden): ``--cache`` goes to the Generator's ``cache=`` (which
+    warns, naming the engine), the bench's ``--backend`` says on stderr that it is ``--tree-ops`` now."""
+    import argparse
+
+    from specdec.commands.arguments import FormerFlag, add_engine_arguments, engine_options
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_options(parser.parse_args([])) == {"engine": "auto", "tree_ops": "auto", "cache": None,
+                                                     "backend": None}  # fmt: skip
+    assert engine_options(parser.parse_args(["--cache", "native"]))["cache"] == "native"
+    assert "--cache" not in parser.format_help() and "--engine" in parser.format_help()
+    bench = argparse.ArgumentParser()
+    bench.add_argument("--tree-ops", default="auto")
+    bench.add_argument("--backend", dest="tree_ops", action=FormerFlag)
+    assert bench.parse_args(["--backend", "torch"]).tree_ops == "torch"
+    assert "--backend is deprecated: use --tree-ops" in capsys.readouterr().err

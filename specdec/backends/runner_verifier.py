@@ -115,6 +115,12 @@ class RunnerVerifier(ModelVerifier):
             identity["kernel_path"] = cpu_kernels.cpu_isa()
         return identity
 
+    @property
+    def kernel_path(self) -> str:
+        """The CPU kernels' path ``auto`` runs where they serve the model (the CPU's best, or the one
+        ``SPECDEC_CPU_ISA`` forced), else ``"-"``."""
+        return cpu_kernels.cpu_isa() if self.kernels_available else "-"
+
     def kernels_build(self) -> str:
         """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) and the kernel path
         ``auto`` runs (``cpu_isa``: forced by ``SPECDEC_CPU_ISA`` or the CPU's best) where they serve this

@@ -59,6 +59,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,6 +86,21 @@ from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.types import DraftTree, TokenChooser
 
 
+@dataclass
+class StaticState(KVState):
+    """A sequence on a static cache: which prefill made it (the cache serves the latest one only) and its
+    region of a cache that a batch's rows share (:mod:`specdec.backends.static_rows`)."""
+
+    sequence: int = 0
+    place: int = 0
+
+
+def static_state(state: KVState) -> StaticState:
+    """``state`` as a static cache's state (its verifier checked it is one of its own)."""
+    assert isinstance(state, StaticState), "a static-cache verifier's own state"
+    return state
+
+
 class StaticVerifier(ModelVerifier):
     """A :class:`ModelVerifier` on a static KV cache with one fixed-shape forward per bucket (module docstring).
 
@@ -98,6 +114,7 @@ class StaticVerifier(ModelVerifier):
     """
 
     buckets: tuple[int, ...]
+    state_type = StaticState
     runner_class: type[BucketRunner] = BucketRunner  # what each bucket's forward is run by
 
     def __init__(
@@ -440,10 +457,10 @@ class StaticVerifier(ModelVerifier):
 
     def _on_new_state(self, state: KVState) -> None:
         self._sequences_made += 1
-        self._sequence = state.sequence = self._sequences_made
+        self._sequence = static_state(state).sequence = self._sequences_made
 
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        if state.cache is not self.cache or state.sequence != self._sequence:
+        if state.cache is not self.cache or not isinstance(state, StaticState) or state.sequence != self._sequence:
             raise SpecDecError(
                 "this sequence's static cache was taken by a later prefill: a static-cache verifier serves one "
                 "sequence at a time (use one Generator per concurrent sequence, or engine='hf')"

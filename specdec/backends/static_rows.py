@@ -53,7 +53,7 @@ import torch
 
 from specdec.backends.bucket_runner import BucketRunner
 from specdec.backends.buckets import BUCKETS, MIN_CAPACITY, capacity_for
-from specdec.backends.static import StaticVerifier
+from specdec.backends.static import StaticState, StaticVerifier, static_state
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, TreeOps, kv_bytes_per_token
 from specdec.errors import SpecDecError
@@ -190,7 +190,8 @@ class RowsStaticVerifier(StaticVerifier):
     def _check_owned(self, state: KVState) -> None:
         if state.cache is None:
             raise SpecDecError("this sequence was released: it cannot be verified any more")
-        if not (0 <= state.place < self.places) or self._owner(state.place) is not state:
+        if (not isinstance(state, StaticState) or not 0 <= state.place < self.places
+                or self._owner(state.place) is not state):  # fmt: skip
             raise SpecDecError("this sequence does not belong to this batch verifier")
 
     @property
@@ -207,7 +208,8 @@ class RowsStaticVerifier(StaticVerifier):
 
     def release(self, state: KVState) -> None:
         """The sequence is over: its place is free for the next prefill."""
-        if state.cache is not None and 0 <= state.place < self.places and self._owner(state.place) is state:
+        if (state.cache is not None and isinstance(state, StaticState) and 0 <= state.place < self.places
+                and self._owner(state.place) is state):  # fmt: skip
             self._owners[state.place] = None
         state.cache = None
 
@@ -243,8 +245,9 @@ class RowsStaticVerifier(StaticVerifier):
 
     def _on_new_state(self, state: KVState) -> None:
         assert self._opening is not None, "a state without its prefill"
-        state.place, self._opening = self._opening, None
-        self._owners[state.place] = weakref.ref(state)
+        place = static_state(state).place = self._opening
+        self._opening = None
+        self._owners[place] = weakref.ref(state)
 
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_owned(state)
@@ -268,7 +271,7 @@ class RowsStaticVerifier(StaticVerifier):
         logits_parts, position_parts = [], []
         groups = _groups([tree.size for tree in trees], self.largest_bucket)
         for group in groups:
-            rows = [(trees[b], states[b].place * span, states[b].committed_len) for b in group]
+            rows = [(trees[b], static_state(states[b]).place * span, states[b].committed_len) for b in group]
             total = sum(trees[b].size for b in group)
             runner = self.runner(total)
             assert isinstance(runner, RowsBucketRunner)
@@ -285,7 +288,7 @@ class RowsStaticVerifier(StaticVerifier):
         return torch.cat(logits_parts), torch.cat(position_parts)
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
-        self.cache.compact(state.place * self.span + committed_len, tuple(path))
+        self.cache.compact(static_state(state).place * self.span + committed_len, tuple(path))
 
     def rewind(self, state: KVState, committed_len: int) -> None:
         if not 0 <= committed_len <= state.committed_len:

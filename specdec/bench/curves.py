@@ -4,7 +4,7 @@ A **variant** is a verifier spec, ``label=engine[:key=value...]``: ``engine`` is
 :func:`~specdec.backends.make_verifier` engine (``auto``, ``hf``, ``specdec``, ``compiled``, ...);
 a key that ``make_verifier`` takes is passed to it (``tree_ops``), any other key sets that
 attribute of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at every size
-(:meth:`~specdec.types.Verifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
+(:meth:`~specdec.types.TunableVerifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
 ``engine=specdec``). The default variants are the CPU paths' comparison (docs/budget.md):
 
 - ``hf``: Hugging Face's own forward on its ``DynamicCache``;

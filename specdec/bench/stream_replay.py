@@ -47,6 +47,7 @@ from specdec.types import (
     KernelChoice,
     TokenChooser,
     Verification,
+    VerifierDescription,
 )
 
 _GOLDEN = 2654435761  # Knuth's multiplicative hash constant: spreads off-path choices over the vocabulary
@@ -118,6 +119,11 @@ class ReplayVerifier:
         self.stream = [int(t) for t in stream]
         self.vocab_size = vocab_size
         self.context_length = len(self.stream) - 1
+
+    @property
+    def description(self) -> VerifierDescription:
+        return VerifierDescription(self.engine, self.name, self.device, self.dtype, self.vocab_size,
+                                   self.context_length, self.max_tree_nodes)  # fmt: skip
 
     def identity(self) -> dict[str, str]:
         return {"backend": self.name, "cache": self.cache_kind}

@@ -74,7 +74,7 @@ from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
 from specdec.budget.calibration_cache import cost_model
 from specdec.budget.cost_model import VerifyCostModel, finite_number
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree, Verifier
+from specdec.types import DraftTree, TunableVerifier
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -245,7 +245,7 @@ class BudgetPlanner:
 
     def __init__(
         self,
-        verifier: Verifier[Any],
+        verifier: TunableVerifier[Any],
         budget: Budget | str | int = "auto",
         acceptance: AcceptanceModel | None = None,
         throughput: Throughput | None = None,
