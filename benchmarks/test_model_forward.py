@@ -1,7 +1,7 @@
 """The product's own speed: the default model's verification forward per kernel path, and whole generations.
 
 - ``test_verify_forward``: one verification of a chain of 1, 8 and 16 nodes after a fixed
-  1,024-token context on ``cache="native"`` (rewound between calls, as
+  1,024-token context on ``engine="specdec"`` (rewound between calls, as
   :func:`specdec.bench.curves.measure` does), with every op of specdec's CPU kernels forced
   to one kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``portable``: a path this CPU
   lacks is a skip naming what it runs), and with torch's kernels (``default``);
@@ -47,11 +47,11 @@ def weight_read_s(model: Any) -> float:
 
 @pytest.fixture(scope="module")
 def prefilled(default_model: Any) -> tuple[Any, Any, int]:
-    """A ``cache="native"`` verifier, its state after a fixed random :data:`CONTEXT`-token prompt, and its pending
+    """A ``engine="specdec"`` verifier, its state after a fixed random :data:`CONTEXT`-token prompt, and its pending
     token."""
     from specdec.backends import make_verifier
 
-    verifier = make_verifier(default_model, "auto", cache="native")
+    verifier = make_verifier(default_model, "specdec")
     rng = random.Random(0)
     prompt = [rng.randrange(verifier.vocab_size) for _ in range(CONTEXT)]
     state, pending, _ = verifier.prefill(prompt, reserve=max(NODES))
@@ -99,14 +99,14 @@ def test_verify_forward(benchmark: Any, prefilled: tuple[Any, Any, int], default
 
 @pytest.fixture(scope="module")
 def generators(default_model: Any, tokenizer: Any) -> Any:
-    """``generator(drafter)``: one :class:`specdec.Generator` per drafter, on ``cache="native"``, that saves nothing."""
+    """``generator(drafter)``: one :class:`specdec.Generator` per drafter, ``engine="specdec"``, that saves nothing."""
     from specdec import Generator
 
     made: dict[str, Any] = {}
 
     def get(drafter: str) -> Any:
         if drafter not in made:
-            made[drafter] = Generator(default_model, tokenizer, drafter=drafter, cache="native", store=False,
+            made[drafter] = Generator(default_model, tokenizer, drafter=drafter, engine="specdec", store=False,
                                       planner_cache=False, budget=BUDGET)  # fmt: skip
         return made[drafter]
 

@@ -69,8 +69,8 @@ import specdec
 from specdec.bench.curves import markdown, measure
 
 work = Path(sys.argv[1])
-variants = ("eager-dynamic=auto:cache=dynamic,graphs=auto:cache=static-cudagraphs,"
-            "compiled+graphs=auto:cache=static-inductor-cudagraphs")
+variants = ("eager-dynamic=hf,graphs=graphs,"
+            "compiled+graphs=compiled-graphs")
 reports = {}
 for dtype in ("float32", "bfloat16"):
     model, _ = specdec.load_model(device="cuda", dtype=dtype)
@@ -88,7 +88,7 @@ with torch.device("cuda"):
 with torch.no_grad():
     for parameter in big.parameters():
         parameter.normal_(0.0, 0.02)
-reports["7B-shaped random, bfloat16"] = measure(big, "graphs=auto:cache=static-cudagraphs", (1, 16, 64, 128),
+reports["7B-shaped random, bfloat16"] = measure(big, "graphs=graphs", (1, 16, 64, 128),
                                                 (512,), 5)
 print("# Verification cost on", torch.cuda.get_device_name(0), "\n")
 print("ms per verification of an N-node tree (columns) after C committed tokens; in brackets the ratio to the "
@@ -110,7 +110,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     echo "gpu_check: Spec-Bench, $name, $PER_CATEGORY per category ..." >&2
     "$PYTHON" -m specdec.commands bench --device cuda --dtype "$name" --per-category "$PER_CATEGORY" \
       --max-new-tokens 128 --quiet --no-plot --out "$WORK/bench-$dtype" \
-      --drafters "hf-static,none=none:cache=static,hf-generate,hf-pld,pld=pld:cache=static,sam+recycling=sam+recycling:cache=static" \
+      --drafters "hf-static,none=none:engine=graphs,hf-generate,hf-pld,pld=pld:engine=graphs,sam+recycling=sam+recycling:engine=graphs" \
       > "$WORK/bench-$dtype.log" 2>&1 || { status=1; tail -20 "$WORK/bench-$dtype.log" >&2; }
     cp "$WORK/bench-$dtype/report.md" "$OUT/specbench-$dtype.md" 2>/dev/null
     cp "$WORK/bench-$dtype/results.json" "$OUT/results-$dtype.json" 2>/dev/null

@@ -21,7 +21,7 @@ torch.manual_seed(0)
 model, tok = load_model()
 runner = DecoderRunner(model)
 cpu_kernels.load()
-# The kernels cache="native" runs: the CPU kernels, the layer loop in one call (decoder_layers) where it fits.
+# The kernels engine="specdec" runs: the CPU kernels, the layer loop in one call (decoder_layers) where it fits.
 looped = "--looped" in sys.argv
 K = Kernels(
     cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,

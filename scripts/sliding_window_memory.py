@@ -67,7 +67,7 @@ def measure(model: Any, window: int, drafter: str, vocab: int) -> None:
 
     ModelVerifier.release = keep  # type: ignore[method-assign]
     try:
-        result = specdec.run(model, text, drafter, max_new_tokens=steps, budget="full", cache="dynamic")
+        result = specdec.run(model, text, drafter, max_new_tokens=steps, budget="full", engine="hf")
     finally:
         ModelVerifier.release = release  # type: ignore[method-assign]
     ours = _bytes(kept[-1])

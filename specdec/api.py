@@ -10,7 +10,6 @@ the token-in/token-out call with no tokenizer involved.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 import threading
 import time
@@ -20,9 +19,10 @@ from typing import Any, TypedDict
 
 from typing_extensions import Unpack
 
-from specdec.backends import make_verifier
+from specdec.backends import former_spellings, make_verifier
 from specdec.backends.static import StaticVerifier
 from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
+from specdec.backends.verifier import ModelVerifier
 from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
@@ -31,32 +31,31 @@ from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
 from specdec.budget.planner_stats import open_planner_stats
-from specdec.datastores.shared_store import SharedStore
+from specdec.coercion import Prompt, prompt_ids, resolve_store
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, DecodingOptions
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.drafters.recycling_state import SharedMatrices
 from specdec.engine import decode
 from specdec.errors import SpecDecError
-from specdec.models import encode_prompt, eos_token_ids, load_model
+from specdec.model_cache import ModelSpec, resolve_model
+from specdec.models import eos_token_ids
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
 
 DEFAULT_BATCH_SIZE = 8
 
-Prompt = str | Sequence[int] | Sequence[Mapping[str, str]] | Any
-ModelSpec = str | os.PathLike[str] | Any
-
 
 class GeneratorOptions(TypedDict, total=False):
-    """The :class:`Generator` options that :func:`run` and :func:`generate` take too (:func:`run` documents each)."""
+    """The :class:`Generator` options that :func:`run` and :func:`generate` take too (docs/usage.md describes each)."""
 
     drafter_options: Mapping[str, Any] | None
-    backend: str
+    engine: str
     datastore: str | os.PathLike[str] | None
     store: Any
-    cache: str
     device: Any
     dtype: Any
     planner_cache: bool | None
+    backend: str  # deprecated: tree_ops= of Generator (tests, benchmarks)
+    cache: str  # deprecated: engine=
 
 
 class RunOptions(GeneratorOptions, DecodingOptions, total=False):
@@ -68,76 +67,6 @@ class RunOptions(GeneratorOptions, DecodingOptions, total=False):
 
 GENERATOR_OPTIONS = frozenset(GeneratorOptions.__optional_keys__)
 
-_LOADED: dict[str, tuple[Any, Any]] = {}
-
-
-def _resolve_model(model: ModelSpec, tokenizer: Any, device: Any = None, dtype: Any = None) -> tuple[Any, Any]:
-    """A model object (loading a path or "default" once per process and placement) and its tokenizer.
-
-    ``device`` and ``dtype`` place a model that specdec loads; a model object the user
-    passes stays where it is (specdec never moves or casts the user's model).
-    """
-    if isinstance(model, (str, os.PathLike)):
-        key = f"{model}|{device}|{dtype}"
-        if key not in _LOADED:
-            _LOADED[key] = load_model(None if str(model) == "default" else model, device=device, dtype=dtype)
-        loaded_model, loaded_tokenizer = _LOADED[key]
-        return loaded_model, tokenizer if tokenizer is not None else loaded_tokenizer
-    if model is None:
-        raise SpecDecError("model is None: pass a Hugging Face causal LM, a checkpoint path or 'default'")
-    if device is not None or dtype is not None:
-        raise SpecDecError(
-            "device= and dtype= place a model that specdec loads (a path or 'default'); move your own model "
-            "object with model.to(...) before passing it"
-        )
-    return model, tokenizer
-
-
-def resolve_store(store: Any) -> Any:
-    """The ``DrafterContext.store`` of a ``store`` argument: True -> None (the drafter's factory keeps
-    one), False -> False (none), an int -> a store of that many tokens, a ``SharedStore`` as is."""
-    if store is True:
-        return None
-    if store is False or isinstance(store, SharedStore):
-        return store
-    if isinstance(store, int) and not isinstance(store, bool):
-        return SharedStore(store)
-    raise SpecDecError(f"store must be True, False, a token budget (int) or a specdec.SharedStore, got {store!r}")
-
-
-def _prompt_ids(prompt: Any, tokenizer: Any, chat_template: bool | None) -> list[int]:
-    """Token ids from text, chat messages, a list of ids or a ``[1, L]``/``[L]`` tensor."""
-    if hasattr(prompt, "tolist") and hasattr(prompt, "shape"):  # torch or NumPy array
-        if len(prompt.shape) == 2 and prompt.shape[0] == 1:
-            prompt = prompt[0]
-        if len(prompt.shape) != 1:
-            raise SpecDecError(f"a tensor prompt must be [L] or [1, L] (one sequence), got shape {tuple(prompt.shape)}")
-        prompt = prompt.tolist()
-    if isinstance(prompt, str):
-        if not prompt:
-            raise SpecDecError("the prompt is empty")
-        if tokenizer is None:
-            raise SpecDecError("a text prompt needs a tokenizer: pass tokenizer=... or token ids")
-        ids = encode_prompt(tokenizer, prompt, chat_template)
-    elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
-        if tokenizer is None:
-            raise SpecDecError("chat messages need a tokenizer")
-        ids = encode_prompt(tokenizer, list(prompt), chat_template)
-    elif isinstance(prompt, Sequence):
-        # Any integer type is a token id (NumPy's, torch's 0-d tensors are not: .tolist() them); bools are not.
-        bad = next(((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, numbers.Integral)),
-                   None)
-        if bad is not None:
-            raise SpecDecError(f"a prompt list must hold token ids (ints) or chat messages (dicts), got {bad[1]!r} "
-                               f"({type(bad[1]).__name__}) at index {bad[0]}")
-        ids = [int(t) for t in prompt]
-    else:
-        raise SpecDecError(f"unsupported prompt type {type(prompt).__name__}: give text, token ids or chat messages")
-    if not ids:
-        raise SpecDecError("the prompt is empty: give at least one token")
-    return ids
-
-
 class Generator:
     """A target model with its tokenizer, verifier and drafter kind, for many prompts.
 
@@ -145,7 +74,7 @@ class Generator:
     :class:`~specdec.types.Drafter` object, which is reused across prompts with whatever
     state it learns (Token Recycling's matrix).
 
-    ``budget`` is the default draft budget of :meth:`generate` (see :func:`run`). What the
+    ``budget`` is the default draft budget of :meth:`generate` (docs/usage.md). What the
     budget planner learns (acceptance per drafter source and feature, the measured
     throughput) lives here and carries over from one prompt to the next; it is also saved
     per model, tokenizer, drafter and device after every generation and loaded by the next
@@ -178,20 +107,23 @@ class Generator:
         *,
         drafter: str | Drafter | DrafterFactory = "pld",
         drafter_options: Mapping[str, Any] | None = None,
-        backend: str = "auto",
+        engine: str = "auto",
         datastore: str | os.PathLike[str] | None = None,
         budget: str | int = "auto",
         store: Any = True,
-        cache: str = "auto",
         device: Any = None,
         dtype: Any = None,
         planner_cache: bool | None = None,
+        tree_ops: str = "auto",
+        backend: str | None = None,
+        cache: str | None = None,
     ) -> None:
         self._lock = threading.Lock()  # one generation at a time (class docstring: threads)
         self._closed = False
         self._holder: int | None = None  # the thread that holds it
-        self.model, self.tokenizer = _resolve_model(model, tokenizer, device, dtype)
-        self.verifier: Verifier[Any] = make_verifier(self.model, backend, cache=cache)
+        self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype)
+        engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
+        self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
         table = calibration_cache.cached_table(self.verifier)  # nothing measured here
         if table is not None:  # plain steps too run the kernels this machine's calibration chose
             self.verifier.use_kernels(table.kernels)
@@ -274,7 +206,7 @@ class Generator:
     def warm_up(self, max_tokens: int = 2048) -> float:
         """Pay the first-use costs now, not in the first :meth:`generate`; returns the seconds spent.
 
-        On a static cache (``cache="static"``, the default on CUDA) every tree-size bucket's
+        On a fixed-shape engine (``"graphs"``, the default on CUDA; ``"compiled"``) every tree-size bucket's
         forward is compiled (inductor) or captured (CUDA graphs) for sequences of up to
         ``max_tokens`` tokens (prompt + new tokens); with ``budget="auto"`` the verification
         cost is calibrated (cached per machine, so usually free). A server calls this once
@@ -292,7 +224,7 @@ class Generator:
 
         Loaded from this process's models or the calibration cache, or measured on first use
         (:func:`specdec.budget.calibration_cache.cost_model`); the verifier then runs the
-        kernels the calibration chose (:meth:`~specdec.types.Verifier.use_kernels`). A
+        kernels the calibration chose (:meth:`~specdec.types.TunableVerifier.use_kernels`). A
         generation calls it at its first draft, under any budget.
         """
         with self._turn("cost_model"):
@@ -313,7 +245,7 @@ class Generator:
         return resolve_drafter(self._drafter_spec)
 
     def decoding_config(self, **options: Unpack[DecodingOptions]) -> DecodingConfig:
-        """The :class:`~specdec.decoding.DecodingConfig` of ``options`` (see :func:`run`) for this model and tokenizer.
+        """The :class:`~specdec.decoding.DecodingConfig` of ``options`` (docs/usage.md) for this model and tokenizer.
 
         Every option is checked here (a bad one raises naming it); the model's end-of-sequence
         ids, its generation config and this generator's default ``budget`` fill in what
@@ -331,13 +263,13 @@ class Generator:
         on_tokens: Callable[[list[int]], None] | None = None,
         **options: Unpack[DecodingOptions],
     ) -> GenerationResult:
-        """Generate a continuation of ``prompt``; see :func:`run` for the options.
+        """Generate a continuation of ``prompt``; docs/usage.md describes the options.
 
         One generation at a time: a call from another thread waits for the running one to end
         (class docstring: threads).
         """
         config = self.decoding_config(**options)
-        ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
+        ids = prompt_ids(prompt, self.tokenizer, config.chat_template)
         with self._turn("generate"):
             result = self._decode_one(ids, config, on_tokens)
             self._save_learned(result.stats.steps > 0)
@@ -396,9 +328,9 @@ class Generator:
         """Yield ``(index, result)`` for every prompt as its row completes (completion order).
 
         Continuous batching (:mod:`specdec.batching`): up to ``batch_size`` prompts are decoded
-        side by side, one verification forward per step for all of them on ``cache="native"``
-        (the CPU's default) and on a static cache (CUDA's default: the rows share one cache,
-        :mod:`specdec.backends.static_rows`); the model's own forward (``cache="dynamic"``)
+        side by side, one verification forward per step for all of them on ``engine="specdec"``
+        (the CPU's default) and on the fixed-shape engines (CUDA's default: the rows share one cache,
+        :mod:`specdec.backends.static_rows`); Hugging Face's forward (``engine="hf"``)
         verifies the rows one after another. A finished row's place goes to the next
         prompt at once. Each row has its own drafter (from this generator's drafter name or
         factory; shared datastores are shared, and ``sam``'s store is fed by every row that
@@ -430,7 +362,7 @@ class Generator:
                 "a batch gives every row its own drafter: pass the drafter by name or as a factory (a Drafter "
                 "object serves one sequence at a time), or batch_size=1"
             )
-        check_memory(verifier, requests, batch_size, available_memory(verifier.device))
+        check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model,
                                self.batch_guards)  # fmt: skip
         return self._locked("iter_batch", self._batch(verifier, requests, places, planner))
@@ -465,7 +397,7 @@ class Generator:
         limit, vocab = self.verifier.context_length, self.verifier.vocab_size
         for index, prompt in enumerate(prompts):
             try:
-                ids = _prompt_ids(prompt, self.tokenizer, config.chat_template)
+                ids = prompt_ids(prompt, self.tokenizer, config.chat_template)
             except SpecDecError as error:
                 raise SpecDecError(f"prompt {index}: {error}") from None
             bad = next((t for t in ids if not 0 <= t < vocab), None)
@@ -544,70 +476,14 @@ def run(
 ) -> GenerationResult:
     """Generate from ``prompt`` with speculative decoding; the output equals plain decoding's.
 
-    Args:
-        model: a Hugging Face causal LM object, a local checkpoint path, or ``"default"``
-            (SmolLM2-135M-Instruct, see :func:`specdec.load_model`).
-        prompt: text (the chat template is applied when the tokenizer has one, unless
-            ``chat_template=False``), chat messages, or token ids.
-        drafter: a registered name (``specdec.available_drafters()``), a factory or a drafter object.
-        tokenizer: needed for text prompts, stop strings and ``result.text`` when ``model`` is an object.
-        max_new_tokens: the most tokens to generate (at least 1).
-        stop: stop string(s); generation ends at the first token whose text completes one.
-        eos_token_id: override the model's end-of-sequence id(s); ``ignore_eos`` disables them.
-        max_nodes: cap on draft-tree nodes per step (root included); None lets the drafter decide.
-        budget: how many of the drafter's nodes each step verifies. ``"auto"`` (default):
-            the number that maximizes expected tokens per second, from the verifier's
-            measured cost per tree size (calibrated once per model, device and dtype, then
-            cached) and the acceptance learned per drafter source; a step whose draft
-            cannot pay is a plain step. ``"full"``: the drafter's whole tree (the papers'
-            fixed budgets). An int ``N``: every tree cut to its first ``N`` nodes.
-        backend: ``"auto"`` (the compiled ``"cuda_ext"`` kernels when they build, else ``"torch"``),
-            ``"cuda_ext"`` or ``"torch"`` (the reference); see ``docs/backends.md``.
-        cache: the KV cache and how verification forwards run. ``"auto"`` (default):
-            ``"static"`` on a CUDA device; on a CPU ``"native"`` (specdec's own forward) for
-            Llama-family models, else ``"dynamic"``. ``"dynamic"``: Hugging Face's
-            ``DynamicCache``, eager forwards. ``"static"``: specdec's static cache, one
-            fixed-shape forward per tree-size bucket, replayed from CUDA graphs on a GPU; on a
-            CPU the fastest static path: ``"native"`` for Llama-family models (its kernels are
-            compiled ahead of time, and verify in half the time of inductor's buckets), else
-            compiled with inductor (frozen weights); buckets are compiled or captured at their
-            first use and checked then against the eager forward; ``"static-eager"``,
-            ``"static-inductor"``, ``"static-cudagraphs"`` and ``"static-inductor-cudagraphs"``
-            name the mode. Compiled forwards are shared by every call on the same model
-            object in the process (a second call compiles nothing); see ``docs/static-cache.md``.
-        device, dtype: where a model that specdec loads (a path or ``"default"``) lives,
-            e.g. ``device="cuda", dtype="bfloat16"``; a model object stays where it is.
-        drafter_options: options of a named drafter, e.g. ``{"num_draft": 8}`` for ``"pld"``.
-        datastore: a datastore file for retrieval drafters (same as ``drafter_options["datastore"]``).
-        prompt_feedback: give learning drafters the model's predictions over the prompt too.
-        on_tokens: called with each batch of new token ids as they are decided (streaming).
-        min_new_tokens: no EOS id is chosen before this many new tokens (``generate``'s
-            ``min_new_tokens``: the EOS logits are masked, on the plain and speculative path alike).
-        stop_when: a function of the new token ids so far, asked after every new token;
-            True ends the generation after that token (``stop_reason == "stop_when"``).
-        do_sample, temperature, top_k, top_p: sampling as ``generate`` does it (temperature,
-            then top-k, then top-p); giving any of them turns sampling on unless
-            ``do_sample=False``. Speculative sampling emits exactly the tokens plain sampling
-            emits with the same ``seed`` (see :mod:`specdec.sampling`); with no seed one is
-            drawn and reported in ``result.seed``.
-        repetition_penalty: ``generate``'s repetition penalty, on the plain and speculative path alike.
-        use_generation_config: take ``do_sample``/``temperature``/``top_k``/``top_p``/
-            ``repetition_penalty`` defaults from the model's generation config (explicit
-            arguments win); other token-choosing options there are refused.
-        store: a :class:`~specdec.datastores.shared_store.SharedStore` that ``sam`` drafts from and
-            adds this generation to: pass one object to many calls to share what they
-            generate (default: a fresh store per call, i.e. nothing shared; False: none).
-            Sharing outputs across calls is opt-in: a shared store lets response times reveal
-            what other calls generated.
-        planner_cache: start from what earlier runs of this model learned, in this process or
-            any earlier one, and keep what this run adds: the budget planner's statistics (per
-            model, tokenizer, drafter and device) and Token Recycling's matrix (per model: the
-            model's recent top-k predictions after each token, no text). Default None: on,
-            unless ``SPECDEC_PLANNER_CACHE=0``; False: start from nothing and save nothing. A
-            corrupt or foreign file gives a warning and a fresh start.
-
-    Returns:
-        :class:`~specdec.types.GenerationResult` with ``tokens``, ``text`` and ``stats``.
+    ``model``: a Hugging Face causal LM object, a local checkpoint path or ``"default"``
+    (SmolLM2-135M-Instruct); ``prompt``: text (the chat template applied when the tokenizer has
+    one), chat messages or token ids; ``drafter``: a registered name
+    (``specdec.available_drafters()``), a factory or a drafter object. ``options``: the decoding
+    options (``max_new_tokens``, ``stop``, ``budget``, sampling, ...), the :class:`Generator`'s
+    (``engine``: what runs the model's forward; ``device``, ``dtype``, ``store``,
+    ``planner_cache``, ...), ``tokenizer`` and ``on_tokens``: each is described in docs/usage.md.
+    Returns a :class:`~specdec.types.GenerationResult` (``tokens``, ``text``, ``stats``).
     """
     construction, decoding = _split(options, "run")
     with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:

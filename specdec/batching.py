@@ -6,7 +6,7 @@ runs for a lone sequence. A step of the batch is the loop's step for every row a
 
     drafting = planner.guard(B).drafts()                 # measured: whether drafting pays B rows at all
     price   = planner.plain_seconds_per_token(B)         # a plain step's seconds per token at B rows
-    trees   = [row.draft(drafting and gates[row].drafts(price))  # each row's drafter (where its gate says
+    trees   = [row.draft(drafting and row.gate.drafts(price))   # each row's drafter (where its gate says
                for row in rows]                           #   drafting pays), pruned by its own rules and
                                                           #   the row's offer (batch_planner.ROW_OFFER_NODES)
     plan    = planner.plan(trees, committed)              # how many nodes each row verifies (one cost)
@@ -27,11 +27,11 @@ forward: the prefill's hundreds of rows are compute-bound, so batching prefills 
 
 **Lossless, row by row.** Every row decides its tokens from its own logits with its own chooser
 (the position-keyed sampler: a row's draws depend on its seed and positions only), so its output
-is its single-sequence output; on ``cache="native"`` the rows' logits are bitwise their lone
+is its single-sequence output; on ``engine="specdec"`` the rows' logits are bitwise their lone
 logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.runner_verifier`).
 
 **Verifiers.** A :class:`~specdec.types.BatchVerifier` verifies all rows in one call
-(``cache="native"``: one forward; a static cache's rows verifier,
+(``engine="specdec"``: one forward; a static cache's rows verifier,
 :class:`~specdec.backends.static_rows.RowsStaticVerifier`, that a Generator on a static cache
 batches with: one forward; the model's own forward, ``"dynamic"``: one row after another,
 lossless but no faster than decoding the prompts in turn) and says how many sequences it holds
@@ -80,6 +80,25 @@ class FinishedRow:
     index: int
     result: GenerationResult
     drafter: Drafter
+
+
+@dataclass
+class Row:
+    """A live row of a batch: its request, its sequence, and its gate (whether its drafting pays)."""
+
+    request: BatchRequest
+    sequence: LiveSequence
+    gate: RowGate
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """A row's part of one step: its tree, the seconds its drafting took, and whether its drafter was asked."""
+
+    row: Row
+    tree: DraftTree
+    draft_s: float
+    asked: bool
 
 
 def live_limit(verifier: Verifier[Any]) -> int | None:
@@ -151,7 +170,7 @@ def check_memory(
     raise SpecDecError(
         f"a batch of {places} rows needs up to {peak / mib:.0f} MiB of KV cache ({largest[0] / mib:.0f} MiB for its "
         f"largest row), more than {MEMORY_SHARE:.0%} of the {available / mib:.0f} MiB available on "
-        f"{verifier.device}: {advice}"
+        f"{verifier.description.device}: {advice}"
     )
 
 
@@ -176,8 +195,7 @@ def decode_batch(
     budget = None if planner is None else str(planner.budget)
     offer = None if planner is None else planner.row_offer(places)  # the most nodes a row asks its drafter for
     queue = iter(requests)
-    rows: list[tuple[BatchRequest, LiveSequence]] = []
-    gates: dict[int, RowGate] = {}  # by request index: whether each row's drafting pays (batch_planner.RowGate)
+    rows: list[Row] = []  # each with its gate: whether its drafting pays (batch_planner.RowGate)
     drained = False  # no request is left: a finished row's place stays empty from now on
     last_rows = 0  # how many rows the last step had
     try:
@@ -193,93 +211,91 @@ def decode_batch(
                 if sequence.stop is not None:  # the prefill's token ended it
                     yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
                     continue
-                rows.append((request, sequence))
-                gates[request.index] = RowGate()
+                rows.append(Row(request, sequence, RowGate()))
             if not rows:
                 return
             if drained and len(rows) < last_rows:  # the batch shrank for good (the tail): what its rows do is decided
-                gates = {request.index: RowGate() for request, _ in rows}  # afresh, at the rows left
+                for row in rows:  # afresh, at the rows left
+                    row.gate = RowGate()
                 if offer is not None and planner is not None:  # a lone row offers what a lone sequence does
                     left = planner.row_offer(len(rows))
-                    for request, sequence in rows:
-                        full = tree_cap(request.config, verifier)
-                        sequence.cap = full if left is None else min(full, left)
+                    for row in rows:
+                        full = tree_cap(row.request.config, verifier)
+                        row.sequence.cap = full if left is None else min(full, left)
             last_rows = len(rows)
-            yield from _step(verifier, rows, planner, gates)
+            yield from _step(verifier, rows, planner)
     finally:  # the caller stopped early (or a step raised): the live rows' caches go now
-        for _, sequence in rows:
-            if not sequence.finished:
-                verifier.release(sequence.state)
+        for row in rows:
+            if not row.sequence.finished:
+                verifier.release(row.sequence.state)
 
 
 def _step(
     verifier: Verifier[Any],
-    rows: list[tuple[BatchRequest, LiveSequence]],
+    rows: list[Row],
     planner: BatchPlanner | None,
-    gates: dict[int, RowGate],
 ) -> Iterator[FinishedRow]:
     """One step of every row (module docstring); finished rows leave ``rows`` and are yielded."""
     started = time.perf_counter()
     guard = None if planner is None else planner.guard(len(rows))
     drafting = guard is None or guard.drafts()  # measured: whether drafting pays this batch at all
     price = None if planner is None or not drafting else planner.plain_seconds_per_token(len(rows))
-    drafted: list[tuple[BatchRequest, LiveSequence, DraftTree, float, bool]] = []
-    for request, sequence in rows:
+    drafted: list[Drafted] = []
+    for row in rows:
         mark = time.perf_counter()
-        asked = drafting and (price is None or gates[request.index].drafts(price))
-        tree = sequence.draft(asked)
+        asked = drafting and (price is None or row.gate.drafts(price))
+        tree = row.sequence.draft(asked)
         if tree is None:  # the context is full: the row stops here
-            gates.pop(request.index, None)
-            yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
+            yield FinishedRow(row.request.index, row.sequence.finish(), row.sequence.drafter)
             continue
-        drafted.append((request, sequence, tree, time.perf_counter() - mark, asked))
-    rows[:] = [(request, sequence) for request, sequence, *_ in drafted]
+        drafted.append(Drafted(row, tree, time.perf_counter() - mark, asked))
+    rows[:] = [d.row for d in drafted]
     if not drafted:
         return
-    trees = [tree for _, _, tree, _, _ in drafted]
+    trees = [d.tree for d in drafted]
     offered = [tree.size for tree in trees]
     plan: BatchPlan | None = None
     planned = time.perf_counter()
     if planner is not None:
-        plan = planner.plan(trees, [sequence.committed_len for _, sequence, *_ in drafted])
+        plan = planner.plan(trees, [d.row.sequence.committed_len for d in drafted])
         trees = [row_plan.tree for row_plan in plan.plans]
     calibration_s = 0.0 if plan is None else plan.calibration_s
     planning_s = time.perf_counter() - planned - calibration_s
     # Feedback (the top ids after each node) for the drafters that were asked; none when the gates asked no row.
     # A step the guard keeps plain feeds every row's drafter as a drafting step would: what Token Recycling
     # learns there is what its next drafts are made of (docs/budget.md, "Whether the batch drafts at all").
-    topk = max((sequence.drafter.feedback_topk for _, sequence, _, _, asked in drafted if asked or not drafting),
-               default=0)  # fmt: skip
+    topk = max((d.row.sequence.drafter.feedback_topk for d in drafted if d.asked or not drafting), default=0)
     verify_started = time.perf_counter()
-    results = verify_rows(verifier, [sequence.state for _, sequence, *_ in drafted], trees, topk)
+    results = verify_rows(verifier, [d.row.sequence.state for d in drafted], trees, topk)
     verify_s = time.perf_counter() - verify_started
     learned = []
-    for (_, sequence, *_), result in zip(drafted, results, strict=True):
+    for d, result in zip(drafted, results, strict=True):
         mark = time.perf_counter()
-        sequence.learn(result)
+        d.row.sequence.learn(result)
         learned.append(time.perf_counter() - mark)
     step_s = time.perf_counter() - started - calibration_s
-    askers = sum(asked for *_, asked in drafted)
-    for b, ((request, sequence, _, draft_s, asked), result) in enumerate(zip(drafted, results, strict=True)):
+    askers = sum(d.asked for d in drafted)
+    for b, (d, result) in enumerate(zip(drafted, results, strict=True)):
         row_plan = None if plan is None else plan.plans[b]
-        sequence.record.stats.calibration_s += calibration_s
-        sequence.record.add_step(trees[b], offered[b], row_plan, result, draft_s + planning_s + learned[b], verify_s,
-                                 step_s, len(drafted))  # fmt: skip
-        if asked:  # what drafting gained this row net of its verification, against what drafting cost
+        record = d.row.sequence.record
+        record.stats.calibration_s += calibration_s
+        record.add_step(trees[b], offered[b], row_plan, result, d.draft_s + planning_s + learned[b], verify_s, step_s,
+                        len(drafted))  # fmt: skip
+        if d.asked:  # what drafting gained this row net of its verification, against what drafting cost
             gained = float(len(result.accepted_nodes) - 1)
             if plan is not None and price:  # the forward's extra seconds for this row's nodes, in plain tokens
                 gained -= plan.extra_seconds(b) / price
-            gates[request.index].observe(gained, draft_s + learned[b] + planning_s / askers)
+            d.row.gate.observe(gained, d.draft_s + learned[b] + planning_s / askers)
     if planner is not None and plan is not None:
         planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
     if guard is not None:
         guard.observe(drafting, sum(len(result.accepted_nodes) for result in results), step_s)
     staying = []
-    for (request, sequence, *_), result in zip(drafted, results, strict=True):
+    for d, result in zip(drafted, results, strict=True):
+        sequence = d.row.sequence
         sequence.emit(result)
         if sequence.stop is None:
-            staying.append((request, sequence))
+            staying.append(d.row)
         else:
-            gates.pop(request.index, None)
-            yield FinishedRow(request.index, sequence.finish(), sequence.drafter)
+            yield FinishedRow(d.row.request.index, sequence.finish(), sequence.drafter)
     rows[:] = staying

@@ -82,7 +82,7 @@ KINDS = (
     Kind("planner", _HASH_JSON, "what budget='auto' learned per model, tokenizer, drafter and device"),
     Kind("recycling", re.compile(rf"(\.)?{_HASH16}(\.npz|-.*)$"), "Token Recycling's matrix per model (what its "
          "drafts start from)"),
-    Kind("compiled", re.compile(_HASH16), "cache='static' forwards compiled by inductor, per torch version and CPU "
+    Kind("compiled", re.compile(_HASH16), "engine='compiled' forwards compiled by inductor, per torch version and CPU "
          "(a later process skips most of the compile: specdec compile fills it)"),
     Kind("tokenizers", _HASH_JSON, "vocabulary hashes of tokenizers loaded from local folders (their identity "
          "in planner statistics and datastores; ~50 ms to compute again)"),

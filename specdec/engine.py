@@ -109,7 +109,8 @@ class StepRecorder:
 def tree_cap(config: DecodingConfig, verifier: Verifier[Any]) -> int:
     """The most nodes any tree of this generation may have: ``max_nodes``, :data:`MAX_TREE_NODES`,
     the verifier's limit."""
-    return min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, verifier.max_tree_nodes or MAX_TREE_NODES)
+    limit = verifier.description.max_tree_nodes
+    return min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, limit or MAX_TREE_NODES)
 
 
 class LiveSequence:
@@ -133,7 +134,9 @@ class LiveSequence:
         self.record = StepRecorder(len(prompt), planner)
         if budget is not None:  # a batch's planner decides this sequence's budget
             self.record.stats.budget = budget
-        self.record.stats.cache = verifier.cache_kind
+        described = verifier.description
+        self.record.stats.engine = described.engine
+        self.context_length = described.context_length  # the verifier's, fixed: read once, not every step
         rules, decision = config.rules, config.decision
         self.state, self.pending, prompt_feedback = verifier.prefill(
             prompt, prompt_topk=drafter.feedback_topk if config.prompt_feedback else 0,
@@ -165,7 +168,7 @@ class LiveSequence:
         # Deepest node allowed: the step's tokens (accepted draft + bonus) never overshoot
         # max_new_tokens, and its positions stay inside the context.
         max_depth = self.config.rules.max_new_tokens - len(self.output) - 1
-        context_length = self.verifier.context_length
+        context_length = self.context_length
         if context_length is not None:
             max_depth = min(max_depth, context_length - 1 - self.committed_len)
             if max_depth < 0:
@@ -203,7 +206,7 @@ class LiveSequence:
         self.streamed = min(self.streamed, length)
         stats = self.record.finish(len(self.output), reason)
         if getattr(self.verifier, "fallback_reason", None):  # a compiled or captured path gave way mid-run
-            stats.cache = f"{stats.cache} (fell back to eager forwards)"
+            stats.engine = f"{stats.engine} (fell back to eager forwards)"
         return GenerationResult(tokens=self.output, stats=stats, prompt_tokens=self.prompt,
                                 seed=self.config.decision.seed)
 

@@ -124,11 +124,12 @@ class HFOptions(TypedDict, total=False):
     """The options of :func:`hf_generate` (the :class:`~specdec.Generator`'s, and how each step drafts)."""
 
     drafter_options: dict[str, Any] | None
-    backend: str
+    engine: str
     datastore: str | None
     store: bool | int | SharedStore
-    cache: str
     planner_cache: bool | None
+    backend: str  # deprecated (Generator's tree_ops=)
+    cache: str  # deprecated: engine=
     tokenizer: Any
     budget: str | int
     max_nodes: int | None

@@ -173,7 +173,7 @@ def load_model(
             f"attention mask, which only {', '.join(SUPPORTED_ATTENTION)} honour"
         )
     if path is None or str(path) == "default":
-        path = _default_checkpoint()
+        path = default_checkpoint()
         dtype = dtype or torch.float32
     local = Path(path)
     if not local.exists():
@@ -188,7 +188,7 @@ def load_model(
     return model, tokenizer
 
 
-def _default_checkpoint() -> Path:
+def default_checkpoint() -> Path:
     """The converted default model's directory, converting it on first use."""
     target = _converted_dir(default_gguf_path())
     if not (target / "specdec.json").is_file():
@@ -198,7 +198,7 @@ def _default_checkpoint() -> Path:
 
 def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
     """The tokenizer of a local checkpoint, or of the default model (``None`` or ``"default"``)."""
-    local = _default_checkpoint() if path is None or str(path) == "default" else Path(path)
+    local = default_checkpoint() if path is None or str(path) == "default" else Path(path)
     if not local.exists():
         raise SpecDecError(f"no tokenizer at {str(path)!r}: pass a local checkpoint directory or 'default'")
     return AutoTokenizer.from_pretrained(local, local_files_only=True)

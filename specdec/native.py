@@ -340,8 +340,7 @@ def register_meta(qualname: str, function: Callable[..., Any]) -> None:
     line with ``inspect``, whose first use in a process walks the path of every loaded module
     (~1,000 with torch and transformers). That cost fell inside the first ``specdec.run`` of every
     fresh process. With this change and the lazy import of ``torch.utils.cpp_extension`` (see
-    :func:`load_extension`), that first ``run`` spent 0.18-0.22 s outside its generation instead of
-    0.23-0.28 s, measured 2026-11-26 on a 2-core AMD EPYC.
+    :func:`load_extension`), that first ``run`` spends less time outside its generation.
     """
     namespace, name = qualname.split("::")
     library = _META_LIBRARIES.get(namespace)

@@ -69,11 +69,10 @@ def near_tie_limit(dtype: torch.dtype, top_logit: float) -> float:
     :data:`HALF_STEPS` of the rounding steps of a logit that large. A bf16 model's logits are
     bf16 numbers, 0.125 apart between 16 and 32 and 0.25 apart between 32 and 64, and two
     forwards of different shapes differ by more than their last bit: every layer's output is
-    rounded to 8 bits again. On an H200 the default model in bf16 showed a flip at one step
-    (2026-11-26), and then (2026-11-27) Hugging Face's own ``generate`` and the judge's
-    one-token plain decoding, neither of them specdec, chose different tokens whose logits
-    were two steps apart (0.25 at a top logit between 16 and 32). Four steps, twice the
-    largest gap seen between two plain decodings, is still ~2.5% of the logit: a real
+    rounded to 8 bits again. On a GPU in bf16, Hugging Face's own ``generate`` and the judge's
+    one-token plain decoding, neither of them specdec, have chosen different tokens whose
+    logits were two steps apart (docs/testing.md). Four steps, twice the largest gap seen
+    between two plain decodings, is still ~2.5% of the logit: a real
     difference in the model's choice is far outside it.
 
     >>> near_tie_limit(torch.bfloat16, 40.0), near_tie_limit(torch.bfloat16, 20.0), near_tie_limit(torch.float32, 40.0)

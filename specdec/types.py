@@ -276,9 +276,9 @@ class Drafter(Protocol):
             drafter.update(accepted_tokens, feedback)  # accepted_tokens[0] is the old pending
 
     A batch may skip ``propose`` on a step where drafting does not pay
-    (:class:`~specdec.budget.batch_planner.DraftGate`): that step verifies the pending token
-    alone, and ``update`` still follows (with no feedback), so a drafter keeps its state in
-    ``reset`` and ``update``, never in ``propose``.
+    (:class:`~specdec.budget.batch_planner.RowGate`, :class:`~specdec.budget.batch_planner.BatchGuard`):
+    that step verifies the pending token alone, and ``update`` still follows (with no feedback),
+    so a drafter keeps its state in ``reset`` and ``update``, never in ``propose``.
 
     ``feedback_topk`` is how many top token ids per verified node the drafter wants in
     :class:`Feedback` (0: none, and the verifier skips computing them). A drafter object
@@ -348,7 +348,7 @@ class KernelChoice:
     the first range with ``rows <= up_to``, and ``beyond`` past the last range. Variants are
     names a verifier offers (:meth:`Verifier.kernel_variants`): ``"default"`` the model's own
     forward's kernels, ``"cpu"`` specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`, on
-    ``cache="native"``).
+    ``engine="specdec"``).
     A new kind of kernel is a new name, not a new field: the value and the protocol stay.
     Calibration decides the choice where it measured each variant (:mod:`specdec.budget.calibration`).
 
@@ -401,8 +401,28 @@ class SequenceState(Protocol):
 StateT = TypeVar("StateT", bound=SequenceState)
 
 
+@dataclass(frozen=True)
+class VerifierDescription:
+    """What a verifier is, as one value (a fresh one at every ask, so it is never stale).
+
+    ``engine``: what runs the forward (``"specdec"``, ``"hf"``, ``"compiled"``, ...; ``"replay"``);
+    ``tree_ops``: its tree operations (``"torch"``, ``"cuda_ext"``); ``device``, ``dtype``: torch's;
+    ``vocab_size``; ``context_length`` and ``max_tree_nodes`` (None: no limit of its own);
+    ``kernel_path``: the CPU kernels' path its forwards take (``"-"``: none of specdec's).
+    """
+
+    engine: str
+    tree_ops: str
+    device: Any
+    dtype: Any
+    vocab_size: int
+    context_length: int | None
+    max_tree_nodes: int | None
+    kernel_path: str = "-"
+
+
 class Verifier(Protocol[StateT]):
-    """The model side of the loop: prefill, verify a draft tree, and what the model is.
+    """The model side of the loop: one step (prefill, verify, rewind, release) and what it is.
 
     The engine calls, for one sequence::
 
@@ -411,56 +431,15 @@ class Verifier(Protocol[StateT]):
             result = verifier.verify(state, tree, topk)             # one forward, walk, keep the accepted KV
         verifier.release(state)                                     # the sequence is over
 
-    Implemented by the dynamic-cache :class:`~specdec.backends.verifier.ModelVerifier`, the
-    static-cache :class:`~specdec.backends.static.StaticVerifier` and the replayed
-    :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is each one's per-sequence
-    state. Engine, budget and drafters see verifiers only through this protocol.
-
-    What it reports: ``name`` (its tree ops: ``"torch"``, ``"cuda_ext"``; ``"replay"``),
-    ``device`` and ``dtype`` (torch's), ``vocab_size``, ``context_length`` (None: no limit),
-    ``max_tree_nodes`` (the most nodes one verification takes; None: no limit of its own),
-    ``buckets`` (the tree sizes it runs forwards of, others padded up to the next; None: every
-    size its own), ``cache_kind`` (``"dynamic"``, ``"static-inductor"``, ...), and
-    :meth:`identity`, what a forward's cost depends on (the calibration and planner caches
-    key on it).
-
-    **Kernels** belong to the verifier: :meth:`kernel_variants` says which variants a forward
-    of a size can run (calibration times each), :meth:`use_kernels` switches to a
-    :class:`KernelChoice` (the :class:`~specdec.Generator` passes the one its calibration
-    table holds), :attr:`kernels` is the choice in force.
+    Implemented by :class:`~specdec.backends.verifier.ModelVerifier` and the verifiers built on
+    it, and by the replayed :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is
+    each one's per-sequence state. :attr:`description` says what it is
+    (:class:`VerifierDescription`); calibration and the planner's memory need more of it
+    (:class:`TunableVerifier`).
     """
 
     @property
-    def name(self) -> str: ...
-
-    @property
-    def device(self) -> Any: ...
-
-    @property
-    def dtype(self) -> Any: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def context_length(self) -> int | None: ...
-
-    @property
-    def max_tree_nodes(self) -> int | None: ...
-
-    @property
-    def buckets(self) -> tuple[int, ...] | None: ...
-
-    @property
-    def cache_kind(self) -> str: ...
-
-    def identity(self) -> dict[str, str]:
-        """What a verification's cost depends on, as strings: model architecture, dtype, device, backend, ..."""
-        ...
-
-    def weights_fingerprint(self) -> str:
-        """A hash that tells two checkpoints of one architecture apart (the planner's statistics key on it)."""
-        ...
+    def description(self) -> VerifierDescription: ...
 
     def prefill(
         self, prompt: Sequence[int], prompt_topk: int = 0, *, chooser: TokenChooser | None = None,
@@ -480,6 +459,28 @@ class Verifier(Protocol[StateT]):
 
     def release(self, state: StateT) -> None:
         """The sequence is over: what it holds may be freed, and it can no longer be verified."""
+        ...
+
+
+class TunableVerifier(Verifier[StateT], Protocol[StateT]):
+    """A verifier that calibration times and the planner's memory keys on.
+
+    ``buckets``: the tree sizes it runs forwards of, others padded up to the next (None: every
+    size its own); :meth:`identity`: what a forward's cost depends on (the calibration and
+    planner caches key on it). **Kernels** belong to the verifier: :meth:`kernel_variants`
+    says which variants a forward of a size can run (calibration times each),
+    :meth:`use_kernels` switches to a :class:`KernelChoice`, :attr:`kernels` is the choice in force.
+    """
+
+    @property
+    def buckets(self) -> tuple[int, ...] | None: ...
+
+    def identity(self) -> dict[str, str]:
+        """What a verification's cost depends on, as strings: model architecture, dtype, device, backend, ..."""
+        ...
+
+    def weights_fingerprint(self) -> str:
+        """A hash that tells two checkpoints of one architecture apart (the planner's statistics key on it)."""
         ...
 
     def warm_up(self, max_tokens: int) -> None:
@@ -513,7 +514,7 @@ class BatchVerifier(Verifier[StateT], Protocol[StateT]):
 
     ``verify_batch(states, trees, topk)`` is ``[verify(s, t, topk) for s, t in zip(states, trees)]``
     in effect, each row's result exactly what verifying it alone gives; how it gets there is the
-    verifier's (one forward over every row's tree on ``cache="native"``; one row after another
+    verifier's (one forward over every row's tree on ``engine="specdec"``; one row after another
     on the model's own forward). ``live_limit``: how many sequences it can hold at once (None:
     as many as memory holds; a static cache holds one). ``row_bytes(tokens)``: the most bytes of
     KV cache one sequence of up to ``tokens`` tokens holds (None: unknown).
@@ -578,9 +579,9 @@ class GenerationStats:
     records: list[StepRecord] = field(default_factory=list)
     budget: str = ""  # "auto", "full" or a node count; "" when no budget planner ran
     calibration_s: float = 0.0  # one-time cost-model calibration inside this run (first use only)
-    # the verifier's cache kind: "native", "dynamic", "static-inductor", ...; with " (fell back to eager
-    # forwards)" where a compiled or captured forward failed its check (one warning said why)
-    cache: str = ""
+    # what ran the model's forward (specdec.backends.ENGINES): "specdec", "hf", "compiled", ...; with
+    # " (fell back to eager forwards)" where a compiled or captured forward failed its check (a warning said why)
+    engine: str = ""
 
     @property
     def mat(self) -> float:
@@ -665,7 +666,7 @@ class GenerationStats:
             "other_s": round(self.other_s, 4),
             "total_s": round(self.total_s, 4),
             "stop_reason": self.stop_reason,
-            "cache": self.cache,
+            "engine": self.engine,
             "accepted_histogram": self.accepted_histogram,
             "steps_by_source": self.steps_by_source,
             "accepted_by_source": self.accepted_by_source,

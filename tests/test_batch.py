@@ -1,6 +1,6 @@
 """Batched speculative decoding (``specdec.batching``): every row is its own single-sequence plain decoding.
 
-Checked, on tiny fp64 models of every architecture (``cache="native"`` for the Llama family: one
+Checked, on tiny fp64 models of every architecture (``engine="specdec"`` for the Llama family: one
 forward per step for all rows; the model's own forward elsewhere: rows one after another):
 every row's tokens equal ``run(prompt, "none")`` alone, greedy and sampled with the row's seed,
 with random trees around the truth, real drafters, ragged prompts, rows ending at different
@@ -51,8 +51,8 @@ from specdec.types import BatchVerifier, DraftTree
 MAX_NEW = 30
 
 
-def cache_for(arch: str) -> str:
-    return "native" if arch in NATIVE else "dynamic"
+def engine_for(arch: str) -> str:
+    return "specdec" if arch in NATIVE else "hf"
 
 
 def ragged_prompts(seed: str, count: int) -> list[list[int]]:
@@ -60,11 +60,11 @@ def ragged_prompts(seed: str, count: int) -> list[list[int]]:
     return [random_prompt(rng) for _ in range(count)]
 
 
-def alone(model: Any, prompts: Sequence[Sequence[int]], cache: str, **options: Any) -> list[list[int]]:
+def alone(model: Any, prompts: Sequence[Sequence[int]], engine: str, **options: Any) -> list[list[int]]:
     """Each prompt's single-sequence plain decoding (``drafter="none"``), with row i's seed when sampling."""
     seed = options.pop("seed", None)
     return [
-        specdec.run(model, list(prompt), "none", cache=cache, **options,
+        specdec.run(model, list(prompt), "none", engine=engine, **options,
                     **({} if seed is None else {"seed": seed + i})).tokens
         for i, prompt in enumerate(prompts)
     ]  # fmt: skip
@@ -79,15 +79,15 @@ def frequent_token(outputs: Sequence[Sequence[int]]) -> int:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_rows_equal_their_lone_plain_decoding(arch: str) -> None:
     model = tiny_model(arch)
-    cache = cache_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"batch-{arch}", 7)
-    eos = frequent_token(alone(model, prompts, cache, max_new_tokens=MAX_NEW))
-    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW, eos_token_id=eos)
+    eos = frequent_token(alone(model, prompts, chosen, max_new_tokens=MAX_NEW))
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW, eos_token_id=eos)
     assert len({len(t) for t in truth}) > 1  # rows end at different steps
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=20, depth=7)
     accepted = 0
     for drafter in (oracle, "none", "pld", "sam+recycling"):
-        generator = specdec.Generator(model, drafter=drafter, cache=cache, budget="full")
+        generator = specdec.Generator(model, drafter=drafter, engine=chosen, budget="full")
         results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=MAX_NEW, eos_token_id=eos)
         for result, expected, prompt in zip(results, truth, prompts, strict=True):
             assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
@@ -101,18 +101,18 @@ def test_rows_equal_their_lone_plain_decoding(arch: str) -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
 def test_sampled_rows_equal_lone_sampling_with_the_rows_seed(arch: str) -> None:
     model = tiny_model(arch)
-    cache = cache_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"sampled-{arch}", 5)
     options: dict[str, Any] = {"max_new_tokens": MAX_NEW, "do_sample": True, "temperature": 0.9, "top_k": 40}
-    truth = alone(model, prompts, cache, seed=11, **options)
-    generator = specdec.Generator(model, drafter="sam+recycling", cache=cache, budget="full")
+    truth = alone(model, prompts, chosen, seed=11, **options)
+    generator = specdec.Generator(model, drafter="sam+recycling", engine=chosen, budget="full")
     results = generator.generate_batch(prompts, batch_size=2, seed=11, **options)
     assert [r.tokens for r in results] == truth
     assert [r.seed for r in results] == [11 + i for i in range(len(prompts))]
     seeds = [5, 99, 5, 1234, 7]
     explicit = generator.generate_batch(prompts, batch_size=4, seeds=seeds, **options)
     for result, prompt, seed in zip(explicit, prompts, seeds, strict=True):
-        assert result.tokens == specdec.run(model, prompt, "none", cache=cache, seed=seed, **options).tokens
+        assert result.tokens == specdec.run(model, prompt, "none", engine=chosen, seed=seed, **options).tokens
         assert result.seed == seed
 
 
@@ -121,7 +121,7 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
     prompts = ragged_prompts("join", 6)
     lengths = [3, 25, 5, 2, 18, 9]  # stop at different steps: a stop id per row is not an option, so the
     # test cuts max_new_tokens per call and checks each row against its own truth at its own length
-    generator = specdec.Generator(model, drafter="pld", cache="native")
+    generator = specdec.Generator(model, drafter="pld", engine="specdec")
     live: list[int] = []
     verify_batch = generator.verifier.verify_batch  # type: ignore[attr-defined]
 
@@ -134,10 +134,10 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
     for max_new in sorted(set(lengths)):
         chosen = [p for p, n in zip(prompts, lengths, strict=True) if n == max_new]
         for index, result in generator.iter_batch(chosen, batch_size=2, max_new_tokens=max_new):
-            assert result.tokens == alone(model, [chosen[index]], "native", max_new_tokens=max_new)[0]
+            assert result.tokens == alone(model, [chosen[index]], "specdec", max_new_tokens=max_new)[0]
     live.clear()
-    eos = frequent_token(alone(model, prompts, "native", max_new_tokens=MAX_NEW))
-    truth = alone(model, prompts, "native", max_new_tokens=MAX_NEW, eos_token_id=eos)
+    eos = frequent_token(alone(model, prompts, "specdec", max_new_tokens=MAX_NEW))
+    truth = alone(model, prompts, "specdec", max_new_tokens=MAX_NEW, eos_token_id=eos)
     for index, result in generator.iter_batch(prompts, batch_size=2, max_new_tokens=MAX_NEW, eos_token_id=eos):
         order.append(index)
         assert result.tokens == truth[index]
@@ -153,10 +153,10 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
 
     model = tiny_model("llama")
     prompts = ragged_prompts("static", 3)
-    generator = specdec.Generator(model, drafter="pld", cache="static-eager")
+    generator = specdec.Generator(model, drafter="pld", engine="buckets")
     assert isinstance(generator.verifier, BatchVerifier) and generator.verifier.live_limit == 1
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=12)
-    assert [r.tokens for r in results] == alone(model, prompts, "static-eager", max_new_tokens=12)
+    assert [r.tokens for r in results] == alone(model, prompts, "buckets", max_new_tokens=12)
     rows = generator._batch_verifier(4)
     assert isinstance(rows, RowsStaticVerifier) and rows.live_limit == 4 and generator._batch_verifier(4) is rows
     assert rows.buckets[-1] == 512 and rows.max_tree_nodes == generator.verifier.max_tree_nodes == 128
@@ -170,7 +170,7 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
 def test_verify_batch_gives_each_row_its_lone_verification_bit_for_bit(dtype: torch.dtype) -> None:
     native_or_skip("cpu_kernels", specdec.backends.cpu_kernels.load)
     model = own_tiny_model("qwen2").to(dtype)
-    generator = specdec.Generator(model, drafter="none", cache="native")
+    generator = specdec.Generator(model, drafter="none", engine="specdec")
     verifier = generator.verifier
     assert isinstance(verifier, BatchVerifier)
     rng = random.Random(3)
@@ -191,7 +191,7 @@ def test_verify_batch_gives_each_row_its_lone_verification_bit_for_bit(dtype: to
 
 
 def test_verify_batch_refuses_what_it_cannot_verify() -> None:
-    generator = specdec.Generator(tiny_model("llama"), drafter="none", cache="native")
+    generator = specdec.Generator(tiny_model("llama"), drafter="none", engine="specdec")
     verifier: Any = generator.verifier
     state = verifier.prefill([3, 4, 5])[0]
     tree = DraftTree.single(6)
@@ -389,9 +389,9 @@ def test_steps_the_guard_keeps_plain_draft_nowhere_and_stay_lossless(arch: str,
     leaves the choice to the rows' gates and the planner; the guard is fed each step's kind and tokens.
     A scripted guard (random, seeded) mixes both kinds: every row equals its lone plain decoding."""
     model = tiny_model(arch)
-    cache = cache_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"guarded-{arch}", 6)
-    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     rng = random.Random(f"guard-{arch}")
     decisions: list[bool] = []
     fed: list[tuple[bool, int]] = []
@@ -415,7 +415,7 @@ def test_steps_the_guard_keeps_plain_draft_nowhere_and_stay_lossless(arch: str,
         return draft(self, drafting)
 
     monkeypatch.setattr(engine.LiveSequence, "draft", counted)
-    generator = specdec.Generator(model, drafter=oracle, cache=cache, budget="auto")
+    generator = specdec.Generator(model, drafter=oracle, engine=chosen, budget="auto")
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
     assert [r.tokens for r in results] == truth
     IDENTITY_COUNTS[f"{arch}/batch-guarded/oracle"] += len(results)
@@ -475,9 +475,9 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
     model = tiny_model(arch)
     cost = flat_costs(0.02, 0.001)
     monkeypatch.setattr(api.Generator, "_batch_cost_model", lambda self: (cost, 0.0))
-    cache = cache_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"net-{arch}", 6)
-    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     fed: list[float] = []
     observe = RowGate.observe
 
@@ -487,7 +487,7 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
 
     monkeypatch.setattr(RowGate, "observe", recording)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
-    generator = specdec.Generator(model, drafter=oracle, cache=cache, budget="auto")
+    generator = specdec.Generator(model, drafter=oracle, engine=chosen, budget="auto")
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
     assert [r.tokens for r in results] == truth
     IDENTITY_COUNTS[f"{arch}/batch-net-gate/oracle"] += len(results)
@@ -505,7 +505,7 @@ def test_the_rows_gates_start_afresh_when_the_batch_shrinks_for_good(monkeypatch
     model = tiny_model("llama")
     monkeypatch.setattr(api.Generator, "_batch_cost_model", lambda self: (flat_costs(0.02, 0.001), 0.0))
     prompts = ragged_prompts("tail-gates", 5)  # the fifth joins late and ends alone
-    truth = alone(model, prompts, "native", max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, "specdec", max_new_tokens=MAX_NEW)
     steps: list[list[int]] = []  # per step, each row's gate's drafted steps when it was asked
     drafts = RowGate.drafts
 
@@ -523,7 +523,7 @@ def test_the_rows_gates_start_afresh_when_the_batch_shrinks_for_good(monkeypatch
     monkeypatch.setattr(batching, "_step", marked)
     monkeypatch.setattr(BatchGuard, "drafts", lambda self: True)  # the gates alone decide (the guard: apart)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=40, depth=8)
-    generator = specdec.Generator(model, drafter=oracle, cache="native", budget="auto")
+    generator = specdec.Generator(model, drafter=oracle, engine="specdec", budget="auto")
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
     assert [r.tokens for r in results] == truth
     IDENTITY_COUNTS["llama/batch-tail-gates/oracle"] += len(results)
@@ -562,13 +562,13 @@ def test_a_batch_row_asks_its_drafter_for_at_most_the_row_offer_under_auto(arch:
     verifies few of them); a lone row, and every row under a full budget, offers its drafter's whole tree.
     (So does the last row of a drained batch, once alone: test_the_rows_gates_start_afresh_...)"""
     model = tiny_model(arch)
-    cache = cache_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"offer-{arch}", 5)
-    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=40, depth=8)
 
     def offers(batch_size: int, budget: str) -> list[int]:
-        generator = specdec.Generator(model, drafter=oracle, cache=cache, budget=budget)
+        generator = specdec.Generator(model, drafter=oracle, engine=chosen, budget=budget)
         results = generator.generate_batch(prompts, batch_size=batch_size, max_new_tokens=MAX_NEW)
         assert [r.tokens for r in results] == truth, f"{arch}/{budget}/{batch_size}"
         IDENTITY_COUNTS[f"{arch}/batch-offer/{budget}"] += len(results)
@@ -588,9 +588,9 @@ def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: py
     (random decisions, seeded) makes both kinds of row meet in many steps: every row equals its lone
     plain decoding."""
     model = tiny_model(arch)
-    cache = cache_for(arch)
+    chosen = engine_for(arch)
     prompts = ragged_prompts(f"gated-{arch}", 6)
-    truth = alone(model, prompts, cache, max_new_tokens=MAX_NEW)
+    truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
     rng = random.Random(arch)
     decisions: list[bool] = []
 
@@ -602,7 +602,7 @@ def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: py
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=12, depth=5)
     for drafter in (oracle, "sam+recycling"):
         decisions.clear()
-        generator = specdec.Generator(model, drafter=drafter, cache=cache, budget="auto")
+        generator = specdec.Generator(model, drafter=drafter, engine=chosen, budget="auto")
         results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
         assert [r.tokens for r in results] == truth, f"{arch}/{drafter}"
         assert decisions.count(True) > 10 and decisions.count(False) > 10
@@ -614,7 +614,7 @@ def test_rows_whose_drafting_is_skipped_stay_lossless(arch: str, monkeypatch: py
 
 def test_bad_input_is_refused_before_any_work() -> None:
     model = tiny_model("llama")
-    generator = specdec.Generator(model, drafter="pld", cache="native")
+    generator = specdec.Generator(model, drafter="pld", engine="specdec")
     prefills: list[int] = []
     prefill = generator.verifier.prefill
 
@@ -646,7 +646,7 @@ def test_bad_input_is_refused_before_any_work() -> None:
         specdec.run_batch(model, [good], "pld", colour=1)  # type: ignore[call-arg]
     own = specdec.make_factory("pld").create()
     with pytest.raises(SpecDecError, match="its own drafter"):
-        specdec.Generator(model, drafter=own, cache="native").generate_batch([good, good], batch_size=2)
+        specdec.Generator(model, drafter=own, engine="specdec").generate_batch([good, good], batch_size=2)
     assert not prefills  # nothing ran
     assert generator.generate_batch([], max_new_tokens=4) == []
 
@@ -655,7 +655,7 @@ def test_a_batch_too_large_for_memory_is_refused_naming_the_batch_size_that_fits
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = tiny_model("llama")
-    generator = specdec.Generator(model, drafter="none", cache="native")
+    generator = specdec.Generator(model, drafter="none", engine="specdec")
     verifier: Any = generator.verifier
     prompts = ragged_prompts("memory", 6)
     row = verifier.row_bytes(max(len(p) for p in prompts) + 8 + 512)
@@ -663,14 +663,14 @@ def test_a_batch_too_large_for_memory_is_refused_naming_the_batch_size_that_fits
     with pytest.raises(SpecDecError, match=r"a batch of 6 rows needs .* pass batch_size=3 or less"):
         generator.generate_batch(prompts, batch_size=6, max_new_tokens=8)
     results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=8)
-    assert [r.tokens for r in results] == alone(model, prompts, "native", max_new_tokens=8)
+    assert [r.tokens for r in results] == alone(model, prompts, "specdec", max_new_tokens=8)
     requests = [BatchRequest(i, p, generator.decoding_config(max_new_tokens=8)) for i, p in enumerate(prompts)]
     assert check_memory(verifier, requests, 2, None) == 2 * row
 
 
 def test_row_bytes_bound_a_rows_cache() -> None:
     model = tiny_model("llama")
-    generator = specdec.Generator(model, drafter="pld", cache="native", budget="full")
+    generator = specdec.Generator(model, drafter="pld", engine="specdec", budget="full")
     verifier: Any = generator.verifier
     seen: list[int] = []
     verify = verifier.verify_batch
@@ -688,7 +688,7 @@ def test_row_bytes_bound_a_rows_cache() -> None:
 def test_every_finished_row_feeds_the_shared_store() -> None:
     model = tiny_model("llama")
     store = specdec.SharedStore()
-    generator = specdec.Generator(model, drafter="sam", cache="native", store=store)
+    generator = specdec.Generator(model, drafter="sam", engine="specdec", store=store)
     prompts = ragged_prompts("store", 5)
     generator.generate_batch(prompts, batch_size=2, max_new_tokens=12)
     assert store.num_sequences == len(prompts)
@@ -703,7 +703,7 @@ def test_each_rows_step_records_say_how_many_rows_shared_the_step() -> None:
     model = tiny_model("llama")
     prompts = ragged_prompts("shared steps", 5)
     for drafter in ("none", "pld"):
-        generator = specdec.Generator(model, drafter=drafter, cache="native")
+        generator = specdec.Generator(model, drafter=drafter, engine="specdec")
         live: list[int] = []
 
         def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0, *, original: Any = (
@@ -733,11 +733,11 @@ def test_each_rows_step_records_say_how_many_rows_shared_the_step() -> None:
 def test_per_row_stats() -> None:
     model = tiny_model("llama")
     prompts = ragged_prompts("stats", 4)
-    results = specdec.run_batch(model, prompts, "pld", batch_size=2, max_new_tokens=20, cache="native")
+    results = specdec.run_batch(model, prompts, "pld", batch_size=2, max_new_tokens=20, engine="specdec")
     for result, prompt in zip(results, prompts, strict=True):
         stats = result.stats
         assert stats.prompt_tokens == len(prompt) and stats.new_tokens == len(result.tokens) == 20
-        assert stats.steps == len(stats.records) and stats.budget == "auto" and stats.cache == "native"
+        assert stats.steps == len(stats.records) and stats.budget == "auto" and stats.engine == "specdec"
         assert stats.total_s >= stats.prefill_s + stats.verify_s and stats.mat >= 1.0
 
 

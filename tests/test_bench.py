@@ -675,7 +675,7 @@ def test_a_static_cache_method_is_metered_by_the_models_hooks() -> None:
     model = tiny_model("llama")
     meter = ForwardMeter(model)
     try:
-        (method,) = build_methods(parse_methods(["pld:cache=static-eager:budget=full"]), model, CharTokenizer(), meter)
+        (method,) = build_methods(parse_methods(["pld:engine=buckets:budget=full"]), model, CharTokenizer(), meter)
         prompt = CharTokenizer().encode("abc abc abc abc")
         method.generate(prompt, 12)  # the first call also prepares the cache: every bucket's forward once
         before = meter.forwards
@@ -692,7 +692,7 @@ def test_generator_options_reach_the_generator_and_keep_keeps_one_drafter() -> N
     meter = ForwardMeter(model)
     try:
         torch_ops, kept, fresh = build_methods(
-            parse_methods(["pld:backend=torch:budget=full", "k=recycling:keep=true", "recycling"]), model,
+            parse_methods(["pld:tree_ops=torch:budget=full", "k=recycling:keep=true", "recycling"]), model,
             CharTokenizer(), meter)
         assert torch_ops._generator.verifier.name == "torch"  # type: ignore[attr-defined]
         assert torch_ops._generation == {"budget": "full"}  # type: ignore[attr-defined]
@@ -790,7 +790,7 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     from specdec.bench.curves import make_variants, measure, ratio_table, write
 
     model = tiny_model("llama")
-    report = measure(model, "plain=torch,wide=torch:cache=native:kernels=cpu", (1, 3), (8,), 1)
+    report = measure(model, "plain=auto:tree_ops=torch,wide=specdec:tree_ops=torch:kernels=cpu", (1, 3), (8,), 1)
     assert set(report["ms"]) == {"plain", "wide"} and all(len(v["8"]) == 2 for v in report["ms"].values())
     table = write(report, str(tmp_path / "curves"))
     assert "| 8       | wide" in table and (tmp_path / "curves" / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -801,7 +801,7 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     assert len(reads) == 2 and report["weight_read_ms"] <= min(reads)
     assert f"read in every round: {min(reads):.1f}-{max(reads):.1f} ms" in table
     with pytest.raises(SpecDecError, match="variant 'x': the verifier has no setting 'speed'"):
-        make_variants(model, "x=torch:speed=2")
+        make_variants(model, "x=auto:speed=2")
     bench = {"benchmarks": [{"extra_info": {"op": "step", "backend": b, "device": "cpu", "nodes": 64,
                                             "committed": 1024}, "stats": {"median": m}}
                             for b, m in (("torch", 2e-3), ("cuda_ext", 5e-4))]}

@@ -765,15 +765,15 @@ def test_throughput_prices_steps_with_the_cost_model_and_floors_at_plain() -> No
 def test_plain_decoding_runs_the_kernels_a_cached_calibration_chose(private_cache: Path) -> None:
     """`none` never drafts, so never calibrates: a Generator still takes the cached table's kernel choice."""
     model = copy.deepcopy(tiny_model("llama")).to(torch.float32)
-    verifier = make_verifier(model, cache="native")
+    verifier = make_verifier(model, engine="specdec")
     own = verifier.kernels  # nothing cached: the verifier's own choice
-    assert specdec.Generator(model, drafter="none", cache="native").verifier.kernels == own
+    assert specdec.Generator(model, drafter="none", engine="specdec").verifier.kernels == own
     table = dataclasses.replace(calibrate(verifier, sizes=(1, 2), contexts=(8,), repeats=1),
                                 kernels=KernelChoice(((1, "default"), (2, "cpu"))))
     assert table.kernels != own
     calibration_path(calibration_identity(verifier)).parent.mkdir(parents=True, exist_ok=True)
     calibration_path(calibration_identity(verifier)).write_text(json.dumps(table.to_json()))
     forget_cost_models()
-    plain = specdec.Generator(model, drafter="none", cache="native")
+    plain = specdec.Generator(model, drafter="none", engine="specdec")
     assert plain.verifier.kernels == table.kernels
     assert plain.generate([5, 6, 7, 5, 6], max_new_tokens=12).tokens == hf_greedy(model, [5, 6, 7, 5, 6], 12)

@@ -86,7 +86,7 @@ def test_calibrate_command_reports_the_table_and_budgets(
 
 
 # A measured curve of the native CPU forward of the default model (fp32, sdpa, 2 threads, AVX-512,
-# cache="native"), in ms, at the two calibrated contexts: one node ~18.6 ms, flat from 3 to 8
+# engine="specdec"), in ms, at the two calibrated contexts: one node ~18.6 ms, flat from 3 to 8
 # nodes (~21.3-21.9 ms, within the repeat spread), a step to 16, then rising with the tree. Two
 # nodes cost more than the repeat spread below three: the plateau is 3-8 at every context.
 # Frozen here so the test's decisions depend on no clock: whether the defaults draft on such a

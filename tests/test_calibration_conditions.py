@@ -79,7 +79,8 @@ def test_the_real_watch_reads_this_machine() -> None:
 
 
 def test_calibration_records_its_conditions() -> None:
-    result = calibrate(make_verifier(tiny_model("llama"), "torch"), sizes=(1, 2, 4), contexts=(8, 32), repeats=2)
+    verifier = make_verifier(tiny_model("llama"), tree_ops="torch")
+    result = calibrate(verifier, sizes=(1, 2, 4), contexts=(8, 32), repeats=2)
     assert result.spread >= 0.0 and np.isfinite(result.spread)
     assert 0.0 <= result.others_share <= 1.0
 
@@ -108,7 +109,7 @@ def test_a_busy_calibration_serves_the_process_but_is_not_cached(
     private_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = measuring(monkeypatch, spread=0.6, others_share=0.5)
-    verifier = make_verifier(tiny_model("llama"), "torch")
+    verifier = make_verifier(tiny_model("llama"), tree_ops="torch")
     with pytest.warns(RuntimeWarning, match="measured on a busy machine \\(other processes used 50% of its CPU "
                       "time; repeated timings spread by 60%\\): using it in this process only, not caching") as got:
         model, spent = cost_model(verifier)
@@ -126,7 +127,7 @@ def test_a_busy_calibration_serves_the_process_but_is_not_cached(
 
 def test_a_quiet_calibration_is_cached(private_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = measuring(monkeypatch, spread=0.05, others_share=0.1)
-    verifier = make_verifier(tiny_model("llama"), "torch")
+    verifier = make_verifier(tiny_model("llama"), tree_ops="torch")
     cost_model(verifier)
     assert calibration_path(calibration_identity(verifier)).is_file()
     forget_cost_models()
@@ -159,7 +160,7 @@ def drifted(monkeypatch: pytest.MonkeyPatch, others_share_now: float) -> tuple[l
     """A cost model (synthetic calibration) driven to 3x its table, with the machine's present load given."""
     calls = measuring(monkeypatch)
     monkeypatch.setattr("specdec.budget.calibration_cache.others_share_now", lambda seconds=0.25: others_share_now)
-    verifier = make_verifier(tiny_model("llama"), "torch")
+    verifier = make_verifier(tiny_model("llama"), tree_ops="torch")
     model, _ = cost_model(verifier)
     drive(model, 3.0, DRIFT_MIN_STEPS)
     return calls, verifier, model

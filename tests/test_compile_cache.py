@@ -27,7 +27,7 @@ from torch._dynamo.utils import counters
 
 import specdec
 from specdec import cachefiles
-from specdec.backends import compile_cache, static
+from specdec.backends import buckets, compile_cache, static
 from specdec.commands import main, precompile
 
 
@@ -42,7 +42,7 @@ def compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def messages(recwarn: pytest.WarningsRecorder) -> list[str]:
-    return [str(w.message) for w in recwarn.list if "cache='static'" in str(w.message)]
+    return [str(w.message) for w in recwarn.list if "engine='compiled'" in str(w.message)]
 
 
 def private_model(seed: int = 0) -> Any:
@@ -142,7 +142,7 @@ def test_a_compile_that_fails_on_the_folder_empties_it_and_compiles_again(
     (path / "damaged.so").write_bytes(b"garbage")
     model = private_model(seed=3)
     prompt = random_prompt(random.Random(3))[:12]
-    generator = specdec.Generator(model, drafter="none", cache="static-inductor", budget="full")
+    generator = specdec.Generator(model, drafter="none", engine="compiled", budget="full")
     assert generator.generate(prompt, max_new_tokens=10).tokens == hf_greedy(model, prompt, 10)
     (message,) = messages(recwarn)  # no fallback to eager: the retry compiled
     assert "failed (RuntimeError: could not load" in message and "compiling again" in message
@@ -151,7 +151,7 @@ def test_a_compile_that_fails_on_the_folder_empties_it_and_compiles_again(
     # Once per process: a second failure falls back to eager forwards (the warning says so).
     monkeypatch.setattr(static, "compile_forward", fails_once()[0])
     other = private_model(seed=4)
-    generator = specdec.Generator(other, drafter="none", cache="static-inductor", budget="full")
+    generator = specdec.Generator(other, drafter="none", engine="compiled", budget="full")
     assert generator.generate(prompt, max_new_tokens=10).tokens == hf_greedy(other, prompt, 10)
     assert "are not possible for this model" in messages(recwarn)[-1] and len(messages(recwarn)) == 2
 
@@ -163,7 +163,7 @@ def test_a_later_compile_reads_the_folder_and_a_corrupted_one_compiles_again(com
     The tiny models are fp64: fp32 weights are prepacked for oneDNN, and inductor stores no graph
     holding those (docs/static-cache.md)."""
     prompt = random_prompt(random.Random(30))[:12]
-    options: dict[str, Any] = {"max_new_tokens": 8, "cache": "static-inductor", "budget": "full"}
+    options: dict[str, Any] = {"max_new_tokens": 8, "engine": "compiled", "budget": "full"}
 
     def run(seed: int) -> tuple[int, int]:
         hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
@@ -193,22 +193,22 @@ def test_the_compile_command_builds_every_bucket_and_says_where(
     monkeypatch.setattr(static, "compile_forward", compile_forward)
     model = private_model(seed=8)
     monkeypatch.setattr(precompile, "Generator", lambda name, **kw: specdec.Generator(model, **kw))
-    assert main(["compile", "--quiet", "--drafter", "pld", "--cache", "static-inductor"]) == 0
+    assert main(["compile", "--quiet", "--drafter", "pld", "--engine", "compiled"]) == 0
     out = capsys.readouterr().out
-    buckets = static.BUCKETS
-    assert f"compiled {len(buckets)} buckets" in out and "peak memory" in out
-    assert f"stored in {compile_cache.folder()}" in out and len(built) == len(buckets)
+    sizes = buckets.BUCKETS
+    assert f"compiled {len(sizes)} buckets" in out and "peak memory" in out
+    assert f"stored in {compile_cache.folder()}" in out and len(built) == len(sizes)
     assert main(["compile", "--max-tokens", "0"]) == 2
 
 
 def test_the_compile_command_on_a_cpu_llama_builds_the_native_kernels_and_compiles_no_bucket(
     compiled: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """cache="static" on a CPU runs the native forward for the Llama family: nothing for inductor to do."""
+    """engine="auto" on a CPU runs specdec's own forward for the Llama family: nothing for inductor to do."""
     built: list[int] = []
     monkeypatch.setattr(static, "compile_forward", lambda function: built.append(1) or function)
     model = private_model(seed=8)
     monkeypatch.setattr(precompile, "Generator", lambda name, **kw: specdec.Generator(model, **kw))
     assert main(["compile", "--quiet", "--drafter", "pld"]) == 0
     out = capsys.readouterr().out
-    assert "runs specdec's native forward here" in out and "nothing else to compile" in out and not built
+    assert "engine 'specdec' (specdec's own forward) here" in out and "nothing else to compile" in out and not built

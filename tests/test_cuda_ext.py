@@ -451,7 +451,7 @@ def test_generations_identical_between_backends(ext: Any, arch: str, attn: str) 
     rng = random.Random(f"cuda_ext-{arch}-{attn}")
     accepted = 0
     # The model's own forward: every tree op of the backend (mask, acceptance, compaction) runs.
-    verifiers = [make_verifier(model, backend, cache="dynamic") for backend in ("cuda_ext", "torch")]
+    verifiers = [make_verifier(model, "hf", tree_ops=backend) for backend in ("cuda_ext", "torch")]
     rules = DecodingConfig(StopRules(40))
     for seed in range(2):
         prompt = random_prompt(rng)
@@ -484,11 +484,11 @@ def committed_kv(state: Any) -> list[torch.Tensor]:
     return [t[:, :, : state.committed_len] for t in (*cache.keys, *cache.values)]
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "native"])
-def test_feedback_identical_between_backends(ext: Any, cache: str) -> None:
+@pytest.mark.parametrize("engine", ["hf", "specdec"])
+def test_feedback_identical_between_backends(ext: Any, engine: str) -> None:
     """Step by step on the same trees: accepted nodes, bonus, top-k feedback and the KV cache agree."""
     model = tiny_model("llama")
-    verifiers = [make_verifier(model, backend, cache=cache) for backend in ("cuda_ext", "torch")]
+    verifiers = [make_verifier(model, engine, tree_ops=backend) for backend in ("cuda_ext", "torch")]
     assert [v.name for v in verifiers] == ["cuda_ext", "torch"]
     rng = random.Random(3)
     prompt = random_prompt(rng)
@@ -520,7 +520,7 @@ def test_default_model_identical_between_backends(ext: Any, default_model: tuple
     from specdec.models import encode_prompt
 
     model, tokenizer = default_model
-    verifiers = [make_verifier(model, backend) for backend in ("cuda_ext", "torch")]
+    verifiers = [make_verifier(model, tree_ops=backend) for backend in ("cuda_ext", "torch")]
     rules = DecodingConfig(StopRules(40))
     accepted = 0
     for text in (
@@ -549,7 +549,7 @@ def test_backend_selection(ext: Any) -> None:
     assert isinstance(make_tree_ops("cuda_ext", torch.device("cpu")), ExtTreeOps)
     assert isinstance(make_tree_ops("auto", torch.device("cpu")), ExtTreeOps)
     assert isinstance(make_tree_ops("torch", torch.device("cpu")), TorchTreeOps)
-    with pytest.raises(specdec.SpecDecError, match=r"unknown backend 'cuda'; valid names: auto, torch, cuda_ext"):
+    with pytest.raises(specdec.SpecDecError, match=r"unknown tree ops 'cuda'; valid names: auto, torch, cuda_ext"):
         make_tree_ops("cuda", torch.device("cpu"))
     with pytest.raises(BackendUnavailableError, match="the model is on 'meta'"):
         ExtTreeOps("meta")
@@ -562,7 +562,7 @@ def test_auto_falls_back_once_with_the_reason(ext: Any, monkeypatch: pytest.Monk
     failure = NativeBuildError("building extension 'tree_ops' failed: exit 1\n--- build output ---\nerror: boom")
     monkeypatch.setattr(build, "_FAILURE", failure)
     monkeypatch.setattr(specdec.backends, "_warned_fallback", False)
-    with pytest.warns(RuntimeWarning, match=r"uses the torch backend: .*building extension 'tree_ops' failed"):
+    with pytest.warns(RuntimeWarning, match=r"use the torch reference: .*building extension 'tree_ops' failed"):
         assert isinstance(make_tree_ops("auto", torch.device("cpu")), TorchTreeOps)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second fallback is silent
@@ -661,4 +661,4 @@ def test_one_host_sync_per_step_on_cuda(ext: Any) -> None:
 def test_verifier_name_reports_backend(ext: Any) -> None:
     model = tiny_model("gpt2")
     assert ModelVerifier(model).name == "torch"
-    assert make_verifier(model, "cuda_ext").name == "cuda_ext"
+    assert make_verifier(model, tree_ops="cuda_ext").name == "cuda_ext"

@@ -66,14 +66,14 @@ def test_default_model_matches_generate(
 def test_default_model_native_path_matches_generate(
     default_model: tuple[Any, Any], reference_outputs: dict[str, Any], kernels: str
 ) -> None:
-    """specdec's own forward (cache="native") with each kernel variant on every step, one-node steps included."""
+    """specdec's own forward (engine="specdec") with each kernel variant on every step, one-node steps included."""
     model, tokenizer = default_model
     report, trees, single, accepted = [], 0, 0, 0
     for category, (prompt, expected) in reference_outputs.items():
-        generator = specdec.Generator(model, tokenizer, drafter="pld", budget="full", cache="native")
+        generator = specdec.Generator(model, tokenizer, drafter="pld", budget="full", engine="specdec")
         generator.verifier.use_kernels(KernelChoice.uniform(kernels))
         result = generator.generate(prompt, max_new_tokens=MAX_NEW)
-        assert result.stats.cache == "native"
+        assert result.stats.engine == "specdec"
         accepted += sum(r.accepted for r in result.stats.records)
         trees += sum(r.tree_size > 1 for r in result.stats.records)
         single += sum(r.tree_size == 1 for r in result.stats.records)
@@ -147,7 +147,7 @@ def test_default_model_batch_rows_equal_their_lone_plain_decoding(
     for i, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
         lone_options = {**options, "seed": 7 + i} if sampled else options
         lone = specdec.run(model, prompt, "none", tokenizer=tokenizer, **lone_options)
-        assert result.stats.cache == lone.stats.cache == "native"
+        assert result.stats.engine == lone.stats.engine == "specdec"
         drafted += result.stats.emitted_by_steps - result.stats.steps
         comparison = compare_outputs(model, prompt, result.tokens, lone.tokens)
         report.append(f"row {i}: {comparison.describe()}")

@@ -116,19 +116,19 @@ def test_the_demo_runs_on_the_default_model(default_model: Any, capsys: pytest.C
     assert "Speculation" in out.out
     for method in ("none", "pld", "sam+recycling"):
         assert f"{method}" in out.err and "4/4" in out.err  # a progress line per method
-    assert "cache='auto' runs 'native': a CPU and a Llama-family model" in out.err  # which path, and why
+    assert "engine 'specdec' (auto: a CPU and a Llama-family model" in out.err  # which path, and why
 
 
-def test_auto_cache_says_why() -> None:
+def test_auto_engine_says_why() -> None:
     from tiny_models import tiny_model
 
-    from specdec.backends import auto_cache, auto_cache_reason
+    from specdec.backends import auto_engine, auto_engine_reason
 
     cpu = torch.device("cpu")
     llama, gpt2 = tiny_model("llama"), tiny_model("gpt2")
-    assert auto_cache(llama, cpu) == "native" and "Llama-family" in auto_cache_reason(llama, cpu)
-    assert auto_cache(gpt2, cpu) == "dynamic" and "'gpt2'" in auto_cache_reason(gpt2, cpu)
-    assert "CUDA graphs" in auto_cache_reason(llama, torch.device("cuda"))
+    assert auto_engine(llama, cpu) == "specdec" and "Llama-family" in auto_engine_reason(llama, cpu)
+    assert auto_engine(gpt2, cpu) == "hf" and "'gpt2'" in auto_engine_reason(gpt2, cpu)
+    assert "CUDA graphs" in auto_engine_reason(llama, torch.device("cuda"))
 
 
 @pytest.mark.slow
@@ -168,7 +168,7 @@ def test_plain_decoding_runs_the_calibrated_kernels_in_the_demo(
     model = copy.deepcopy(tiny_model("llama")).to(torch.float32)
     cpu_single = KernelChoice(((1, "cpu"),))  # say specdec's CPU kernels win at one node only
     monkeypatch.setattr("specdec.budget.calibration.choose_kernels", lambda sizes, seconds: cpu_single)
-    generators = {name: specdec.Generator(model, drafter=name, cache="native") for name in ("none", "pld")}
+    generators = {name: specdec.Generator(model, drafter=name, engine="specdec") for name in ("none", "pld")}
     assert generators["none"].verifier.kernels != cpu_single  # nothing calibrated yet: the verifier's own
     prompt = [5, 6, 7, 5, 6, 7, 5]
     _warm_up(generators, [DemoPrompt("chat", prompt, 8)], [prompt])  # type: ignore[arg-type]  # ids, no tokenizer

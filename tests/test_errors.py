@@ -45,9 +45,11 @@ def test_unknown_drafter_lists_valid_names() -> None:
         specdec.run(tiny_model("llama"), [1, 2], "pdl")
 
 
-def test_unknown_backend() -> None:
-    with pytest.raises(SpecDecError, match="unknown backend 'cuda'"):
-        specdec.run(tiny_model("llama"), [1, 2], "pld", backend="cuda")
+def test_unknown_engine_and_tree_ops() -> None:
+    with pytest.raises(SpecDecError, match="unknown engine 'cuda'"):
+        specdec.run(tiny_model("llama"), [1, 2], "pld", engine="cuda")
+    with pytest.raises(SpecDecError, match="unknown tree ops 'cuda'"):
+        specdec.Generator(tiny_model("llama"), drafter="pld", tree_ops="cuda")
 
 
 def test_out_of_vocabulary_token() -> None:

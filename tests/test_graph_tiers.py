@@ -29,7 +29,7 @@ from oracle_drafter import OracleTreeDrafter
 from test_lossless import hf_greedy
 from tiny_models import VOCAB, tiny_model
 
-from specdec.backends import static
+from specdec.backends import bucket_runner
 from specdec.backends.static import StaticVerifier
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
@@ -38,7 +38,7 @@ from specdec.engine import decode
 class FakeGraph:
     """A captured forward on the CPU: each replay reruns it into the captured output, at the captured width."""
 
-    def __init__(self, runner: static.BucketRunner, forward: Callable[[], torch.Tensor], output: torch.Tensor,
+    def __init__(self, runner: bucket_runner.BucketRunner, forward: Callable[[], torch.Tensor], output: torch.Tensor,
                  corrupt: bool) -> None:  # fmt: skip
         self.runner, self.forward, self.output, self.corrupt = runner, forward, output, corrupt
         self.width = runner.verifier.cache.width
@@ -56,13 +56,13 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]
     (a graph captured at a width in ``corrupt_widths`` writes wrong logits)."""
     made: list[tuple[int, int]] = []
 
-    def capture(self: static.BucketRunner, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+    def capture(self: bucket_runner.BucketRunner, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
         width = self.verifier.cache.width
         made.append((self.size, width))
         output = forward().clone()
         return FakeGraph(self, forward, output, width in CORRUPT_WIDTHS), output
 
-    monkeypatch.setattr(static.BucketRunner, "_capture", capture)
+    monkeypatch.setattr(bucket_runner.BucketRunner, "_capture", capture)
     CORRUPT_WIDTHS.clear()
     yield made
     CORRUPT_WIDTHS.clear()
@@ -142,6 +142,6 @@ def test_each_tier_is_checked_at_its_first_replay(captured: list[tuple[int, int]
         warnings.simplefilter("always")
         oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(300)], 30, seed=7)  # width 512
     assert captured[0][1] == 512 and captured[0][0] in checked_before  # a bucket checked at other widths
-    messages = [str(w.message) for w in record if "static-cudagraphs" in str(w.message)]
+    messages = [str(w.message) for w in record if "engine='graphs'" in str(w.message)]
     assert len(messages) == 1 and "disagree with the eager forward" in messages[0]
     assert verifier.fallback_reason is not None

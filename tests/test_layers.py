@@ -5,8 +5,9 @@
 
 Every import of a specdec module anywhere in ``specdec/`` counts: at the top of a module,
 inside functions, under ``if TYPE_CHECKING``. A module may import its own layer or lower
-ones, never a higher one; no library module imports the command wing; and no modules, nor
-rooms (a top-level file or a package folder), import each other in a circle.
+ones, never a higher one; no library module imports the command wing; no modules, nor
+rooms (a top-level file or a package folder), import each other in a circle; and no module
+imports another's private (underscore) name.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdec"
 
 # Top layer first. A module belongs to the first layer with a prefix of its dotted name.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("commands", ("specdec.commands", "specdec.cli")),
+    ("commands", ("specdec.commands",)),
     ("bench / integrations", ("specdec.bench", "specdec.integrations")),
-    ("api", ("specdec.api", "specdec.hf", "specdec.testing", "specdec")),  # "specdec": the package's face, __init__.py
+    ("api", ("specdec.api", "specdec.hf", "specdec.testing", "specdec.coercion", "specdec.model_cache",
+             "specdec")),  # "specdec": the package's face, __init__.py
     ("engine / drafters / budget", ("specdec.engine", "specdec.batching", "specdec.decoding", "specdec.drafters",
                                     "specdec.budget")),
     ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.sampling",
@@ -141,6 +143,21 @@ def test_no_circles_of_modules_or_rooms() -> None:
     assert not cycles(rooms), f"rooms (files, package folders) importing each other in a circle: {cycles(rooms)}"
 
 
+def private_imports(module: str, source: str | None = None) -> Iterator[str]:
+    """``from specdec.X import _name`` in ``module`` (its file, or ``source``): another module's private name."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8") if source is None else source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec") and not node.level:
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield f"{module} imports {node.module}.{alias.name}, line {node.lineno}"
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    wrong = [found for module in MODULES for found in private_imports(module)]
+    assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)
+
+
 def test_the_checks_see_what_they_must() -> None:
     """The walk reads imports inside functions and under TYPE_CHECKING, and the layers order as the rule says."""
     source = (
@@ -157,3 +174,8 @@ def test_the_checks_see_what_they_must() -> None:
     assert layer("specdec.api") < layer("specdec.engine") < layer("specdec.backends.verifier") < layer("specdec.types")
     assert layer("specdec.types") < layer("specdec.cachefiles") and layer("specdec") == layer("specdec.api")
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    private = "from specdec.backends.verifier import KVState, _hidden\nfrom specdec import __version__\n"
+    assert list(private_imports("specdec.types", private)) == [
+        "specdec.types imports specdec.backends.verifier._hidden, line 1"]
+    assert layer("specdec.coercion") == layer("specdec.model_cache") == layer("specdec.api")
+    assert layer("specdec.backends.bucket_runner") == layer("specdec.backends.static")

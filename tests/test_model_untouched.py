@@ -1,7 +1,7 @@
 """The user's model is never left changed by specdec, whatever happens during a run (issue 29).
 
-Runs on each CPU cache (``native``: specdec's own forward; ``dynamic``: the model's forward;
-``static-eager``: the static cache) from several threads at once, and runs interrupted by an
+Runs on each CPU engine (``specdec``: specdec's own forward; ``hf``: the model's forward;
+``buckets``: the static cache) from several threads at once, and runs interrupted by an
 exception or a ``KeyboardInterrupt`` in the middle of a step (inside a forward, and in the
 drafter after a verification). After each, the model must be as it was: its configuration
 (the attention implementation included) and generation config, every module's instance
@@ -24,7 +24,7 @@ import specdec
 from specdec.drafters import PromptLookupDrafter
 from specdec.types import DraftTree, Feedback
 
-CACHES = ("native", "dynamic", "static-eager")
+ENGINES = ("specdec", "hf", "buckets")
 PROMPTS = [[(7 * i + j) % VOCAB for j in range(10)] * 2 + [i + 1, i + 2] for i in range(6)]  # repeats: drafts
 NEW_TOKENS = 24
 PROBE = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
@@ -74,15 +74,15 @@ def expected(model: Any) -> list[list[int]]:
     return [hf_greedy(model, prompt, NEW_TOKENS) for prompt in PROMPTS]
 
 
-@pytest.mark.parametrize("cache", CACHES)
-def test_threads_on_one_generator_and_on_one_model(model: Any, cache: str) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_threads_on_one_generator_and_on_one_model(model: Any, engine: str) -> None:
     before = snapshot(model)
     truth = expected(model)
-    shared = specdec.Generator(model, drafter="sam+recycling", cache=cache, budget="full")
+    shared = specdec.Generator(model, drafter="sam+recycling", engine=engine, budget="full")
     outputs = in_threads(lambda i: shared.generate(PROMPTS[i], max_new_tokens=NEW_TOKENS).tokens, len(PROMPTS))
     assert outputs == truth  # one Generator from six threads: each call whole, in turn
     assert_unchanged(model, before)
-    own = in_threads(lambda i: specdec.Generator(model, drafter="pld", cache=cache, budget="full").generate(
+    own = in_threads(lambda i: specdec.Generator(model, drafter="pld", engine=engine, budget="full").generate(
         PROMPTS[i], max_new_tokens=NEW_TOKENS).tokens, len(PROMPTS))
     assert own == truth  # a Generator per thread, one model: in parallel
     assert_unchanged(model, before)
@@ -124,15 +124,15 @@ def raise_in_forward(model: Any, error: BaseException, after: int) -> Any:
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("a failure mid-step")], ids=["interrupt", "error"])
-@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_run_interrupted_mid_step_leaves_the_model_and_the_generator_sound(
-    model: Any, cache: str, error: BaseException
+    model: Any, engine: str, error: BaseException
 ) -> None:
     before = snapshot(model)
     truth = expected(model)
-    generator = specdec.Generator(model, drafter="pld", cache=cache, budget="full")
+    generator = specdec.Generator(model, drafter="pld", engine=engine, budget="full")
     assert generator.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS).tokens == truth[0]
-    interrupted = specdec.Generator(model, drafter=Interrupting(error, at=3), cache=cache, budget="full")
+    interrupted = specdec.Generator(model, drafter=Interrupting(error, at=3), engine=engine, budget="full")
     with pytest.raises(type(error)):
         interrupted.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS)
     assert_unchanged(model, before)

@@ -33,8 +33,8 @@ from specdec.types import DraftTree
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]  # repeats: pld drafts, so acceptance is learned
 NEW_TOKENS = 24
-# The torch backend: a private cache directory would otherwise build the compiled one again (a minute).
-Generator = functools.partial(specdec.Generator, backend="torch")
+# The torch tree ops: a private cache directory would otherwise build the compiled ones again (a minute).
+Generator = functools.partial(specdec.Generator, tree_ops="torch")
 
 
 def learned_model(steps: int = 30) -> AcceptanceModel:
@@ -111,7 +111,9 @@ def test_throughput_state_round_trips_and_refuses_bad_values() -> None:
 
 
 def generate(model: Any, **options: Any) -> specdec.GenerationResult:
-    return specdec.run(model, PROMPT, "pld", max_new_tokens=NEW_TOKENS, backend="torch", **options)
+    """What ``specdec.run`` does (a Generator per call), on the torch tree ops."""
+    with Generator(model, drafter="pld", **options) as generator:
+        return generator.generate(PROMPT, max_new_tokens=NEW_TOKENS)
 
 
 def test_statistics_carry_over_to_the_next_generator(planner_cache: Path) -> None:

@@ -31,7 +31,7 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
 NEW_TOKENS = 24
 # Nothing that needs a native extension (the torch backend, the dynamic cache, no sam): a private cache
 # directory would build each again (minutes).
-Generator = functools.partial(specdec.Generator, backend="torch", cache="dynamic", budget="full")
+Generator = functools.partial(specdec.Generator, tree_ops="torch", engine="hf", budget="full")
 
 
 def known_rows(drafter: Any) -> int:
@@ -168,10 +168,11 @@ def test_planner_cache_off_neither_reads_nor_writes(planner_cache: Path, monkeyp
     # An unreadable file is never even opened, with the option or the environment switch.
     path.write_bytes(b"garbage that a read would warn about")
     with matrix_warnings() as messages:
-        specdec.run(model, PROMPT, "recycling", max_new_tokens=4, backend="torch", cache="dynamic",
-                    planner_cache=False)
+        with Generator(model, drafter="recycling", planner_cache=False) as generator:
+            generator.generate(PROMPT, max_new_tokens=4)
         monkeypatch.setenv("SPECDEC_PLANNER_CACHE", "0")
-        specdec.run(model, PROMPT, "recycling", max_new_tokens=4, backend="torch", cache="dynamic")
+        with Generator(model, drafter="recycling") as generator:
+            generator.generate(PROMPT, max_new_tokens=4)
     assert not messages and not _SHARED and path.read_bytes() == b"garbage that a read would warn about"
 
 

@@ -1,10 +1,10 @@
-"""specdec's own decoder forward (``specdec.backends.runner``) and its verifier (``cache="native"``).
+"""specdec's own decoder forward (``specdec.backends.runner``) and its verifier (``engine="specdec"``).
 
 Checked: the runner's logits equal the model's own ``sdpa`` forward on tiny fp64 models of every
 architecture it knows (prefill and a tree step after it), and it refuses the others naming why;
 with specdec's CPU kernels, segments verified together give bitwise the logits they give alone,
 and a tree node's logits are bitwise those of the same token in a plain step after its
-ancestors (float64, float32 and bfloat16); whole generations through ``cache="native"`` are
+ancestors (float64, float32 and bfloat16); whole generations through ``engine="specdec"`` are
 token-identical to Hugging Face's greedy ``generate`` with random trees around the truth and
 with real drafters, with the CPU kernels and without; and the user's model is not touched
 while it runs.
@@ -160,7 +160,7 @@ def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels:
         truth = hf_greedy(model, prompt, 40)
         oracle = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=7)
         for drafter in (oracle, "none", "pld", "sam+recycling"):
-            generator = specdec.Generator(model, drafter=drafter, cache="native", budget="full")
+            generator = specdec.Generator(model, drafter=drafter, engine="specdec", budget="full")
             verifier = generator.verifier
             assert isinstance(verifier, RunnerVerifier)
             verifier.use_kernels(KernelChoice.uniform(variant))
@@ -187,7 +187,7 @@ def test_the_users_model_is_untouched(kernels: Kernels) -> None:
         seen.append(any("forward" in module.__dict__ for module in model.modules()))
         assert model.config._attn_implementation == implementation
 
-    generator = specdec.Generator(model, drafter="pld", cache="native", budget="full")
+    generator = specdec.Generator(model, drafter="pld", engine="specdec", budget="full")
     generator.verifier.use_kernels(KernelChoice.uniform("cpu"))
     generator.generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=20, on_tokens=watch)
     assert seen and not any(seen)
@@ -290,7 +290,7 @@ def test_a_layer_the_op_does_not_write_out_keeps_the_loop(one_call: Kernels) -> 
     assert runner.layer_weights is not None  # the layout fits: only the probe can tell the activation apart
     assert not runner.layers_in_one_call(one_call)
     prompt = [3, 4, 5, 6, 3, 4, 5]
-    generator = specdec.Generator(gelu, drafter="pld", cache="native", budget="full")
+    generator = specdec.Generator(gelu, drafter="pld", engine="specdec", budget="full")
     generator.verifier.use_kernels(KernelChoice.uniform("cpu"))
     assert generator.generate(prompt, max_new_tokens=12).tokens == hf_greedy(gelu, prompt, 12)
 

@@ -20,7 +20,7 @@ from test_suffix_automaton import sam_native  # noqa: F401
 from tiny_models import VOCAB, tiny_model
 
 import specdec
-from specdec.api import resolve_store
+from specdec.coercion import resolve_store
 from specdec.datastores.shared_store import SharedStore
 from specdec.errors import SpecDecError
 

@@ -20,7 +20,7 @@ from test_lossless import hf_greedy
 from tiny_models import SLIDING_ARCHITECTURES, VOCAB, WINDOW, tiny_model
 
 import specdec
-from specdec.backends import auto_cache, make_verifier, sliding
+from specdec.backends import auto_engine, make_verifier, sliding
 from specdec.backends.verifier import ModelVerifier
 from specdec.errors import UnsupportedModelError
 from specdec.types import DraftTree
@@ -75,7 +75,7 @@ def test_drafters_match_generate(arch: str, drafter: str) -> None:
 
 def identical_to_generate(model: Any, prompt: list[int], drafter: Any, max_new: int, case: str) -> int:
     """specdec's greedy output equals ``generate``'s (counted in the identity summary); the draft tokens accepted."""
-    result = specdec.run(model, prompt, drafter, max_new_tokens=max_new, budget="full", cache="dynamic")
+    result = specdec.run(model, prompt, drafter, max_new_tokens=max_new, budget="full", engine="hf")
     assert result.tokens == hf_greedy(model, prompt, max_new), f"{case}: prompt {prompt}"
     IDENTITY_COUNTS[case] += 1
     return sum(r.accepted for r in result.stats.records)
@@ -92,7 +92,7 @@ def test_trees_deeper_than_the_window(arch: str) -> None:
         prompt = some_prompt(rng, model, seed)
         truth = hf_greedy(model, prompt, 6 * WINDOW)
         drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=40, depth=WINDOW * 5 // 2)
-        result = specdec.run(model, prompt, drafter, max_new_tokens=len(truth), budget="full", cache="dynamic")
+        result = specdec.run(model, prompt, drafter, max_new_tokens=len(truth), budget="full", engine="hf")
         assert result.tokens == truth, arch
         IDENTITY_COUNTS[f"{arch}/oracle-tree"] += 1
         deepest = max(deepest, *(r.accepted for r in result.stats.records))
@@ -109,9 +109,9 @@ def test_sampling_equals_plain_sampling(arch: str) -> None:
                                     {"temperature": 0.5, "top_k": 20, "repetition_penalty": 1.2})):
         options = dict(options, seed=rng.randrange(2**40))
         prompt = repeating_prompt(rng, rng.randrange(3, 7), 3 * WINDOW)
-        expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, cache="dynamic", **options).tokens
+        expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, engine="hf", **options).tokens
         for drafter in ("pld", OracleTreeDrafter(expected, VOCAB, seed=case, size=24, depth=12)):
-            result = specdec.run(model, prompt, drafter, max_new_tokens=5 * WINDOW, cache="dynamic", budget="full",
+            result = specdec.run(model, prompt, drafter, max_new_tokens=5 * WINDOW, engine="hf", budget="full",
                                  **options)  # fmt: skip
             assert result.tokens == expected, (arch, options, drafter)
             IDENTITY_COUNTS[f"{arch}/sampling/{getattr(drafter, 'name', drafter)}"] += 1
@@ -128,7 +128,7 @@ def test_speculation_happens_on_a_repetitive_prompt(arch: str, drafter: str) -> 
     text = [random.Random(6).randrange(2, VOCAB) for _ in range(4 * WINDOW)]
     continuation = hf_greedy(model, text, 8 * WINDOW)
     prompt = text + continuation + text
-    result = specdec.run(model, prompt, drafter, max_new_tokens=8 * WINDOW, budget="full", cache="dynamic")
+    result = specdec.run(model, prompt, drafter, max_new_tokens=8 * WINDOW, budget="full", engine="hf")
     assert result.tokens == hf_greedy(model, prompt, 8 * WINDOW)
     assert result.stats.mat > 1.5, (arch, drafter, result.stats.mat)
 
@@ -222,7 +222,7 @@ def test_a_prompt_shorter_than_the_window(arch: str) -> None:
     prompt = [5, 17, 42]
     truth = hf_greedy(model, prompt, 5 * WINDOW)
     result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
-                         max_new_tokens=len(truth), budget="full", cache="dynamic")  # fmt: skip
+                         max_new_tokens=len(truth), budget="full", engine="hf")  # fmt: skip
     assert result.tokens == truth
     assert sum(r.accepted for r in result.stats.records) > WINDOW
 
@@ -246,17 +246,17 @@ def test_window_mask_of_a_chain_is_transformers_own() -> None:
         assert torch.equal(masks["sliding_attention"], expected), committed
 
 
-@pytest.mark.parametrize("cache", ["static", "static-eager", "native"])
-def test_static_and_native_refuse_sliding_window_models(cache: str) -> None:
+@pytest.mark.parametrize("engine", ["buckets", "compiled", "specdec"])
+def test_static_and_native_refuse_sliding_window_models(engine: str) -> None:
     model = model_of("mistral-swa")
-    with pytest.raises(UnsupportedModelError, match="sliding-window attention.*cache='dynamic'"):
-        make_verifier(model, cache=cache)
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention.*engine='hf'"):
+        make_verifier(model, engine)
 
 
-def test_auto_runs_sliding_window_models_on_the_dynamic_cache() -> None:
+def test_auto_runs_sliding_window_models_on_hugging_faces_forward() -> None:
     for arch in SLIDING_ARCHITECTURES:
         for device in ("cpu", "cuda"):
-            assert auto_cache(model_of(arch), torch.device(device)) == "dynamic", (arch, device)
+            assert auto_engine(model_of(arch), torch.device(device)) == "hf", (arch, device)
     model = model_of("gemma3_text")
     prompt = repeating_prompt(random.Random(5), 4, 2 * WINDOW)
     assert specdec.run(model, prompt, "pld", max_new_tokens=30).tokens == hf_greedy(model, prompt, 30)
@@ -283,7 +283,7 @@ def _hybrid(kind: str) -> Any:
 def test_hybrid_models_are_refused_clearly(kind: str) -> None:
     model = _hybrid(kind)
     with pytest.raises(UnsupportedModelError, match="linear attention or state-space"):
-        specdec.run(model, [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4, cache="dynamic")
-    for cache in ("static", "native", "auto"):
+        specdec.run(model, [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4, engine="hf")
+    for engine in ("buckets", "specdec", "auto"):
         with pytest.raises(UnsupportedModelError, match="linear attention or state-space"):
-            make_verifier(model, cache=cache)
+            make_verifier(model, engine)

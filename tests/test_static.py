@@ -21,8 +21,9 @@ from test_lossless import hf_greedy, random_prompt
 from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
-from specdec.backends import make_verifier, resolve_cache
-from specdec.backends.static import BUCKETS, WINDOW_STEP, StaticVerifier, bucket_for, capacity_for
+from specdec.backends import engine_for_cache, make_verifier, resolve_engine
+from specdec.backends.buckets import BUCKETS, WINDOW_STEP, bucket_for, capacity_for
+from specdec.backends.static import StaticVerifier
 from specdec.backends.static_cache import StaticKVCache
 from specdec.budget.calibration import calibrate
 from specdec.decoding import DecodingConfig, StopRules
@@ -39,12 +40,12 @@ def test_static_eager_random_trees_match_plain_greedy(arch: str, attn: str) -> N
     """Deep accepted paths and scattered slots through padding, the in-forward mask and compaction."""
     model = tiny_model(arch, attn)
     rng = random.Random(f"static-{arch}")
-    generator = specdec.Generator(model, drafter="none", cache="static-eager", budget="full")
+    generator = specdec.Generator(model, drafter="none", engine="buckets", budget="full")
     for seed in range(3):
         prompt = random_prompt(rng)
         truth = hf_greedy(model, prompt, 50)
         drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=20, depth=7)
-        result = specdec.run(model, prompt, drafter, max_new_tokens=50, budget="full", cache="static-eager")
+        result = specdec.run(model, prompt, drafter, max_new_tokens=50, budget="full", engine="buckets")
         assert result.tokens == truth
         assert result.stats.mat > 1.0
         # The same Generator serves every prompt: one cache, reused runners.
@@ -63,14 +64,14 @@ def test_static_eager_drafters_match_plain_greedy(arch: str, drafter: str) -> No
         prompt = random_prompt(rng)
         max_new = rng.randrange(1, 60)
         expected = hf_greedy(model, prompt, max_new)
-        result = specdec.run(model, prompt, drafter, max_new_tokens=max_new, cache="static-eager", budget="full")
+        result = specdec.run(model, prompt, drafter, max_new_tokens=max_new, engine="buckets", budget="full")
         assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
         IDENTITY_COUNTS[f"{arch}/{drafter}/static-eager"] += 1
 
 
 def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
     model = tiny_model("llama")
-    generator = specdec.Generator(model, drafter="pld", cache="static-eager", budget="full")
+    generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     verifier = generator.verifier
     assert isinstance(verifier, StaticVerifier)
     short = [5, 6, 7, 8] * 3
@@ -215,26 +216,45 @@ def test_a_later_prefill_takes_the_cache() -> None:
         verifier.verify(state, DraftTree.single(pending))
 
 
-def test_cache_names_and_modes_are_checked() -> None:
+def test_engine_names_are_checked_and_auto_resolves() -> None:
     model = tiny_model("llama")
-    with pytest.raises(SpecDecError, match="unknown cache 'stattic'.*valid names: auto, dynamic, native, static"):
-        make_verifier(model, cache="stattic")
-    with pytest.raises(SpecDecError, match="unknown cache"):
-        specdec.run(model, [1, 2, 3], "pld", cache="static-turbo", max_new_tokens=2)
-    with pytest.raises(SpecDecError, match="needs a model on a CUDA device"):
-        make_verifier(model, cache="static-cudagraphs")
+    with pytest.raises(SpecDecError, match="unknown engine 'stattic'.*valid names: auto, hf, specdec, buckets"):
+        make_verifier(model, "stattic")
+    with pytest.raises(SpecDecError, match="unknown engine"):
+        specdec.run(model, [1, 2, 3], "pld", engine="static-turbo", max_new_tokens=2)
+    with pytest.raises(SpecDecError, match="engine 'graphs' needs a model on a CUDA device"):
+        make_verifier(model, engine="graphs")
     with pytest.raises(SpecDecError, match="buckets must include 1"):
         StaticVerifier(model, mode="eager", buckets=(2, 4))
-    assert resolve_cache("auto", torch.device("cpu"), model) == ("native", None)  # specdec's own forward runs llama
-    assert resolve_cache("auto", torch.device("cpu"), tiny_model("gpt2")) == ("dynamic", None)  # it does not run gpt2
-    assert resolve_cache("auto", torch.device("cuda"), model) == ("static", None)
-    assert resolve_cache("static", torch.device("cpu")) == ("static", None)
-    # "static" on a CPU: the native forward (a static cache with ahead-of-time kernels) where it runs the model
-    assert resolve_cache("static", torch.device("cpu"), model) == ("native", None)
-    assert resolve_cache("static", torch.device("cpu"), tiny_model("gpt2")) == ("static", None)
-    assert resolve_cache("static", torch.device("cuda"), model) == ("static", None)
-    assert resolve_cache("static-inductor", torch.device("cpu"), model) == ("static", "inductor")
-    assert type(make_verifier(model, cache="static")).__name__ == "RunnerVerifier"
+    assert resolve_engine("auto", torch.device("cpu"), model) == "specdec"  # specdec's own forward runs llama
+    assert resolve_engine("auto", torch.device("cpu"), tiny_model("gpt2")) == "hf"  # it does not run gpt2
+    assert resolve_engine("auto", torch.device("cuda"), model) == "graphs"
+    for engine, kind in [("hf", "ModelVerifier"), ("specdec", "RunnerVerifier"), ("buckets", "StaticVerifier")]:
+        verifier = make_verifier(model, engine)
+        assert type(verifier).__name__ == kind and verifier.engine == engine
+
+
+def test_former_cache_names_map_to_engines_with_a_deprecation_warning() -> None:
+    """``cache=`` and ``backend=`` still work, each with a DeprecationWarning that names the new spelling."""
+    model, gpt2 = tiny_model("llama"), tiny_model("gpt2")
+    # "static" named no mode: specdec's own forward on a CPU where it runs the model, else the compiled buckets
+    assert engine_for_cache("static", model) == "specdec" and engine_for_cache("static", gpt2) == "compiled"
+    assert [engine_for_cache(c) for c in ("auto", "dynamic", "native", "static-eager", "static-inductor",
+                                          "static-cudagraphs", "static-inductor-cudagraphs")] == [
+        "auto", "hf", "specdec", "buckets", "compiled", "graphs", "compiled-graphs"]  # fmt: skip
+    with pytest.raises(SpecDecError, match="unknown cache 'stattic'"):
+        engine_for_cache("stattic")
+    with pytest.warns(DeprecationWarning, match="cache='dynamic' is deprecated: pass engine='hf'") as caught:
+        generator = specdec.Generator(model, drafter="none", cache="dynamic")
+    assert generator.verifier.engine == "hf" and caught[0].filename == __file__  # the user's line, not specdec's
+    with pytest.warns(DeprecationWarning, match="cache='static' is deprecated: pass engine='specdec'"):
+        assert specdec.run(model, [1, 2, 3], "none", cache="static", max_new_tokens=2).stats.engine == "specdec"
+    with pytest.warns(DeprecationWarning, match="backend='torch' is deprecated.*tree_ops='torch'"):
+        assert specdec.Generator(model, drafter="none", backend="torch").verifier.name == "torch"
+    with pytest.raises(SpecDecError, match="give engine= alone"):
+        specdec.Generator(model, drafter="none", engine="hf", cache="dynamic")
+    with pytest.raises(TypeError, match="tree_ops"):  # an override of the Generator's, not a knob of run
+        specdec.run(model, [1, 2, 3], "none", tree_ops="torch")  # type: ignore[call-arg]
     with pytest.raises(SpecDecError, match="exceeds the largest bucket"):
         bucket_for(BUCKETS[-1] + 1)
 
@@ -251,12 +271,12 @@ def test_trees_are_capped_at_the_largest_bucket() -> None:
 
 
 @cuda
-@pytest.mark.parametrize("mode", ["cudagraphs", "inductor-cudagraphs"])
-def test_cuda_graph_modes_match_plain_greedy(mode: str) -> None:
+@pytest.mark.parametrize("engine", ["graphs", "compiled-graphs"])
+def test_cuda_graph_engines_match_plain_greedy(engine: str) -> None:
     model = own_tiny_model("llama").to("cuda")  # a copy: the cached model stays on the CPU
     try:
-        rng = random.Random(mode)
-        generator = specdec.Generator(model, drafter="none", cache=f"static-{mode}", budget="full")
+        rng = random.Random(engine)
+        generator = specdec.Generator(model, drafter="none", engine=engine, budget="full")
         for seed in range(2):
             prompt = random_prompt(rng)
             ids = torch.tensor([prompt], device="cuda")
@@ -264,17 +284,17 @@ def test_cuda_graph_modes_match_plain_greedy(mode: str) -> None:
             expected = [int(t) for t in out[0, len(prompt) :]]
             drafter = OracleTreeDrafter(expected, VOCAB, seed=seed, size=20, depth=7)
             assert specdec.run(model, prompt, drafter, max_new_tokens=40, budget="full",
-                               cache=f"static-{mode}").tokens == expected
+                               engine=engine).tokens == expected
             assert generator.generate(prompt, max_new_tokens=40).tokens == expected
-            IDENTITY_COUNTS[f"llama/oracle-tree/{mode}"] += 1
+            IDENTITY_COUNTS[f"llama/oracle-tree/{engine}"] += 1
     finally:
         model.to("cpu")
 
 
-@pytest.mark.parametrize("cache", ["static-eager", "static-inductor"])
-def test_sliding_window_models_are_refused_on_the_static_cache(cache: str) -> None:
-    """The static cache holds full-attention layers only: refuse rather than attend too far (the dynamic cache
-    verifies these models: tests/test_sliding_window.py)."""
+@pytest.mark.parametrize("engine", ["buckets", "compiled"])
+def test_sliding_window_models_are_refused_on_the_static_cache(engine: str) -> None:
+    """The fixed-shape buckets hold full-attention layers only: refuse rather than attend too far (Hugging
+    Face's forward verifies these models: tests/test_sliding_window.py)."""
     from transformers import AutoModelForCausalLM, MistralConfig
 
     from specdec.errors import UnsupportedModelError
@@ -283,7 +303,7 @@ def test_sliding_window_models_are_refused_on_the_static_cache(cache: str) -> No
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     with pytest.raises(UnsupportedModelError, match="sliding-window"):
-        specdec.run(model, [1, 2, 3], "pld", cache=cache, max_new_tokens=4)
+        specdec.run(model, [1, 2, 3], "pld", engine=engine, max_new_tokens=4)
 
 
 @cuda
@@ -298,7 +318,7 @@ def test_default_model_on_cuda_graphs_matches_generate(
     model, tokenizer = specdec.load_model(device="cuda", dtype=dtype)
     report = []
     for drafter in ("none", "sam+recycling"):
-        generator = specdec.Generator(model, tokenizer, drafter=drafter, cache="static")
+        generator = specdec.Generator(model, tokenizer, drafter=drafter, engine="graphs")
         for category, prompts in sorted(spec_bench_prompts.items()):
             prompt = prompts[1]
             ids = torch.tensor([prompt], device="cuda")
@@ -314,7 +334,7 @@ def test_default_model_on_cuda_graphs_matches_generate(
 
 def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     model = tiny_model("llama")
-    generator = specdec.Generator(model, drafter="pld", cache="static-eager", budget="full")
+    generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     verifier = generator.verifier
     assert isinstance(verifier, StaticVerifier)
     prompt = [5, 6, 7, 8] * 30  # + 60 new tokens: within the tiny model's 256 positions
@@ -325,7 +345,7 @@ def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     assert verifier.cache.capacity >= 200 + verifier.largest_bucket
     capacity, generation = verifier.cache.capacity, verifier.cache.generation
     verification = verifier.verify(state, DraftTree.chain(pending, [prompt[50]]))
-    fresh = make_verifier(model, cache="dynamic")
+    fresh = make_verifier(model, engine="hf")
     fresh_state, fresh_pending, _ = fresh.prefill(prompt[:50])
     expected = fresh.verify(fresh_state, DraftTree.chain(fresh_pending, [prompt[50]]))
     assert verification.accepted_tokens == expected.accepted_tokens
@@ -334,4 +354,24 @@ def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     assert (verifier.cache.capacity, verifier.cache.generation) == (capacity, generation)
     with pytest.raises(SpecDecError, match="positive token count"):
         verifier.warm_up(0)
-    assert specdec.Generator(model, drafter="pld", cache="dynamic").warm_up(64) >= 0.0  # nothing to do there
+    assert specdec.Generator(model, drafter="pld", engine="hf").warm_up(64) >= 0.0  # nothing to do there
+
+
+def test_former_command_line_flags_map_to_the_new_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--cache``/``--backend`` are still parsed (hidden): ``--cache`` goes to the Generator's ``cache=`` (which
+    warns, naming the engine), the bench's ``--backend`` says on stderr that it is ``--tree-ops`` now."""
+    import argparse
+
+    from specdec.commands.arguments import FormerFlag, add_engine_arguments, engine_options
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_options(parser.parse_args([])) == {"engine": "auto", "tree_ops": "auto", "cache": None,
+                                                     "backend": None}  # fmt: skip
+    assert engine_options(parser.parse_args(["--cache", "native"]))["cache"] == "native"
+    assert "--cache" not in parser.format_help() and "--engine" in parser.format_help()
+    bench = argparse.ArgumentParser()
+    bench.add_argument("--tree-ops", default="auto")
+    bench.add_argument("--backend", dest="tree_ops", action=FormerFlag)
+    assert bench.parse_args(["--backend", "torch"]).tree_ops == "torch"
+    assert "--backend is deprecated: use --tree-ops" in capsys.readouterr().err

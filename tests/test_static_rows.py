@@ -1,6 +1,6 @@
 """A batch's rows on one static cache (``specdec.backends.static_rows``): one forward per step, every row lossless.
 
-Checked on tiny fp64 models of every architecture (``cache="static-eager"``: the same buckets,
+Checked on tiny fp64 models of every architecture (``engine="buckets"``: the same buckets,
 buffers and self-check as the compiled and captured modes): every row's tokens equal its lone
 plain decoding, greedy (random trees around the truth, real drafters, ragged prompts, rows
 ending at different steps, more prompts than places) and sampled with the row's seed; the
@@ -53,14 +53,14 @@ def watch_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_rows_on_one_static_cache_equal_their_lone_plain_decoding(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model(arch)
     prompts = ragged_prompts(f"rows-{arch}", 7)
-    eos = frequent_token(alone(model, prompts, "dynamic", max_new_tokens=MAX_NEW))
-    truth = alone(model, prompts, "dynamic", max_new_tokens=MAX_NEW, eos_token_id=eos)
+    eos = frequent_token(alone(model, prompts, "hf", max_new_tokens=MAX_NEW))
+    truth = alone(model, prompts, "hf", max_new_tokens=MAX_NEW, eos_token_id=eos)
     assert len({len(t) for t in truth}) > 1  # rows end at different steps
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=20, depth=7)
     seen = watch_rows(monkeypatch)
     accepted = 0
     for drafter in (oracle, "none", "pld", "sam+recycling"):
-        generator = specdec.Generator(model, drafter=drafter, cache="static-eager", budget="full")
+        generator = specdec.Generator(model, drafter=drafter, engine="buckets", budget="full")
         assert isinstance(generator.verifier, StaticVerifier) and generator.verifier.live_limit == 1
         results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=MAX_NEW, eos_token_id=eos)
         for result, expected, prompt in zip(results, truth, prompts, strict=True):
@@ -77,8 +77,8 @@ def test_sampled_rows_on_one_static_cache_equal_lone_sampling_with_the_rows_seed
     model = tiny_model("llama")
     prompts = ragged_prompts("rows-sampled", 5)
     options: dict[str, Any] = {"max_new_tokens": MAX_NEW, "do_sample": True, "temperature": 0.9, "top_k": 40}
-    truth = alone(model, prompts, "dynamic", seed=11, **options)
-    generator = specdec.Generator(model, drafter="sam+recycling", cache="static-eager", budget="full")
+    truth = alone(model, prompts, "hf", seed=11, **options)
+    generator = specdec.Generator(model, drafter="sam+recycling", engine="buckets", budget="full")
     assert [r.tokens for r in generator.generate_batch(prompts, batch_size=2, seed=11, **options)] == truth
 
 
@@ -130,8 +130,8 @@ def test_a_long_prompt_joining_moves_every_live_rows_region(monkeypatch: pytest.
     model = tiny_model("llama")
     rng = random.Random(9)
     prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (12, 20, 110, 15)]  # 110 + 30 + 128 > 256 slots
-    truth = alone(model, prompts, "dynamic", max_new_tokens=MAX_NEW)
-    generator = specdec.Generator(model, drafter="pld", cache="static-eager", budget="full")
+    truth = alone(model, prompts, "hf", max_new_tokens=MAX_NEW)
+    generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     spans = []
     fit = RowsStaticVerifier._fit
 
@@ -192,7 +192,7 @@ def test_warm_up_and_calibration_leave_the_live_rows_alone() -> None:
     model = tiny_model("llama")
     rows = RowsStaticVerifier(model, mode="eager", places=2)
     prompt = ragged_prompts("rows-warm", 1)[0]
-    truth = alone(model, [prompt], "dynamic", max_new_tokens=12)[0]
+    truth = alone(model, [prompt], "hf", max_new_tokens=12)[0]
     state, pending, _ = rows.prefill(prompt, reserve=12)
     rows.warm_up(64)
     calibrate(rows, contexts=(16, 32), repeats=1)
@@ -209,9 +209,9 @@ def test_rows_on_cuda_graphs_equal_their_lone_plain_decoding() -> None:
     model = own_tiny_model("llama").to("cuda")  # a copy: the cached model stays on the CPU
     try:
         prompts = ragged_prompts("rows-cuda", 6)
-        truth = alone(model, prompts, "dynamic", max_new_tokens=MAX_NEW)
+        truth = alone(model, prompts, "hf", max_new_tokens=MAX_NEW)
         for drafter in ("none", "sam+recycling"):
-            generator = specdec.Generator(model, drafter=drafter, cache="static-cudagraphs", budget="full")
+            generator = specdec.Generator(model, drafter=drafter, engine="graphs", budget="full")
             results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
             assert [r.tokens for r in results] == truth
             rows = generator._batch_verifier(4)

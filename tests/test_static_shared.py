@@ -27,7 +27,7 @@ from tiny_models import VOCAB, tiny_model
 from torch._dynamo.utils import counters
 
 import specdec
-from specdec.backends import static, static_shared
+from specdec.backends import bucket_runner, buckets, static, static_shared
 from specdec.backends.static import StaticVerifier
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
@@ -54,7 +54,7 @@ def record() -> Iterator[list[warnings.WarningMessage]]:
 
 
 def static_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in caught if "cache='static'" in str(w.message)]
+    return [str(w.message) for w in caught if str(w.message).startswith("engine='")]
 
 
 # -- sharing ------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
     model = private_model()
     rng = random.Random(30)
     prompts = [random_prompt(rng)[:12] for _ in range(3)]
-    options: dict[str, Any] = {"max_new_tokens": 10, "cache": "static-inductor", "budget": "full"}
+    options: dict[str, Any] = {"max_new_tokens": 10, "engine": "compiled", "budget": "full"}
     # drafter "none": only the one-node bucket runs, so one compilation is the whole cost
     start = compiled_count()
     assert specdec.run(model, prompts[0], "none", **options).tokens == hf_greedy(model, prompts[0], 10)
@@ -72,7 +72,7 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
     assert first[0] == start[0] + 1 and first[1] > start[1]
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert specdec.run(model, prompts[1], "none", **options).tokens == hf_greedy(model, prompts[1], 10)
-        generator = specdec.Generator(model, drafter="none", cache="static-inductor", budget="full")
+        generator = specdec.Generator(model, drafter="none", engine="compiled", budget="full")
         assert generator.generate(prompts[2], max_new_tokens=10).tokens == hf_greedy(model, prompts[2], 10)
     assert compiled_count() == first  # neither specdec nor dynamo compiled anything for the later calls
     assert isinstance(generator.verifier, StaticVerifier) and generator.verifier._runners[1].checked
@@ -145,7 +145,7 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
 @pytest.fixture
 def pooled_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pool the eager mode's device state as the CUDA-graph modes' is pooled: the lending logic is the
-    same for every mode (static.POOLED_MODES only says which pay for it), and runs here without a GPU."""
+    same for every mode (buckets.POOLED_MODES only says which pay for it), and runs here without a GPU."""
     monkeypatch.setattr(static, "POOLED_MODES", ("eager",))
 
 
@@ -155,7 +155,7 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
     rng = random.Random(7)
     prompts = [random_prompt(rng)[:16] for _ in range(4)]
     truths = [hf_greedy(model, p, 20) for p in prompts]
-    options: dict[str, Any] = {"drafter": "pld", "cache": "static-eager", "budget": "full"}
+    options: dict[str, Any] = {"drafter": "pld", "engine": "buckets", "budget": "full"}
 
     first = specdec.Generator(model, **options)
     assert first.generate(prompts[0], max_new_tokens=20).tokens == truths[0]
@@ -189,7 +189,7 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
 def test_a_lent_state_is_rebuilt_for_new_weights_and_dies_with_the_model(pooled_eager: None) -> None:
     model = private_model(seed=8)
     prompt = random_prompt(random.Random(8))[:16]
-    options: dict[str, Any] = {"drafter": "pld", "cache": "static-eager", "budget": "full"}
+    options: dict[str, Any] = {"drafter": "pld", "engine": "buckets", "budget": "full"}
     with specdec.Generator(model, **options) as generator:
         generator.generate(prompt, max_new_tokens=12)
         held = generator.verifier.held
@@ -218,16 +218,16 @@ def test_a_regrown_cache_drops_its_graphs_memory_pool_with_them() -> None:
     verifier.held.graph_pool = marker = object()  # what a capture leaves (graph_pool())
     verifier.prefill(prompt, reserve=4)  # no growth: the graphs and their pool stay
     assert verifier.held.graph_pool is marker and verifier.held.runners
-    verifier.prefill(prompt, reserve=static.MIN_CAPACITY)  # grows: every graph and the pool go
-    assert verifier.cache.capacity > static.MIN_CAPACITY
+    verifier.prefill(prompt, reserve=buckets.MIN_CAPACITY)  # grows: every graph and the pool go
+    assert verifier.cache.capacity > buckets.MIN_CAPACITY
     assert verifier.held.graph_pool is None and not verifier.held.runners
 
 
 def test_modes_that_rebuild_cheaply_keep_nothing_back() -> None:
     model = private_model(seed=9)
-    assert "eager" not in static.POOLED_MODES and "cudagraphs" in static.POOLED_MODES
+    assert "eager" not in buckets.POOLED_MODES and "cudagraphs" in buckets.POOLED_MODES
     prompt = random_prompt(random.Random(9))[:16]
-    result = specdec.run(model, prompt, "pld", max_new_tokens=8, cache="static-eager")
+    result = specdec.run(model, prompt, "pld", max_new_tokens=8, engine="buckets")
     assert result.tokens == hf_greedy(model, prompt, 8)
     assert static_shared.idle_count(model) == 0
 
@@ -246,15 +246,15 @@ def fake_compiler(change: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Calla
     return compile_forward, built
 
 
-def oracle_run(model: Any, seed: int, cache: str = "static-inductor") -> tuple[list[int], list[int], Any]:
-    """(tokens, plain greedy's tokens, generator) for an oracle tree drafter (many buckets) on ``cache``."""
+def oracle_run(model: Any, seed: int, engine: str = "compiled") -> tuple[list[int], list[int], Any]:
+    """(tokens, plain greedy's tokens, generator) for an oracle tree drafter (many buckets) on ``engine``."""
     prompt = random_prompt(random.Random(seed))
     truth = hf_greedy(model, prompt, 40)
-    generator = specdec.Generator(model, drafter="none", cache=cache, budget="full")
+    generator = specdec.Generator(model, drafter="none", engine=engine, budget="full")
     drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=12, depth=5)
     result = decode(generator.verifier, drafter, prompt, DecodingConfig(StopRules(40)))
     fallback = generator.verifier.fallback_reason is not None  # type: ignore[attr-defined]
-    assert result.stats.cache == f"{cache}" + (" (fell back to eager forwards)" if fallback else "")
+    assert result.stats.engine == engine + (" (fell back to eager forwards)" if fallback else "")
     return result.tokens, truth, generator
 
 
@@ -314,20 +314,20 @@ def test_a_wrong_cuda_graph_warns_and_the_tokens_stay_plain_greedys(
     monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
 ) -> None:
     """The CUDA-graph path (the GPU default): a corrupted replay is caught at the bucket's first use."""
-    run = static.BucketRunner.run
+    run = bucket_runner.BucketRunner.run
 
-    def corrupted(self: static.BucketRunner) -> torch.Tensor:
+    def corrupted(self: bucket_runner.BucketRunner) -> torch.Tensor:
         logits = run(self)
         return torch.roll(logits, 1, dims=-1) if self.mode == "cudagraphs" else logits
 
-    monkeypatch.setattr(static.BucketRunner, "run", corrupted)
+    monkeypatch.setattr(bucket_runner.BucketRunner, "run", corrupted)
     model = private_model("llama", seed=5).to("cuda")
     prompt = random_prompt(random.Random(5))
     truth = hf_greedy(model, prompt, 30)
     drafter = OracleTreeDrafter(truth, VOCAB, seed=5, size=12, depth=5)
-    assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full", cache="static").tokens == truth
+    assert specdec.run(model, prompt, drafter, max_new_tokens=30, budget="full", engine="graphs").tokens == truth
     (message,) = static_warnings(record)
-    assert "static-cudagraphs forwards disagree" in message
+    assert "engine='graphs': its forwards disagree" in message
 
 
 @cuda
@@ -336,15 +336,15 @@ def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
     model = private_model("llama", seed=6).to("cuda")
     rng = random.Random(6)
     captures: list[tuple[int, int, int]] = []  # (run, bucket, width tier) of every capture
-    capture = static.BucketRunner._capture
+    capture = bucket_runner.BucketRunner._capture
     index = 0
 
-    def counted(self: static.BucketRunner, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+    def counted(self: bucket_runner.BucketRunner, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
         captures.append((index, self.size, self.verifier.cache.width))  # a graph per bucket and width tier
         return capture(self, forward)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(static.BucketRunner, "_capture", counted)
+        patch.setattr(bucket_runner.BucketRunner, "_capture", counted)
         for index in range(3):
             prompt = random_prompt(rng)
             truth = hf_greedy(model, prompt, 30)
@@ -361,13 +361,13 @@ def test_graphs_are_captured_again_after_the_cache_grows(record: list[warnings.W
     """A request longer than the captured cache holds regrows it and captures every bucket again, into a
     fresh pool: no fallback, no warning, plain greedy's tokens."""
     model = private_model("llama", seed=11).to("cuda")
-    generator = specdec.Generator(model, drafter="pld", cache="static-cudagraphs", budget="full")
+    generator = specdec.Generator(model, drafter="pld", engine="graphs", budget="full")
     rng = random.Random(11)
     for length in (12, 100):  # 100 + 60 new tokens + the largest bucket (128): past the first 256 slots
         prompt = [rng.randrange(VOCAB) for _ in range(length // 4)] * 4
         assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
     verifier = generator.verifier
-    assert isinstance(verifier, StaticVerifier) and verifier.cache.capacity > static.MIN_CAPACITY
+    assert isinstance(verifier, StaticVerifier) and verifier.cache.capacity > buckets.MIN_CAPACITY
     assert verifier.fallback_reason is None and not static_warnings(record)
     assert all(runner.mode == "cudagraphs" for runner in verifier.held.runners.values())
 

@@ -3,7 +3,7 @@
 transformers renames an argument with a FutureWarning some releases before it removes it
 (5.24: ``past_key_values`` became ``cache``, the old name goes in 5.40). Each path that runs
 the model runs here while every warning is recorded: the dynamic cache, the static cache
-(eager, and compiled by inductor), specdec's own forward (``cache="native"``), and
+(eager, and compiled by inductor), specdec's own forward (``engine="specdec"``), and
 ``model.generate(..., custom_generate=specdec.hf_generate(...))`` on each of them. A
 FutureWarning or DeprecationWarning fails the test and is shown. pyproject's
 ``filterwarnings`` turns them into errors in every other test too; this file is where each
@@ -26,9 +26,9 @@ from specdec.backends.runner import ARCHITECTURES as NATIVE_ARCHITECTURES
 from specdec.models import cache_keyword
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-CASES = [(arch, cache) for arch in ARCHITECTURES for cache in ("dynamic", "static-eager")]
-CASES += [(arch, "native") for arch in ARCHITECTURES if arch in NATIVE_ARCHITECTURES]
-CASES += [("llama", "static-inductor")]  # compiling imports more of torch: its warnings count too
+CASES = [(arch, engine) for arch in ARCHITECTURES for engine in ("hf", "buckets")]
+CASES += [(arch, "specdec") for arch in ARCHITECTURES if arch in NATIVE_ARCHITECTURES]
+CASES += [("llama", "compiled")]  # compiling imports more of torch: its warnings count too
 
 
 def deprecations(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -39,18 +39,18 @@ def deprecations(caught: list[warnings.WarningMessage]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(("arch", "cache"), CASES)
-def test_no_deprecation_warning_on_any_path(arch: str, cache: str) -> None:
+@pytest.mark.parametrize(("arch", "engine"), CASES)
+def test_no_deprecation_warning_on_any_path(arch: str, engine: str) -> None:
     model = tiny_model(arch)
     ids = torch.tensor([PROMPT])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = specdec.run(model, PROMPT, "pld", max_new_tokens=12, cache=cache, budget="full")
-        hook = specdec.hf_generate("pld", cache=cache, budget="full")
+        result = specdec.run(model, PROMPT, "pld", max_new_tokens=12, engine=engine, budget="full")
+        hook = specdec.hf_generate("pld", engine=engine, budget="full")
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
                              custom_generate=hook)  # fmt: skip
-    assert result.stats.cache.startswith(cache.split("-")[0])  # the path named is the path that ran
-    assert hook.last_result is not None and hook.last_result.stats.cache == result.stats.cache
+    assert result.stats.engine.startswith(engine)  # the path named is the path that ran
+    assert hook.last_result is not None and hook.last_result.stats.engine == result.stats.engine
     assert out[0, len(PROMPT) :].tolist() == result.tokens
     assert deprecations(caught) == []
 

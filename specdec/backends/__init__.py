@@ -1,23 +1,24 @@
-"""Verification backends: the model-running verifier with a choice of tree operations.
+"""What runs the model's forward: the ``engine`` a verifier is made with, and its tree operations.
 
-``cache`` picks the KV cache and how the model's forward runs (:data:`CACHES`):
-``"native"`` is specdec's own forward of Llama-family decoders
-(:class:`~specdec.backends.runner_verifier.RunnerVerifier`: a cache per sequence, eager,
-specdec's CPU kernels); ``"dynamic"`` is Hugging Face's ``DynamicCache`` with the model's
-own forward (:class:`~specdec.backends.verifier.ModelVerifier`); ``"static"`` is specdec's
-static cache with one fixed-shape forward per tree-size bucket
-(:class:`~specdec.backends.static.StaticVerifier`), replayed from CUDA graphs on a GPU; on a
-CPU ``"static"`` runs the fastest fixed-shape forward there is: specdec's native forward (its
-own static cache, its ahead-of-time built C++ kernels) for the Llama family, measured 2x faster
-than inductor's compiled buckets (docs/static-cache.md), the compiled buckets otherwise
-(:func:`resolve_cache`); ``"static-<mode>"`` names the mode (``eager``, ``inductor``,
-``cudagraphs``, ``inductor-cudagraphs``). ``"auto"``: :func:`auto_cache`.
+``engine`` (:data:`ENGINES`) names what runs the forward, and with it the KV cache it needs:
 
-``backend="torch"`` uses :class:`~specdec.backends.verifier.TorchTreeOps`, the readable
-reference; ``backend="cuda_ext"`` the compiled kernels of :mod:`specdec.backends.cuda_ext`
-(C++ on the CPU, CUDA on a GPU), and raises when they cannot be built or serve the model's
-device; ``backend="auto"`` takes ``cuda_ext`` when it can and otherwise the torch backend,
-with one warning per process that says why.
+- ``"hf"``: Hugging Face's own forward on a ``DynamicCache`` per sequence, eager
+  (:class:`~specdec.backends.verifier.ModelVerifier`);
+- ``"specdec"``: specdec's own forward of Llama-family decoders with its CPU kernels, a cache
+  per sequence, nothing compiled (:class:`~specdec.backends.runner_verifier.RunnerVerifier`);
+- fixed-shape forwards, one per tree-size bucket, on a static cache
+  (:class:`~specdec.backends.static.StaticVerifier`): ``"compiled"`` (inductor), ``"graphs"``
+  (replayed from CUDA graphs), ``"compiled-graphs"`` (both) and ``"buckets"`` (eager: tests,
+  debugging);
+- ``"auto"``: :func:`auto_engine`.
+
+The tree operations (inputs, acceptance, compaction; :data:`TREE_OPS`) are an internal choice:
+``"auto"`` takes the compiled ``cuda_ext`` ops (C++ on the CPU, CUDA on a GPU) when they build
+and serve the device, else the ``"torch"`` reference, with one warning per process that says
+why; ``tree_ops=`` of :func:`make_verifier` (and of :class:`~specdec.Generator`) overrides it
+for tests and benchmarks.
+
+The former spellings (``cache=`` names, ``backend=``) map through :func:`engine_for_cache`.
 """
 
 from __future__ import annotations
@@ -28,30 +29,34 @@ from typing import Any
 import torch
 
 from specdec.backends import sliding
+from specdec.backends.buckets import STATIC_ENGINES
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
 from specdec.backends.runner import unsupported_reason
 from specdec.backends.runner_verifier import RunnerVerifier
-from specdec.backends.static import MODES as STATIC_MODES
 from specdec.backends.static import StaticVerifier
 from specdec.backends.verifier import KVState, ModelVerifier, TorchTreeOps, TreeOps, check_model
-from specdec.errors import SpecDecError
+from specdec.errors import SpecDecError, warn_deprecated
 from specdec.native import NativeBuildError
 from specdec.types import TokenChooser
 
-BACKENDS = ("auto", "torch", "cuda_ext")
-CACHES = ("auto", "dynamic", "native", "static", *(f"static-{mode}" for mode in STATIC_MODES))
+TREE_OPS = ("auto", "torch", "cuda_ext")
+ENGINES = ("auto", "hf", "specdec", *STATIC_ENGINES)
+# The former ``cache=`` names and the engine each one is ("static": engine_for_cache).
+CACHE_ENGINES = {"auto": "auto", "dynamic": "hf", "native": "specdec",
+                 **{f"static-{mode}": engine for engine, mode in STATIC_ENGINES.items()}}  # fmt: skip
+CACHES = (*CACHE_ENGINES, "static")
 
 _warned_fallback = False
 
 
-def make_tree_ops(backend: str, device: torch.device) -> TreeOps:
-    """The named backend's tree operations for a model on ``device``."""
+def make_tree_ops(tree_ops: str, device: torch.device) -> TreeOps:
+    """The named tree operations (:data:`TREE_OPS`) for a model on ``device``."""
     global _warned_fallback
-    if backend not in BACKENDS:
-        raise SpecDecError(f"unknown backend {backend!r}; valid names: {', '.join(BACKENDS)}")
-    if backend == "torch":
+    if tree_ops not in TREE_OPS:
+        raise SpecDecError(f"unknown tree ops {tree_ops!r}; valid names: {', '.join(TREE_OPS)}")
+    if tree_ops == "torch":
         return TorchTreeOps()
-    if backend == "cuda_ext":
+    if tree_ops == "cuda_ext":
         return ExtTreeOps(device)
     try:
         return ExtTreeOps(device)
@@ -60,96 +65,125 @@ def make_tree_ops(backend: str, device: torch.device) -> TreeOps:
             _warned_fallback = True
             reason = str(error).splitlines()[0]
             warnings.warn(
-                f"backend='auto' uses the torch backend: the cuda_ext backend is unavailable ({reason}); "
-                "pass backend='cuda_ext' to see the whole error",
+                f"tree ops 'auto' use the torch reference: the compiled cuda_ext ops are unavailable ({reason}); "
+                "pass tree_ops='cuda_ext' to see the whole error",
                 RuntimeWarning,
                 stacklevel=3,
             )
         return TorchTreeOps()
 
 
-def auto_cache(model: Any, device: torch.device) -> str:
-    """What ``cache="auto"`` runs: ``"static"`` on CUDA (CUDA graphs); on a CPU ``"native"`` where
-    specdec's own forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`),
-    else ``"dynamic"``. Neither CPU choice compiles anything, so the first call is as fast as later
-    ones; docs/static-cache.md measures them against the compiled static cache."""
-    if sliding.window_reason(model) is not None:  # [sliding hook] sliding-window models run on the dynamic cache only
-        return "dynamic"
+def auto_engine(model: Any, device: torch.device) -> str:
+    """What ``engine="auto"`` runs: ``"graphs"`` on CUDA; on a CPU ``"specdec"`` where specdec's own
+    forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`), else ``"hf"``.
+    Neither CPU choice compiles anything, so the first call is as fast as later ones;
+    docs/static-cache.md measures them against the compiled buckets."""
+    if sliding.window_reason(model) is not None:  # [sliding hook] sliding-window models: Hugging Face's forward
+        return "hf"
     if device.type == "cuda":
-        return "static"
-    return "native" if unsupported_reason(model) is None else "dynamic"
+        return "graphs"
+    return "specdec" if unsupported_reason(model) is None else "hf"
 
 
-def auto_cache_reason(model: Any, device: torch.device) -> str:
-    """Why :func:`auto_cache` picks what it picks for ``model`` on ``device``, in a few words (the demo prints it)."""
+def auto_engine_reason(model: Any, device: torch.device) -> str:
+    """Why :func:`auto_engine` picks what it picks for ``model`` on ``device``, in a few words (the demo prints it)."""
     window = sliding.window_reason(model)  # [sliding hook]
     if window is not None:
-        return f"{window}: Hugging Face's forward on the dynamic cache (the static cache holds full attention only)"
+        return (f"{window}: Hugging Face's forward on its dynamic cache (the buckets and specdec's forward hold "
+                "full attention only)")
     if device.type == "cuda":
-        return "a CUDA device: the static cache with CUDA graphs"
+        return "a CUDA device: fixed-shape forwards replayed from CUDA graphs"
     reason = unsupported_reason(model)
     if reason is None:
         return "a CPU and a Llama-family model: specdec's own forward, nothing compiled"
     return f"a CPU, and specdec's own forward does not run this model ({reason}): Hugging Face's forward"
 
 
-def resolve_cache(cache: str, device: torch.device, model: Any = None) -> tuple[str, str | None]:
-    """``(kind, static mode)`` for a ``cache`` name on ``device``: ``("dynamic" | "native", None)`` or
-    ``("static", mode)``; ``"auto"`` asks :func:`auto_cache` about ``model``.
+def resolve_engine(engine: str, device: torch.device, model: Any = None) -> str:
+    """The engine ``engine`` names on ``device`` (``"auto"`` asks :func:`auto_engine` about ``model``).
 
-    ``"static"`` without a mode, on a CPU, for a model specdec's own forward runs (the Llama
-    family: :func:`~specdec.backends.runner.unsupported_reason`), is ``"native"``: a static
-    cache too (specdec's ``StaticKVCache``, preallocated per sequence, no shape ever changes),
-    with a forward whose kernels were compiled ahead of time (C++, built once per machine and
-    cached), which verifies in about half the time of inductor's compiled buckets on this
-    project's CPU (docs/static-cache.md) and compiles nothing per process. The compiled
-    buckets stay one name away: ``"static-inductor"``.
+    >>> resolve_engine("hf", torch.device("cpu")), resolve_engine("auto", torch.device("cuda"))
+    ('hf', 'graphs')
+    """
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise SpecDecError(f"unknown engine {engine!r}; valid names: {', '.join(ENGINES)}")
+    return auto_engine(model, device) if engine == "auto" else engine
 
-    >>> resolve_cache("dynamic", torch.device("cpu")), resolve_cache("static-eager", torch.device("cpu"))
-    (('dynamic', None), ('static', 'eager'))
+
+def engine_for_cache(cache: str, model: Any = None) -> str:
+    """The engine a former ``cache=`` name (:data:`CACHES`) ran for ``model`` (None: a model on a CPU).
+
+    ``"static"`` named no mode: on CUDA the graphs; on a CPU specdec's own forward for a model it
+    runs (its own static cache, kernels built ahead of time), else the compiled buckets.
+
+    >>> engine_for_cache("dynamic"), engine_for_cache("static"), engine_for_cache("static-eager")
+    ('hf', 'compiled', 'buckets')
     """
     if not isinstance(cache, str) or cache not in CACHES:
-        raise SpecDecError(f"unknown cache {cache!r}; valid names: {', '.join(CACHES)}")
-    if cache == "auto":
-        cache = auto_cache(model, device)
-    if cache == "static" and device.type != "cuda" and model is not None and unsupported_reason(model) is None:
-        cache = "native"
-    if cache in ("dynamic", "native"):
-        return cache, None
-    _, _, mode = cache.partition("-")
-    return "static", mode or None
+        raise SpecDecError(f"unknown cache {cache!r}; valid names: {', '.join(CACHES)} (cache= is now engine=)")
+    if cache != "static":
+        return CACHE_ENGINES[cache]
+    if model is None:
+        return "compiled"
+    check_model(model)
+    if next(model.parameters()).device.type == "cuda":
+        return "graphs"
+    return "specdec" if unsupported_reason(model) is None else "compiled"
+
+
+def former_spellings(
+    model: Any, engine: str, tree_ops: str, cache: str | None, backend: str | None
+) -> tuple[str, str]:
+    """``(engine, tree_ops)`` with the former ``cache=`` and ``backend=`` spellings mapped, each with a
+    :class:`DeprecationWarning` that names the new one (docs/usage.md)."""
+    if cache is not None:
+        if engine != "auto":
+            raise SpecDecError(f"give engine= alone: cache= is its former name (got {engine!r} and {cache!r})")
+        engine = engine_for_cache(cache, model)
+        warn_deprecated(f"cache={cache!r} is deprecated: pass engine={engine!r} (what runs the model's forward)")
+    if backend is not None:
+        if tree_ops != "auto":
+            raise SpecDecError(f"give tree_ops= alone: backend= is its former name (got {tree_ops!r}, {backend!r})")
+        tree_ops = backend
+        warn_deprecated(f"backend={backend!r} is deprecated: specdec chooses the tree operations; "
+                        f"tree_ops={backend!r} overrides them for tests and benchmarks")  # fmt: skip
+    return engine, tree_ops
 
 
 def make_verifier(
-    model: Any, backend: str = "auto", chooser: TokenChooser | None = None, cache: str = "auto"
+    model: Any, engine: str = "auto", *, tree_ops: str = "auto", chooser: TokenChooser | None = None
 ) -> ModelVerifier:
-    """A verifier for ``model`` with the named backend's tree operations and the named ``cache``."""
-    if backend not in BACKENDS:
-        raise SpecDecError(f"unknown backend {backend!r}; valid names: {', '.join(BACKENDS)}")
+    """A verifier for ``model`` whose forward ``engine`` runs, with the named tree operations."""
+    if tree_ops not in TREE_OPS:
+        raise SpecDecError(f"unknown tree ops {tree_ops!r}; valid names: {', '.join(TREE_OPS)}")
     check_model(model)  # a model we cannot serve is the first thing to report
     device = next(model.parameters()).device
-    kind, mode = resolve_cache(cache, device, model)
-    sliding.check_cache_kind(model, kind)  # [sliding hook] sliding-window models: dynamic only; hybrids: refused
-    ops = make_tree_ops(backend, device)
-    if kind == "static":
-        return StaticVerifier(model, ops=ops, chooser=chooser, mode=mode)
-    if kind == "native":
+    engine = resolve_engine(engine, device, model)
+    sliding.check_engine(model, engine)  # [sliding hook] sliding-window models: hf only; hybrids: refused
+    ops = make_tree_ops(tree_ops, device)
+    if engine in STATIC_ENGINES:
+        return StaticVerifier(model, ops=ops, chooser=chooser, mode=STATIC_ENGINES[engine])
+    if engine == "specdec":
         return RunnerVerifier(model, ops=ops, chooser=chooser)
     return ModelVerifier(model, ops=ops, chooser=chooser)
 
 
 __all__ = [
-    "BACKENDS",
     "CACHES",
+    "ENGINES",
+    "STATIC_ENGINES",
+    "TREE_OPS",
     "KVState",
     "ModelVerifier",
     "RunnerVerifier",
     "StaticVerifier",
     "TorchTreeOps",
     "TreeOps",
-    "auto_cache",
-    "auto_cache_reason",
+    "auto_engine",
+    "auto_engine_reason",
+    "engine_for_cache",
+    "former_spellings",
     "make_tree_ops",
     "make_verifier",
-    "resolve_cache",
+    "resolve_engine",
 ]

@@ -1,6 +1,6 @@
 """Compiled static-cache forwards that survive the process: inductor's on-disk caches in specdec's cache.
 
-Why: ``cache="static"`` compiles one forward per tree-size bucket with ``torch.compile``
+Why: ``engine="compiled"`` compiles one forward per tree-size bucket with ``torch.compile``
 (:mod:`specdec.backends.static`), and :mod:`specdec.backends.static_shared` shares them only
 within a process: every new process paid the whole compile again. torch keeps what it
 compiled on disk when told where: inductor's FX graph cache (the generated code of each
@@ -129,7 +129,7 @@ def activate() -> Path | None:
         path = cachefiles.folder("compiled") / key(found)
         why = problem(path, found)
         if why is not None:
-            warnings.warn(f"cache='static': the compiled forwards in {path} cannot be used ({why}); removed, "
+            warnings.warn(f"engine='compiled': the compiled forwards in {path} cannot be used ({why}); removed, "
                           "compiling again", RuntimeWarning, stacklevel=3)
             shutil.rmtree(path, ignore_errors=True)
         _seal(path, found)
@@ -148,7 +148,7 @@ def discard(reason: str) -> bool:
         if path is None or _DISCARDED:
             return False
         _DISCARDED = True
-    warnings.warn(f"cache='static': compiling from {path} failed ({reason}); removed it, compiling again",
+    warnings.warn(f"engine='compiled': compiling from {path} failed ({reason}); removed it, compiling again",
                   RuntimeWarning, stacklevel=3)
     for entry in path.iterdir() if path.is_dir() else []:
         if entry.name == KEY_FILE:

@@ -4,11 +4,10 @@
 
 Why: a verification forward over a draft tree of ``N`` nodes multiplies each weight
 ``W [out, in]`` of the model by ``N`` rows. For ``N`` up to a few dozen that product is bound
-by reading the weights, not by arithmetic: the default model's 540 MB of fp32 weights stream
-in ~11-15 ms on this project's 2-core CPU, while PyTorch's ``linear`` (MKL) streams them at
-~18 GB/s for one row and repacks the weight for every call from two rows on, so a 16-node
-verification used to cost ~2x a one-node step though the machine's floor is about the same
-for both (docs/budget.md). The kernels of ``csrc/skinny_linear.cpp`` read every weight row
+by reading the weights, not by arithmetic, while PyTorch's ``linear`` (MKL) repacks the
+weight for every call from two rows on, so a 16-node verification used to cost about twice a
+one-node step though the machine's floor is about the same for both (docs/budget.md).
+The kernels of ``csrc/skinny_linear.cpp`` read every weight row
 once in its stored layout (no copy, no repacking: the model's own tensors) and apply it to
 all rows while it sits in registers; the calibration (:mod:`specdec.budget`) measures them
 against ``linear`` per tree size and the verifier runs whichever was faster.
@@ -66,8 +65,8 @@ HEADERS = (
 )
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
 # -fopenmp: at::parallel_for is a header whose OpenMP loop compiles to a serial one without it (the
-# kernels ran on one thread until 2026-11-25: a 2-thread forward's linear layers cost what one thread's
-# did); the extension then shares the libgomp torch itself loaded (same soname), one thread pool.
+# kernels then run on one thread: a 2-thread forward's linear layers cost what one thread's do); the
+# extension then shares the libgomp torch itself loaded (same soname), one thread pool.
 CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)

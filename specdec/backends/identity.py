@@ -5,7 +5,7 @@ architecture (its config, minus names and paths: two checkpoints of one architec
 the same), parameter dtype, device (CPU model or GPU name), attention implementation, the
 verifier's tree ops and KV cache kind, torch version and thread count.
 :func:`weights_fingerprint` tells two checkpoints of one architecture apart (they accept
-drafts differently). Verifiers report both (:meth:`specdec.types.Verifier.identity`).
+drafts differently). Verifiers report both (:meth:`specdec.types.TunableVerifier.identity`).
 """
 
 from __future__ import annotations

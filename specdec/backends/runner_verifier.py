@@ -1,6 +1,6 @@
 """Verification through specdec's own forward (:mod:`specdec.backends.runner`) on a cache per sequence.
 
-``cache="native"``: the model's forward is :class:`~specdec.backends.runner.DecoderRunner`
+``engine="specdec"``: the model's forward is :class:`~specdec.backends.runner.DecoderRunner`
 (Llama-family decoders), eager, each sequence with its own
 :class:`~specdec.backends.static_cache.StaticKVCache` sized for its prompt and its token
 budget (grown if it must), written in place at the tree's slots and compacted in place.
@@ -16,8 +16,7 @@ specdec's tree attention, for the sizes where a GEMM library's blocked products 
 skinny kernels (many rows; bfloat16 GEMMs with AVX512_BF16) but SDPA's masked attention costs
 twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3 rows):
 ``"cpu"`` with the few-row products blocked as larger ones are rather than streamed, the same
-bits; on an Intel Xeon (AMX generation) 2-3 rows cost 19.3-19.6 ms of linear layers against the
-streams' 22.4-26.5, where the streams were written for an AMD Zen 5. The calibration times every
+bits, faster on some CPUs than the streams (docs/budget.md). The calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on. While the
 CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
 same token verified alone (their contracts), so speculative output is plain decoding's exactly.
@@ -38,8 +37,8 @@ from typing import Any
 import torch
 
 from specdec.backends import cpu_kernels
+from specdec.backends.buckets import capacity_for
 from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
-from specdec.backends.static import capacity_for
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
@@ -54,10 +53,9 @@ CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blo
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
 CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
 # A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
-# (longer ones by torch's): measured on this project's CPU (default model, fp32, 2 threads), specdec's CPU
-# kernels prefill 64 tokens in 56 ms against 111 for torch's linear and SDPA, 256 in 194 vs 348, 1,024 in
-# 1,131 vs 1,373, and 2,048 in 2,980 vs 3,073 (docs/budget.md); where the calibration found torch's kernels
-# faster at 64 rows, the prefill keeps them too.
+# (longer ones by torch's): specdec's CPU kernels prefill faster than torch's linear and SDPA up to about
+# there (docs/budget.md); where the calibration found torch's kernels faster at 64 rows, the prefill keeps
+# them too.
 PREFILL_MAX_ROWS = 1024
 
 
@@ -100,8 +98,13 @@ class RunnerVerifier(ModelVerifier):
 
     @property
     def cache_kind(self) -> str:
-        """``"native"``: specdec's own forward, a cache per sequence, eager."""
+        """``"native"`` in calibration keys: specdec's own forward, a cache per sequence, eager."""
         return "native"
+
+    @property
+    def engine(self) -> str:
+        """``"specdec"``: specdec's own forward."""
+        return "specdec"
 
     def identity(self) -> dict[str, str]:
         """:meth:`ModelVerifier.identity`, plus the kernel path ``auto`` runs where the CPU kernels serve the
@@ -111,6 +114,12 @@ class RunnerVerifier(ModelVerifier):
         if self.kernels_available:
             identity["kernel_path"] = cpu_kernels.cpu_isa()
         return identity
+
+    @property
+    def kernel_path(self) -> str:
+        """The CPU kernels' path ``auto`` runs where they serve the model (the CPU's best, or the one
+        ``SPECDEC_CPU_ISA`` forced), else ``"-"``."""
+        return cpu_kernels.cpu_isa() if self.kernels_available else "-"
 
     def kernels_build(self) -> str:
         """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) and the kernel path
@@ -191,7 +200,7 @@ class RunnerVerifier(ModelVerifier):
 
     def row_bytes(self, tokens: int) -> int | None:
         """Peak KV-cache bytes of one sequence of up to ``tokens`` tokens: its cache's slots
-        (:func:`~specdec.backends.static.capacity_for`: a power of two, at least 256) x layers x keys and
+        (:func:`~specdec.backends.buckets.capacity_for`: a power of two, at least 256) x layers x keys and
         values x KV heads x head size x the dtype's bytes. (A cache that must grow mid-sequence holds
         its old slots beside the new ones for the length of one copy: at most half as much again.)"""
         runner = self.runner

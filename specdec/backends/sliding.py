@@ -32,7 +32,7 @@ Not here: chunked attention (Llama 4: ``chunked_attention`` layers share the cac
 not the mask), layers of several window sizes, and linear-attention / state-space layers
 (their recurrent state cannot be cropped back to the accepted length): all refused with
 :class:`~specdec.errors.UnsupportedModelError`. The static cache and specdec's native forward
-do not run sliding-window models (:func:`check_cache_kind`); ``cache='auto'`` picks the dynamic
+do not run sliding-window models (:func:`check_engine`); ``engine='auto'`` picks the dynamic
 cache for them.
 """
 
@@ -169,20 +169,20 @@ def window_reason(model: Any) -> str | None:
     return None
 
 
-def check_cache_kind(model: Any, kind: str) -> None:
-    """Refuse, with a clear error, a model the ``kind`` of cache (``"dynamic"``, ``"static"``, ``"native"``)
+def check_engine(model: Any, engine: str) -> None:
+    """Refuse, with a clear error, a model the ``engine`` (``"hf"``, ``"specdec"``, a bucket engine)
     cannot verify: layers no cache here can roll back (linear attention, state-space: :func:`new_cache`),
-    and sliding-window layers anywhere but on the dynamic cache (the static cache and specdec's native
-    forward hold full-attention layers only)."""
+    and sliding-window layers anywhere but on Hugging Face's forward with its dynamic cache (the static
+    buckets and specdec's own forward hold full-attention layers only)."""
     config = getattr(model, "config", None)
     if config is None:
         return
     new_cache(config)  # raises for layers that cannot be verified at all
     reason = window_reason(model)
-    if kind != "dynamic" and reason is not None:
+    if engine != "hf" and reason is not None:
         raise UnsupportedModelError(
-            f"cache={kind!r} does not run this model ({reason}): the static cache and specdec's native forward "
-            "hold full-attention layers only; use cache='dynamic' (what cache='auto' picks for this model)"
+            f"engine={engine!r} does not run this model ({reason}): the fixed-shape buckets and specdec's own "
+            "forward hold full-attention layers only; use engine='hf' (what engine='auto' picks for this model)"
         )
 
 

@@ -2,8 +2,8 @@
 
 The eager verifier (:class:`~specdec.backends.verifier.ModelVerifier`) runs a fresh
 Python-level forward for every step, over a cache that grows by one tensor concatenation
-per layer per step. That is fine on a CPU but host-bound on a GPU: ~26 ms per forward of a
-135M model on an H100, whatever the tree size (design.md, section 6). The engines that are
+per layer per step. That is fine on a CPU but host-bound on a GPU: tens of milliseconds per
+forward of a 135M model, whatever the tree size (design.md, section 6). The engines that are
 fast there share one trick, a **fixed envelope**: tensor shapes never change at run time,
 only tensor contents do. This module does that for tree verification:
 
@@ -55,345 +55,50 @@ benchmark's judge report), exactly as for the eager path.
 
 from __future__ import annotations
 
-import itertools
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from specdec.backends import compile_cache, sliding, static_shared
+from specdec.backends.bucket_runner import BucketRunner, tree_forward
+from specdec.backends.buckets import (
+    BUCKETS,
+    MIN_CAPACITY,
+    MODES,
+    POOLED_MODES,
+    STATIC_ENGINES,
+    WINDOW_STEP,
+    bucket_for,
+    capacity_for,
+    default_mode,
+)
+from specdec.backends.device_set import DeviceSet, release
+from specdec.backends.dynamo import CODE_TAGS, compile_forward, fresh_code
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
-from specdec.backends.tree import ancestor_matrix
 from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.types import DraftTree, TokenChooser
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-MODES = ("eager", "inductor", "cudagraphs", "inductor-cudagraphs")
-_CODE_TAGS = itertools.count()  # makes each compiled function's code object name unique
-# Modes whose device state (cache, buffers, captured graphs) a finished verifier gives back for the model's
-# next verifier (static_shared.give_back): capturing costs more than a short generation; the others rebuild
-# their buffers in microseconds and share their compiled functions already.
-POOLED_MODES: tuple[str, ...] = ("cudagraphs", "inductor-cudagraphs")
-WINDOW_STEP = 64  # attention windows are multiples of this many slots (module docstring)
-MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
-
-
-def capacity_for(needed: int) -> int:
-    """Slots for ``needed`` tokens: a power of two, at least :data:`MIN_CAPACITY`.
-
-    Compiled forwards and CUDA graphs are specialised to the capacity, so each growth
-    recompiles or recaptures every bucket; growing geometrically bounds that to a few
-    times per verifier however requests vary (256, 512, ..., 4096 slots: five growths),
-    at the price of attending over at most twice the slots a request needs.
-
-    >>> capacity_for(1), capacity_for(256), capacity_for(257), capacity_for(3000)
-    (256, 256, 512, 4096)
-    """
-    return max(MIN_CAPACITY, 1 << max(needed - 1, 0).bit_length())
-WARMUP_RUNS = 2  # eager runs before a CUDA graph capture (allocator, cuBLAS workspaces, lazy inits)
-
-
-def default_mode(device: torch.device) -> str:
-    """The static verifier's mode when the caller names none: graphs on CUDA, inductor elsewhere.
-
-    (``cache="static"`` on a CPU reaches this only for models specdec's native forward does
-    not run: :func:`specdec.backends.resolve_cache`.)
-    """
-    return "cudagraphs" if device.type == "cuda" else "inductor"
-
-
-def bucket_for(size: int, buckets: Sequence[int] = BUCKETS) -> int:
-    """The smallest bucket that holds ``size`` nodes.
-
-    >>> bucket_for(1), bucket_for(3), bucket_for(16), bucket_for(17)
-    (1, 4, 16, 32)
-    """
-    for bucket in buckets:
-        if bucket >= size:
-            return bucket
-    raise SpecDecError(f"a tree of {size} nodes exceeds the largest bucket ({buckets[-1]}) of the static cache")
-
-
-def _import_inductor_quietly() -> None:
-    """Import what inductor's freezing imports, minus torch's own deprecation warning.
-
-    Compiling with ``freezing`` imports ``torch.fx.experimental.optimization``, which imports
-    ``torch.utils.mkldnn``, whose classes decorate with ``torch.jit.script_method``: torch (2.13)
-    warns ``DeprecationWarning: torch.jit.script_method is deprecated`` 14 times, about its
-    own code, which no user can act on. Imported here first, that one warning is left out;
-    every other warning still shows.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", r"`torch\.jit\.script_method` is deprecated", DeprecationWarning)
-        import torch.fx.experimental.optimization  # noqa: F401
-
-
-def tree_forward(
-    model: Any,
-    writer: Any,
-    tokens: torch.Tensor,
-    positions: torch.Tensor,
-    slots: torch.Tensor,
-    ancestors: torch.Tensor,
-    additive_dtype: torch.dtype | None,
-    logits_to_keep: int,
-    cache_keyword: str,
-    bounds: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One forward of ``model`` over ``T`` nodes written at ``slots``; returns logits ``[T or keep, V]``.
-
-    ``tokens``, ``positions`` int64 ``[1, T]``; ``slots`` int64 ``[T]`` (``slots[0]`` is the
-    committed length ``C``: the tree's first slot); ``ancestors`` bool ``[T, T]``
-    (ancestor-or-self). Node ``i`` attends to every slot ``< C`` and to the slots of its
-    ancestors: ``mask[i, s] = s < C or ancestors[i, j]`` where ``s = slots[j]``, over the
-    ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
-    ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
-    ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
-    ``bounds`` int64 ``[2, T]`` (rows of a batch, :mod:`specdec.backends.static_rows`): node ``i``'s
-    committed slots are ``bounds[0, i] <= s < bounds[1, i]`` instead of ``s < C``.
-    """
-    width = writer.owner.width
-    columns = torch.arange(width, device=slots.device)  # [W]
-    if bounds is None:  # one sequence: its committed slots are 0 .. C-1
-        committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, W]
-    else:  # rows of a batch, each in its own region of slots (static_rows): node i's are bounds[0, i] .. bounds[1, i]-1
-        committed = (columns.unsqueeze(0) >= bounds[0].unsqueeze(1)) & (columns.unsqueeze(0) < bounds[1].unsqueeze(1))
-    tree = torch.zeros((slots.shape[0], width), dtype=torch.bool, device=slots.device)
-    tree = tree.index_copy(1, slots, ancestors)  # [T, W]: the ancestors' slots
-    allowed = (committed | tree)[None, None]  # [1, 1, T, W]
-    mask = allowed
-    if additive_dtype is not None:  # eager attention adds its mask to the scores
-        mask = torch.zeros(allowed.shape, dtype=additive_dtype, device=slots.device)
-        mask = mask.masked_fill(~allowed, torch.finfo(additive_dtype).min)
-    out = model(
-        input_ids=tokens,
-        position_ids=positions,
-        attention_mask=mask,
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
-        **{cache_keyword: writer},
-    )
-    logits: torch.Tensor = out.logits[0]
-    return logits
-
-
-def _fresh_code(function: Callable[..., Any], tag: str) -> Callable[..., Any]:
-    """``function`` with a code object of its own.
-
-    Dynamo keeps its compiled variants per code object, with a limit on how many (8 by
-    default, then it silently runs eagerly). Every bucket of every verifier compiles its own
-    variant, so each gets its own code object and the limit never bites.
-    """
-    code = function.__code__.replace(co_name=f"{function.__name__}_{tag}")
-    fresh = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
-    fresh.__kwdefaults__ = function.__kwdefaults__
-    return fresh
-
-
-def compile_forward(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``torch.compile`` of a bucket's forward (compiled at its first call; the one place specdec compiles)."""
-    _import_inductor_quietly()
-    return torch.compile(function, dynamic=False)
-
-
-class BucketRunner:
-    """The device buffers and the forward of one bucket of ``size`` nodes.
-
-    Buffers (all on the model's device; only their contents change): ``tokens``,
-    ``positions`` int64 ``[1, T]``, ``slots`` int64 ``[T]``, ``ancestors`` bool ``[T, T]``.
-    """
-
-    def __init__(self, verifier: StaticVerifier, size: int, mode: str) -> None:
-        device = verifier.device
-        # Weakly: a runner outlives its verifier in the model's pool of device states (DeviceSet), and a
-        # strong reference would keep every verifier that ever used it alive.
-        self._verifier = weakref.ref(verifier)
-        self.size = size
-        self.mode = mode
-        self.tokens = torch.zeros((1, size), dtype=torch.int64, device=device)
-        self.positions = torch.zeros((1, size), dtype=torch.int64, device=device)
-        self.slots = torch.arange(size, dtype=torch.int64, device=device)
-        self.ancestors = torch.eye(size, dtype=torch.bool, device=device)
-        self.bounds: torch.Tensor | None = None  # per-node committed ranges: rows of a batch only (static_rows)
-        # Host staging for the uploads: one int64 row of tokens, positions and slots, pinned on CUDA.
-        self._staging = torch.zeros((3, size), dtype=torch.int64)
-        self._staging_ancestors = torch.zeros((size, size), dtype=torch.bool)
-        if device.type == "cuda":
-            self._staging = self._staging.pin_memory()
-            self._staging_ancestors = self._staging_ancestors.pin_memory()
-        self.writer = verifier.cache.writer(self.slots)
-        self.generation = verifier.cache.generation
-        self.filled = size  # nodes of the tree in the buffers (the rest is padding)
-        # The compiled function is the model's, shared with every verifier of it (static_shared).
-        self.shared: SharedForward | None = verifier.shared_forward(size, mode) if "inductor" in mode else None
-        # Whether this forward's output is known to agree with the eager forward's (StaticVerifier._run).
-        self._checked = mode == "eager" or (mode == "inductor" and self.shared is not None and self.shared.checked)
-        self._compiled: Callable[..., torch.Tensor] | None = None
-        # CUDA-graph modes: one graph (and its output tensor) per attention width it was captured at, each
-        # checked at its own first replay (StaticVerifier._window_for: the widths come in a few tiers).
-        self._graphs: dict[int, Any] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
-        self._checked_widths: set[int] = set()
-
-    @property
-    def checked(self) -> bool:
-        """Whether the forward this runner would run now is known to agree with the eager forward: in the
-        CUDA-graph modes the graph of the cache's current width, else the bucket's one forward."""
-        if "cudagraphs" in self.mode:
-            return self.verifier.cache.width in self._checked_widths
-        return self._checked
-
-    @checked.setter
-    def checked(self, value: bool) -> None:
-        if "cudagraphs" in self.mode:
-            width = self.verifier.cache.width
-            if value:
-                self._checked_widths.add(width)
-            else:
-                self._checked_widths.discard(width)
-        else:
-            self._checked = value
-
-    @property
-    def captured_widths(self) -> tuple[int, ...]:
-        """The attention widths this runner holds a captured graph for (CUDA-graph modes; tests count them)."""
-        return tuple(sorted(self._graphs))
-
-    @property
-    def verifier(self) -> StaticVerifier:
-        """The verifier that holds this runner's device state now."""
-        verifier = self._verifier()
-        if verifier is None:
-            raise SpecDecError("this bucket's verifier is gone; its device state belongs to no verifier")
-        return verifier
-
-    def bind(self, verifier: StaticVerifier) -> None:
-        """Serve ``verifier`` from now on (it took this runner's device state from the model's pool)."""
-        self._verifier = weakref.ref(verifier)
-
-    def load(self, tree: DraftTree, committed_len: int) -> None:
-        """Write ``tree`` (padded to the bucket) after ``committed_len`` committed tokens into the buffers."""
-        n, size = tree.size, self.size
-        self.filled = n
-        staging = self._staging.numpy()  # [3, T] int64: tokens, positions, slots
-        staging[0, :n] = tree.tokens
-        staging[0, n:] = 0  # padding nodes carry token 0 and see only themselves
-        staging[1, :n] = np.asarray(tree.depths, dtype=np.int64) + committed_len
-        staging[1, n:] = committed_len
-        staging[2] = np.arange(committed_len, committed_len + size, dtype=np.int64)
-        ancestors = self._staging_ancestors.numpy()  # [T, T]
-        ancestors[:] = False
-        ancestors[:n, :n] = ancestor_matrix(tree.parents)
-        ancestors[np.arange(n, size), np.arange(n, size)] = True
-        self._upload()
-
-    def _upload(self) -> None:
-        """Copy the host staging into the device buffers (pinned and asynchronous on CUDA)."""
-        blocking = self.tokens.device.type == "cpu"
-        self.tokens.copy_(self._staging[0:1], non_blocking=not blocking)
-        self.positions.copy_(self._staging[1:2], non_blocking=not blocking)
-        self.slots.copy_(self._staging[2], non_blocking=not blocking)
-        self.ancestors.copy_(self._staging_ancestors, non_blocking=not blocking)
-
-    def eager(self) -> torch.Tensor:
-        """The eager forward on the buffers' inputs (what every other mode must agree with)."""
-        verifier = self.verifier
-        return tree_forward(
-            verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-            verifier.additive_dtype, 0, verifier.cache_keyword, self.bounds,
-        )  # fmt: skip
-
-    def _compiled_forward(self) -> torch.Tensor:
-        if self._compiled is None:
-            assert self.shared is not None
-            self._compiled = self.shared.function
-        verifier = self.verifier
-        # Freezing folds the weights in as constants (prepacked for the CPU's GEMMs only where the
-        # verifier's `weight_prepack` says so). Both are read where compilation starts, which
-        # `options=` of torch.compile does not reach (seen with torch 2.13), hence the patch
-        # around every call: a recompilation must freeze too.
-        settings = {"freezing": verifier.freezing, "cpp.weight_prepack": verifier.weight_prepack}
-        with torch._inductor.config.patch(settings):
-            return self._compiled(
-                verifier.model, self.writer, self.tokens, self.positions, self.slots, self.ancestors,
-                verifier.additive_dtype, 0, verifier.cache_keyword, self.bounds,
-            )  # fmt: skip
-
-    def reset_compiled(self) -> None:
-        """Take :attr:`shared`'s function again at the next forward (it was replaced)."""
-        self._compiled = None
-
-    def _capture(self, forward: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
-        """Warm up on a side stream, then capture ``forward`` into a CUDA graph (shared memory pool); the
-        graph and the output tensor its replays write."""
-        side = torch.cuda.Stream(device=self.tokens.device)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(self.tokens.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):  # the writes land on the same slots as the replay's: harmless
-                forward()
-        torch.cuda.current_stream(self.tokens.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.verifier.graph_pool()):
-            output = forward()
-        return graph, output
-
-    def run(self) -> torch.Tensor:
-        """The bucket's logits ``[T, V]`` for the inputs in the buffers (KV written at ``slots``)."""
-        if self.mode == "eager":
-            return self.eager()
-        if self.mode == "inductor":
-            return self._compiled_forward()
-        width = self.verifier.cache.width  # a graph replays the width it was captured at
-        graph = self._graphs.get(width)
-        if graph is None:
-            forward = self._compiled_forward if self.mode == "inductor-cudagraphs" else self.eager
-            graph, self._outputs[width] = self._capture(forward)
-            self._graphs[width] = graph
-        graph.replay()
-        return self._outputs[width]
-
 
 @dataclass
-class DeviceSet:
-    """What a static verifier holds on the device: its KV cache, each bucket's runner (buffers, and the
-    captured graph in the CUDA-graph modes), the window tensors and the graphs' memory pool, and the
-    weights signature they were made for. Lent to one verifier at a time and, in :data:`POOLED_MODES`,
-    given back to the model's pool when that verifier is done (:mod:`specdec.backends.static_shared`)."""
+class StaticState(KVState):
+    """A sequence on a static cache: which prefill made it (the cache serves the latest one only) and its
+    region of a cache that a batch's rows share (:mod:`specdec.backends.static_rows`)."""
 
-    cache: StaticKVCache
-    weights: tuple[int, int]
-    runners: dict[int, BucketRunner] = field(default_factory=dict)
-    windows: dict[int, torch.Tensor] = field(default_factory=dict)
-    graph_pool: Any = None
-
-    def drop_runners(self) -> None:
-        """Forget every bucket's runner (and graph), and the graphs' memory pool with them.
-
-        The pool must go too: once its last graph is destroyed, the CUDA caching allocator keeps
-        the pool's memory until it is freed but refuses new captures into it (torch 2.11:
-        ``it->second->use_count > 0 INTERNAL ASSERT FAILED``, seen on an H200 when a grown
-        cache was captured again), so the next capture takes a fresh pool, and the old pool's
-        memory is handed back to the device (``empty_cache``: a dead pool's segments are freed only
-        there), once per regrowth, weight change or fallback.
-        """
-        self.runners.clear()
-        if self.graph_pool is not None:
-            self.graph_pool = None
-            torch.cuda.empty_cache()
+    sequence: int = 0
+    place: int = 0
 
 
-def _release(model: weakref.ReferenceType[Any], setting: Any, held: DeviceSet) -> None:
-    """Give a finished verifier's device state back to the model's pool (a ``weakref.finalize`` callback:
-    it must not refer to the verifier)."""
-    static_shared.give_back(model, setting, held)
+def static_state(state: KVState) -> StaticState:
+    """``state`` as a static cache's state (its verifier checked it is one of its own)."""
+    assert isinstance(state, StaticState), "a static-cache verifier's own state"
+    return state
 
 
 class StaticVerifier(ModelVerifier):
@@ -409,6 +114,7 @@ class StaticVerifier(ModelVerifier):
     """
 
     buckets: tuple[int, ...]
+    state_type = StaticState
     runner_class: type[BucketRunner] = BucketRunner  # what each bucket's forward is run by
 
     def __init__(
@@ -425,16 +131,17 @@ class StaticVerifier(ModelVerifier):
         if mode not in MODES:
             raise SpecDecError(f"unknown static-cache mode {mode!r}; valid modes: {', '.join(MODES)}")
         if "cudagraphs" in mode and self.device.type != "cuda":
-            raise SpecDecError(f"static-cache mode {mode!r} needs a model on a CUDA device, not {self.device.type!r}")
+            raise SpecDecError(f"engine {self._engine_of(mode)!r} needs a model on a CUDA device, "
+                               f"not {self.device.type!r}")
         buckets = tuple(sorted(set(int(b) for b in buckets)))
         if not buckets or buckets[0] != 1:
             raise SpecDecError(f"static-cache buckets must include 1 (plain steps), got {list(buckets)}")
-        sliding.check_cache_kind(model, "static")  # [sliding hook] refuses sliding-window and linear-attention layers
+        sliding.check_engine(model, "buckets")  # [sliding hook] refuses sliding-window and linear-attention layers
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         num_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(num_layers, int) or num_layers < 1:
             raise UnsupportedModelError(
-                "static cache: the model's config does not give its number of layers; use cache='dynamic'"
+                "static cache: the model's config does not give its number of layers; use engine='hf'"
             )
         self.mode = mode
         self.buckets = buckets
@@ -444,9 +151,8 @@ class StaticVerifier(ModelVerifier):
         # inductor folds the weights in as constants; False: weights stay inputs
         self.freezing = True
         # Frozen weights prepacked into oneDNN layouts (CPU GEMMs): off, since every bucket then holds its own
-        # packed copy of the weights. Measured on the default model (fp32, 2 buckets, cold): peak memory
-        # 2.82 GB with prepacking, 1.23 GB without; a one-node forward 25.7 vs 31.9 ms, eight nodes 51.4 vs
-        # 48.2 ms (docs/static-cache.md); and only unpacked graphs are stored for later processes.
+        # packed copy of the weights (twice the peak memory for little speed: docs/static-cache.md); and only
+        # unpacked graphs are stored for later processes.
         self.weight_prepack = False
         self._sequence = 0  # the sequence that owns the cache now
         self._sequences_made = 0
@@ -478,7 +184,7 @@ class StaticVerifier(ModelVerifier):
                 else:
                     runner.bind(self)
         if pooled:
-            self._finalizer = weakref.finalize(self, _release, weakref.ref(self.model), setting, held)
+            self._finalizer = weakref.finalize(self, release, weakref.ref(self.model), setting, held)
         return held
 
     def _first_capacity(self) -> int:
@@ -519,8 +225,17 @@ class StaticVerifier(ModelVerifier):
 
     @property
     def cache_kind(self) -> str:
-        """The cache name that makes this verifier: ``static-eager``, ``static-inductor``, ..."""
+        """The verifier's kind in calibration keys: ``static-eager``, ``static-inductor``, ..."""
         return f"static-{self.mode}"
+
+    @property
+    def engine(self) -> str:
+        """What runs the forward: ``"buckets"``, ``"compiled"``, ``"graphs"`` or ``"compiled-graphs"``."""
+        return self._engine_of(self.mode)
+
+    @staticmethod
+    def _engine_of(mode: str) -> str:
+        return next(engine for engine, engine_mode in STATIC_ENGINES.items() if engine_mode == mode)
 
     @property
     def live_limit(self) -> int | None:
@@ -565,8 +280,8 @@ class StaticVerifier(ModelVerifier):
         def build() -> Callable[..., torch.Tensor]:
             if self.device.type == "cpu":
                 compile_cache.activate()  # compiled code on disk, for later processes too
-            tag = f"t{size}_s{capacity}_{mode.replace('-', '_')}_{next(_CODE_TAGS)}"
-            return compile_forward(_fresh_code(tree_forward, tag))
+            tag = f"t{size}_s{capacity}_{mode.replace('-', '_')}_{next(CODE_TAGS)}"
+            return compile_forward(fresh_code(tree_forward, tag))
 
         return self.shared_store().forward(mode, size, capacity, build)
 
@@ -685,7 +400,7 @@ class StaticVerifier(ModelVerifier):
         self._fallback_reason = reason
         self.shared_store().failed.setdefault(self.mode, reason)
         warnings.warn(
-            f"cache='static': static-{self.mode} forwards {what} ({reason}); verifying with eager forwards "
+            f"engine={self.engine!r}: its forwards {what} ({reason}); verifying with eager forwards "
             "on the static cache instead",
             RuntimeWarning,
             stacklevel=5,
@@ -742,13 +457,13 @@ class StaticVerifier(ModelVerifier):
 
     def _on_new_state(self, state: KVState) -> None:
         self._sequences_made += 1
-        self._sequence = state.sequence = self._sequences_made
+        self._sequence = static_state(state).sequence = self._sequences_made
 
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        if state.cache is not self.cache or state.sequence != self._sequence:
+        if state.cache is not self.cache or not isinstance(state, StaticState) or state.sequence != self._sequence:
             raise SpecDecError(
                 "this sequence's static cache was taken by a later prefill: a static-cache verifier serves one "
-                "sequence at a time (use one Generator per concurrent sequence, or cache='dynamic')"
+                "sequence at a time (use one Generator per concurrent sequence, or engine='hf')"
             )
         committed = state.committed_len
         runner = self.runner(tree.size)

@@ -12,8 +12,8 @@ CUDA graph and replayed (GPU), which is the whole point (``docs/backends.md``).
 Layout: per layer, one keys and one values tensor ``[B, H, S, D]`` (batch, KV heads, slots,
 head dim), each **its own allocation**. One ``[L, B, H, S, D]`` tensor for all layers would
 make compaction two ops instead of ``4 L``, but a compiled forward then writes through views
-of one graph input, which inductor turns into a copy of the whole cache per layer (measured
-on this CPU, 30 layers, 2,048 slots: 67 ms per step instead of 0.06 ms). Compaction happens
+of one graph input, which inductor turns into a copy of the whole cache per layer (a thousand
+times the cost of the compaction itself, docs/static-cache.md). Compaction happens
 outside the forward and moves only the accepted nodes that are out of place, so its ``4 L``
 small ops cost little, and nothing when the accepted path is a chain. ``B`` is 1 today (one
 sequence per verifier); the batch axis is there so batching is a change of contents, not
@@ -85,7 +85,7 @@ class StaticKVCache:
         if keys.shape[0] != self.batch or keys.shape[:2] != values.shape[:2] or keys.shape[-1] != values.shape[-1]:
             raise UnsupportedModelError(
                 f"static cache: keys {tuple(keys.shape)} and values {tuple(values.shape)} are not [B={self.batch}, "
-                "H, T, D] of one shape; use cache='dynamic' for this model"
+                "H, T, D] of one shape; use engine='hf' for this model"
             )
         _, heads, _, dim = keys.shape
         shape = (self.batch, heads, self.capacity, dim)
@@ -195,7 +195,7 @@ def _writer_class() -> type[Any]:
             if key_states.shape[1:] != (keys.shape[1], self.slots.shape[0], keys.shape[3]):
                 raise UnsupportedModelError(
                     f"static cache: layer {self.index} writes keys {tuple(key_states.shape)}, the cache holds "
-                    f"{tuple(keys.shape)} per layer; use cache='dynamic' for this model"
+                    f"{tuple(keys.shape)} per layer; use engine='hf' for this model"
                 )
             keys.index_copy_(2, self.slots, key_states)
             values.index_copy_(2, self.slots, value_states)

@@ -3,7 +3,7 @@
 Why: a :class:`~specdec.backends.static.StaticVerifier` holds one sequence, so a batch on a
 static cache ran its rows one after another. On a GPU, where the static cache with CUDA graphs
 is the default, that kept specdec's tokens per second flat in the batch size while Hugging
-Face's batched ``generate`` grew 34x by B = 32 (0.19x there: docs/bench/gpu-h200-2026-11-27).
+Face's batched ``generate`` grew with it (docs/bench has the GPU runs).
 
 **The flat layout.** One cache of batch 1 whose slots are cut into ``P`` regions of ``S`` slots,
 one per place, and ``M`` scratch slots at the end (``M``: the most padding a bucket adds, 255 for
@@ -11,7 +11,7 @@ buckets up to 512). Place ``p`` owns
 slots ``p*S .. (p+1)*S - 1``. A step concatenates every row's tree into one tree of
 ``T = sum N_b`` nodes, padded up to a bucket as a lone tree is: row ``b``'s nodes are written at
 ``p_b*S + C_b + i`` with positions ``C_b + depth``, and see the committed slots of their own
-region (``bounds`` of :func:`~specdec.backends.static.tree_forward`) and their own ancestors;
+region (``bounds`` of :func:`~specdec.backends.bucket_runner.tree_forward`) and their own ancestors;
 padding nodes write to scratch slots and see only themselves. So every row is verified by one
 forward, and all a bucket has carries over unchanged from the one-sequence verifier: its
 buffers, its compiled function or captured CUDA graph, its self-check at first use against the
@@ -22,7 +22,7 @@ then under-prices the step).
 
 **What it costs.** Every node attends over all ``P*S + M`` slots, masked: nothing next to a GPU
 step's launch overhead at these sizes; on a CPU an eager attention over every region costs more
-than rows with caches of their own (``cache="native"``, the CPU's batch path, has those).
+than rows with caches of their own (``engine="specdec"``, the CPU's batch path, has those).
 
 **Growth.** A row that needs more than ``S`` slots (a longer prompt joining, a row reaching the
 end of its region) makes every region the next power of two: the live rows' committed slots move
@@ -51,9 +51,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.backends.static import BUCKETS, MIN_CAPACITY, BucketRunner, StaticVerifier, capacity_for
+from specdec.backends.bucket_runner import BucketRunner
+from specdec.backends.buckets import BUCKETS, MIN_CAPACITY, capacity_for
+from specdec.backends.static import StaticState, StaticVerifier, static_state
 from specdec.backends.tree import ancestor_matrix
-from specdec.backends.verifier import KVState, TreeOps, _kv_bytes_per_token
+from specdec.backends.verifier import KVState, TreeOps, kv_bytes_per_token
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, TokenChooser, Verification
 
@@ -188,7 +190,8 @@ class RowsStaticVerifier(StaticVerifier):
     def _check_owned(self, state: KVState) -> None:
         if state.cache is None:
             raise SpecDecError("this sequence was released: it cannot be verified any more")
-        if not (0 <= state.place < self.places) or self._owner(state.place) is not state:
+        if (not isinstance(state, StaticState) or not 0 <= state.place < self.places
+                or self._owner(state.place) is not state):  # fmt: skip
             raise SpecDecError("this sequence does not belong to this batch verifier")
 
     @property
@@ -200,12 +203,13 @@ class RowsStaticVerifier(StaticVerifier):
         """KV-cache bytes of one place holding up to ``tokens`` tokens: its region (a power of two of at
         least 256 slots; every place is as large as the largest) x layers x keys and values x KV heads x
         head size x the dtype's bytes. None where the config does not say."""
-        per_token = _kv_bytes_per_token(self.model.config, self.dtype)
+        per_token = kv_bytes_per_token(self.model.config, self.dtype)
         return None if per_token is None else per_token * capacity_for(tokens)
 
     def release(self, state: KVState) -> None:
         """The sequence is over: its place is free for the next prefill."""
-        if state.cache is not None and 0 <= state.place < self.places and self._owner(state.place) is state:
+        if (state.cache is not None and isinstance(state, StaticState) and 0 <= state.place < self.places
+                and self._owner(state.place) is state):  # fmt: skip
             self._owners[state.place] = None
         state.cache = None
 
@@ -241,8 +245,9 @@ class RowsStaticVerifier(StaticVerifier):
 
     def _on_new_state(self, state: KVState) -> None:
         assert self._opening is not None, "a state without its prefill"
-        state.place, self._opening = self._opening, None
-        self._owners[state.place] = weakref.ref(state)
+        place = static_state(state).place = self._opening
+        self._opening = None
+        self._owners[place] = weakref.ref(state)
 
     def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_owned(state)
@@ -266,7 +271,7 @@ class RowsStaticVerifier(StaticVerifier):
         logits_parts, position_parts = [], []
         groups = _groups([tree.size for tree in trees], self.largest_bucket)
         for group in groups:
-            rows = [(trees[b], states[b].place * span, states[b].committed_len) for b in group]
+            rows = [(trees[b], static_state(states[b]).place * span, states[b].committed_len) for b in group]
             total = sum(trees[b].size for b in group)
             runner = self.runner(total)
             assert isinstance(runner, RowsBucketRunner)
@@ -283,7 +288,7 @@ class RowsStaticVerifier(StaticVerifier):
         return torch.cat(logits_parts), torch.cat(position_parts)
 
     def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
-        self.cache.compact(state.place * self.span + committed_len, tuple(path))
+        self.cache.compact(static_state(state).place * self.span + committed_len, tuple(path))
 
     def rewind(self, state: KVState, committed_len: int) -> None:
         if not 0 <= committed_len <= state.committed_len:

@@ -2,7 +2,7 @@
 
 Why: a static-cache verifier compiles one forward per tree-size bucket at its first use
 (:mod:`specdec.backends.static`), and ``specdec.run`` makes a new verifier per call. Each
-compiled forward had a code object of its own, so every ``run(..., cache="static")``
+compiled forward had a code object of its own, so every ``run(..., engine="compiled")``
 compiled every bucket again: tens of seconds per call, 0.06-0.13x Hugging Face's
 ``generate`` one call at a time (issue 30). Here the compiled functions belong to the
 **model object**: every verifier of it with the same dtype, device, kernel choice and
@@ -21,7 +21,7 @@ that looks finds the store emptied and compiles afresh (frozen weights are const
 
 **Captured graphs are lent, not shared.** A captured CUDA graph replays the very tensors it
 was captured on (its bucket's buffers and its KV cache), and one cache serves one sequence,
-so a verifier's device state (cache, buffers, graphs: ``static.DeviceSet``) belongs to one
+so a verifier's device state (cache, buffers, graphs: ``device_set.DeviceSet``) belongs to one
 verifier at a time. But capturing every bucket again for each ``specdec.run`` costs more
 than a short generation (measured on an H200, default model's shape: a one-off ``run`` of
 64 tokens took 2-10x a warmed Generator's time), so a verifier that is done with its state
@@ -48,8 +48,8 @@ import torch
 
 # Largest |compiled - eager| a logit may show, relative to max(1, the row's largest |eager| logit),
 # per dtype: far above the rounding of another kernel order, far below a wrong forward's error. float64:
-# inductor's compiled forward of a tiny fp64 Llama on an H200 differed from eager by 3.8e-6 of the row's
-# scale (2026-11-26), so 1e-6 refused a correct forward; 1e-4 is still 10x under float32's.
+# inductor's compiled forward of a tiny fp64 Llama on a GPU has differed from eager by a few 1e-6 of the
+# row's scale, so 1e-6 refused a correct forward; 1e-4 is still 10x under float32's.
 TOLERANCE = {torch.float64: 1e-4, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 

@@ -35,7 +35,15 @@ from specdec.backends.tree import ancestor_matrix, tree_attention_inputs
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.models import SUPPORTED_ATTENTION, cache_keyword, context_length
 from specdec.sampling import Greedy, apply_repetition_penalty, penalty_mask
-from specdec.types import DEFAULT_KERNEL, DraftTree, Feedback, KernelChoice, TokenChooser, Verification
+from specdec.types import (
+    DEFAULT_KERNEL,
+    DraftTree,
+    Feedback,
+    KernelChoice,
+    TokenChooser,
+    Verification,
+    VerifierDescription,
+)
 
 
 @dataclass
@@ -51,8 +59,6 @@ class KVState:
     chooser: TokenChooser = field(default_factory=Greedy)
     repetition_penalty: float = 1.0
     presence: torch.Tensor | None = None
-    sequence: int = 0  # which prefill made it (a static cache serves the latest one only)
-    place: int = 0  # its region of a cache shared by a batch's rows (specdec.backends.static_rows)
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ def _decision_precision(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
-def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
     """Bytes of keys and values one token holds in every layer, from the model's config; None if it does not say."""
     layers = getattr(config, "num_hidden_layers", None)
     heads = getattr(config, "num_attention_heads", None)
@@ -208,6 +214,7 @@ class ModelVerifier:
     """
 
     KERNELS: tuple[str, ...] = (DEFAULT_KERNEL,)  # the kernel variants this verifier can run
+    state_type: type[KVState] = KVState  # what prefill makes (a static cache's states say more)
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         check_model(model)
@@ -233,8 +240,24 @@ class ModelVerifier:
         return "dynamic"
 
     @property
+    def engine(self) -> str:
+        """What runs the forward (:data:`specdec.backends.ENGINES`): ``"hf"``, Hugging Face's own."""
+        return "hf"
+
+    @property
     def name(self) -> str:
         return self.ops.name
+
+    @property
+    def kernel_path(self) -> str:
+        """The CPU kernels' path this verifier's forwards take: ``"-"``, the model's own forward."""
+        return "-"
+
+    @property
+    def description(self) -> VerifierDescription:
+        """What this verifier is (:class:`~specdec.types.VerifierDescription`), as it is now."""
+        return VerifierDescription(self.engine, self.name, self.device, self.dtype, self.vocab_size,
+                                   self.context_length, self.max_tree_nodes, self.kernel_path)  # fmt: skip
 
     def identity(self) -> dict[str, str]:
         """What a verification's cost depends on (:func:`~specdec.backends.identity.model_identity`)."""
@@ -308,7 +331,7 @@ class ModelVerifier:
         with torch.inference_mode():
             cache, logits = self._prefill_forward(input_ids, keep_all=prompt_topk > 0, reserve=reserve)
             logits = _decision_precision(logits)  # [L or 1, V]
-            state = KVState(cache, len(prompt), chooser or self.chooser, float(repetition_penalty))
+            state = self.state_type(cache, len(prompt), chooser or self.chooser, float(repetition_penalty))
             self._on_new_state(state)
             last = logits[-1:]
             if state.repetition_penalty != 1.0:
@@ -347,7 +370,7 @@ class ModelVerifier:
         """Peak KV-cache bytes of one sequence of ``tokens`` tokens: keys and values of every layer, twice
         (a ``DynamicCache`` step concatenates into new tensors while the old ones live); None where the
         config does not say the layer count, KV heads and head size."""
-        per_token = _kv_bytes_per_token(self.model.config, self.dtype)
+        per_token = kv_bytes_per_token(self.model.config, self.dtype)
         return None if per_token is None else 2 * per_token * tokens
 
     def _check_row(self, state: KVState, tree: DraftTree) -> None:

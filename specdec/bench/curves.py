@@ -1,17 +1,17 @@
 """Verification cost curves: ms per verification by tree size and context, verifier variants side by side.
 
-A **variant** is a verifier spec, ``label=backend[:key=value...]``: ``backend`` is a
-:func:`~specdec.backends.make_verifier` backend (``auto``, ``torch``, ``cuda_ext``); a key
-that ``make_verifier`` takes is passed to it (``cache``), any other key sets that attribute
-of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at every size
-(:meth:`~specdec.types.Verifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
-``cache=native``). The default variants are the CPU paths' comparison (docs/budget.md):
+A **variant** is a verifier spec, ``label=engine[:key=value...]``: ``engine`` is a
+:func:`~specdec.backends.make_verifier` engine (``auto``, ``hf``, ``specdec``, ``compiled``, ...);
+a key that ``make_verifier`` takes is passed to it (``tree_ops``), any other key sets that
+attribute of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at every size
+(:meth:`~specdec.types.TunableVerifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
+``engine=specdec``). The default variants are the CPU paths' comparison (docs/budget.md):
 
-- ``dynamic``: the model's own forward on Hugging Face's ``DynamicCache``;
-- ``native``: specdec's own forward (:mod:`specdec.backends.runner`) with torch's kernels;
-- ``native+cpu``: that, with specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`:
+- ``hf``: Hugging Face's own forward on its ``DynamicCache``;
+- ``specdec``: specdec's own forward (:mod:`specdec.backends.runner`) with torch's kernels;
+- ``specdec+cpu``: that, with specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`:
   skinny linear layers and tree attention);
-- ``native+cpu-attention``: torch's linear layers with specdec's tree attention.
+- ``specdec+cpu-attention``: torch's linear layers with specdec's tree attention.
 
 All variants share one model and are timed in the same interleaved rounds (a drift of the
 machine's load hits all alike); round 0 warms up and the fastest of ``repeats`` rounds is
@@ -41,8 +41,8 @@ from specdec.errors import SpecDecError
 from specdec.types import DraftTree, KernelChoice
 
 DEFAULT_VARIANTS = (
-    "dynamic=auto:cache=dynamic,native=auto:cache=native:kernels=default,native+cpu=auto:cache=native:kernels=cpu,"
-    "native+cpu-attention=auto:cache=native:kernels=cpu-attention"
+    "hf=hf,specdec=specdec:kernels=default,specdec+cpu=specdec:kernels=cpu,"
+    "specdec+cpu-attention=specdec:kernels=cpu-attention"
 )
 
 

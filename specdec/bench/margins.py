@@ -73,19 +73,19 @@ def one_token_rows(model: Any, prompt: Sequence[int], count: int) -> tuple[list[
 
 
 def verifiers(model: Any) -> dict[str, Any]:
-    """The verifier variants measured: the model's forward (``dynamic``), specdec's own forward with the
-    default kernels (``native``) and with its CPU kernels (``native+cpu``, where they serve the model)."""
-    found: dict[str, Any] = {"dynamic": make_verifier(model, "torch", cache="dynamic")}
+    """The verifier variants measured: Hugging Face's forward (``hf``), specdec's own forward with the
+    default kernels (``specdec``) and with its CPU kernels (``specdec+cpu``, where they serve the model)."""
+    found: dict[str, Any] = {"hf": make_verifier(model, "hf", tree_ops="torch")}
     try:
-        native = make_verifier(model, "torch", cache="native")
+        native = make_verifier(model, "specdec", tree_ops="torch")
     except SpecDecError:  # an architecture specdec's forward does not run: not measured
         return found
     native.use_kernels(KernelChoice.uniform(DEFAULT_KERNEL))
-    found["native"] = native
+    found["specdec"] = native
     if isinstance(native, RunnerVerifier) and native.kernels_available:
-        with_kernels = make_verifier(model, "torch", cache="native")
+        with_kernels = make_verifier(model, "specdec", tree_ops="torch")
         with_kernels.use_kernels(KernelChoice.uniform(CPU_KERNEL))
-        found["native+cpu"] = with_kernels
+        found["specdec+cpu"] = with_kernels
     return found
 
 

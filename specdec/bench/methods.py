@@ -11,7 +11,7 @@ A method is named by a **spec** string: ``[label=]name[:key=value[:key=value...]
   :meth:`specdec.Generator.generate` takes goes there (``budget``, ``max_nodes``,
   ``prompt_feedback``, the sampling options ``do_sample``, ``temperature``, ``top_k``,
   ``top_p``, ``seed``), a key that the :class:`~specdec.Generator` constructor takes goes
-  there (``backend``, ``cache``, ``store``, ...; ``planner_cache`` is off unless the spec
+  there (``engine``, ``tree_ops``, ``store``, ...; ``planner_cache`` is off unless the spec
   turns it on, so a run does not depend on what earlier processes learned), ``keep=true``
   keeps one drafter object (and what it learns) across all questions, and every other key
   is a drafter option. A sampled method's output is judged against ``none`` with the same sampling
@@ -95,7 +95,7 @@ def generator_options() -> tuple[frozenset[str], frozenset[str]]:
 
     Read from the constructor's signature and the decoding options' type
     (:class:`~specdec.decoding.DecodingOptions`), so an option the library adds (a
-    ``cache`` for the constructor, say) is a bench option the day it lands.
+    ``engine`` for the constructor, say) is a bench option the day it lands.
     """
     construction = set(inspect.signature(Generator.__init__).parameters) - _NOT_OPTIONS
     generation = set(DECODING_OPTIONS) - _NOT_OPTIONS
@@ -182,7 +182,7 @@ class ForwardMeter:
 
     Installs a pre-hook and a hook on the model's top-level module, which every caller
     (specdec's verifier, ``model.generate``) runs through ``__call__``; a verifier whose forwards
-    are specdec's own (``cache="native"``: they never call the model's ``__call__``) is watched
+    are specdec's own (``engine="specdec"``: they never call the model's ``__call__``) is watched
     through :meth:`watch`. On a GPU the hooks
     synchronize, so the time is the kernels' and not the launch's; that sync is a cost
     every method pays alike. Hooks add ~2 us per forward.
@@ -218,7 +218,7 @@ class ForwardMeter:
         return self.forwards, self.forward_s
 
     def watch(self, verifier: Any) -> None:
-        """Also count the forwards of ``verifier``'s own runner (``cache="native"``), if it has one.
+        """Also count the forwards of ``verifier``'s own runner (``engine="specdec"``), if it has one.
 
         The runner object is specdec's, not the user's model: its ``forward`` is wrapped in place.
         """
@@ -358,13 +358,13 @@ class _Kept:
 class SpecdecMethod:
     """A registered drafter through specdec's loop (a fresh drafter per generation, unless ``keep``)."""
 
-    def __init__(self, spec: MethodSpec, model: Any, tokenizer: Any, meter: ForwardMeter, backend: str,
+    def __init__(self, spec: MethodSpec, model: Any, tokenizer: Any, meter: ForwardMeter, tree_ops: str,
                  datastores: Mapping[str, str] | None = None) -> None:
         self.spec = spec
         self._meter = meter
         construction, generation = generator_options()
         self._generation = {k: v for k, v in spec.options.items() if k in generation}
-        built = {"backend": backend, **{k: v for k, v in spec.options.items() if k in construction}}
+        built = {"tree_ops": tree_ops, **{k: v for k, v in spec.options.items() if k in construction}}
         if "planner_cache" in construction:  # a run must not depend on what earlier processes learned
             built.setdefault("planner_cache", False)
         options = {k: v for k, v in spec.options.items() if k not in construction | generation | {KEEP}}
@@ -661,7 +661,7 @@ def build_methods(
     tokenizer: Any,
     meter: ForwardMeter,
     *,
-    backend: str = "auto",
+    tree_ops: str = "auto",
     datastores: Sequence[str | os.PathLike[str]] = (),
 ) -> list[Method]:
     """One method object per spec; drafter names, options and datastores are checked here, before any run.
@@ -681,7 +681,7 @@ def build_methods(
             methods.append(HuggingFaceMethod(spec, model, eos, meter))
             continue
         try:
-            methods.append(SpecdecMethod(spec, model, tokenizer, meter, backend, kinds))
+            methods.append(SpecdecMethod(spec, model, tokenizer, meter, tree_ops, kinds))
         except (SpecDecError, TypeError) as error:
             peers = f" (or a peer: {', '.join(PEERS)})" if "unknown drafter" in str(error) else ""
             raise SpecDecError(f"method {spec.label!r}: {error}{peers}") from None

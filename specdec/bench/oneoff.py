@@ -87,7 +87,7 @@ class Timing:
     seconds: float
     steps: int | None = None
     first_token_s: float | None = None  # fresh processes: from the process's start to its first token
-    cache: str | None = None  # the verifier's cache kind (specdec arms)
+    engine: str | None = None  # what ran the forward (specdec arms: GenerationStats.engine)
     split: dict[str, float] | None = None  # specdec arms: where the seconds went (:func:`time_split`)
 
     @property
@@ -133,7 +133,7 @@ def timed_run(model: Any, tokenizer: Any, ids: Sequence[int], spec: MethodSpec, 
     started = time.perf_counter()
     result = run(model, list(ids), spec.name, tokenizer=tokenizer, max_new_tokens=max_new_tokens, **spec.options)
     seconds = time.perf_counter() - started
-    return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None,
+    return Timing(list(result.tokens), seconds, result.stats.steps, engine=result.stats.engine or None,
                   split=time_split(result, seconds))  # fmt: skip
 
 
@@ -143,7 +143,7 @@ def timed_generate(generator: Generator, ids: Sequence[int], spec: MethodSpec, m
     started = time.perf_counter()
     result = generator.generate(list(ids), max_new_tokens=max_new_tokens, **options)
     seconds = time.perf_counter() - started
-    return Timing(list(result.tokens), seconds, result.stats.steps, cache=result.stats.cache or None,
+    return Timing(list(result.tokens), seconds, result.stats.steps, engine=result.stats.engine or None,
                   split=time_split(result, seconds))  # fmt: skip
 
 
@@ -226,7 +226,7 @@ def child_main(payload: str) -> None:
     hf = hf_greedy(model, ids, spec_data["max_new_tokens"])
     print(json.dumps({
         "ids": ids, "run": {"tokens": result.tokens, "seconds": seconds, "steps": result.stats.steps,
-                            "first_token_s": first[0] if first else None, "cache": result.stats.cache or None,
+                            "first_token_s": first[0] if first else None, "engine": result.stats.engine or None,
                             "split": time_split(result, seconds)},
         "hf": {"tokens": hf.tokens, "seconds": hf.seconds},
     }))  # fmt: skip
@@ -255,7 +255,7 @@ def warmed_child_main(payload: str) -> None:
         timing = timed_generate(generator, ids, spec, data["max_new_tokens"])
         hf = hf_greedy(model, ids, data["max_new_tokens"])
         print(json.dumps({"tokens": timing.tokens, "seconds": timing.seconds, "steps": timing.steps,
-                          "cache": timing.cache, "split": timing.split,
+                          "engine": timing.engine, "split": timing.split,
                           "hf_tokens": hf.tokens, "hf_seconds": hf.seconds}), flush=True)  # fmt: skip
 
 
@@ -357,12 +357,12 @@ def measure_fresh(
             run_data = data["run"]
             result.arms[f"run:{spec}"] = Timing(
                 run_data["tokens"], run_data["seconds"], run_data["steps"], run_data["first_token_s"],
-                run_data.get("cache"), run_data.get("split"),
+                run_data.get("engine"), run_data.get("split"),
             )  # fmt: skip
             if warmed_process is not None:
                 row = warmed_process.ask(prompt.text)
                 result.arms[f"warmed:{spec}"] = Timing(row["tokens"], row["seconds"], row["steps"],
-                                                       cache=row.get("cache"), split=row.get("split"))  # fmt: skip
+                                                       engine=row.get("engine"), split=row.get("split"))  # fmt: skip
                 result.arms["hf:warmed"] = Timing(row["hf_tokens"], row["hf_seconds"])
             results.append(result)
     finally:
@@ -513,7 +513,7 @@ def summarize(results: Sequence[PromptResult]) -> dict[str, Any]:
         "acceptable": {arm: sum(r.acceptable.get(arm, False) for r in results) for arm in arms if arm != "hf"},
         "prompts": len(results),
         "first_token_s": round(first_tokens[len(first_tokens) // 2], 3) if first_tokens else None,
-        "caches": sorted({t.cache for r in results for t in r.arms.values() if t.cache}),
+        "engines": sorted({t.engine for r in results for t in r.arms.values() if t.engine}),
     }
 
 
@@ -532,7 +532,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [markdown_table(["kind", "hf tok/s", *arms], rows)]
     lines.append(
         f"\n{summary['prompts']} prompts; identical to hf: {summary['identical']}; identical or first different at "
-        f"a near-tie: {summary['acceptable']}; caches: {', '.join(summary['caches'])}"
+        f"a near-tie: {summary['acceptable']}; engines: {', '.join(summary['engines'])}"
     )
     if summary["first_token_s"] is not None:
         lines.append(f"median time from process start to first token: {summary['first_token_s']:.2f} s")
@@ -543,6 +543,6 @@ def to_json(results: Sequence[PromptResult]) -> list[dict[str, Any]]:
     return [
         {"kind": r.prompt.kind, "prompt": r.prompt.text, "ids": r.ids, "verdicts": r.verdicts,
          "arms": {arm: {"tokens": t.tokens, "seconds": t.seconds, "steps": t.steps, "first_token_s": t.first_token_s,
-                        "cache": t.cache, "split": t.split} for arm, t in r.arms.items()}}
+                        "engine": t.engine, "split": t.split} for arm, t in r.arms.items()}}
         for r in results
     ]  # fmt: skip

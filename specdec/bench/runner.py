@@ -58,7 +58,7 @@ class BenchSettings:
     model: str
     max_new_tokens: int = 128
     turns: int = 1
-    backend: str = "auto"
+    tree_ops: str = "auto"
     datastores: tuple[str, ...] = ()
     warmup_tokens: int = 16
     keep_outputs: bool = False
@@ -74,7 +74,7 @@ class BenchSettings:
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model, "max_new_tokens": self.max_new_tokens, "turns": self.turns,
-            "backend": self.backend, "datastores": list(self.datastores), "warmup_tokens": self.warmup_tokens,
+            "tree_ops": self.tree_ops, "datastores": list(self.datastores), "warmup_tokens": self.warmup_tokens,
             "keep_outputs": self.keep_outputs,
         }
 
@@ -203,7 +203,7 @@ class BenchRun:
         self._references = references(self.specs)
         self.meter = ForwardMeter(model)
         self.methods: list[Method] = build_methods(
-            self.specs, model, tokenizer, self.meter, backend=settings.backend, datastores=settings.datastores
+            self.specs, model, tokenizer, self.meter, tree_ops=settings.tree_ops, datastores=settings.datastores
         )
         self._by_label = {method.spec.label: method for method in self.methods}
         self.judge = Judge(model, settings.max_new_tokens)

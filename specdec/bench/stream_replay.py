@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.api import resolve_store
 from specdec.backends import make_verifier
 from specdec.bench.methods import generator_options
 from specdec.bench.report import OVERALL, markdown_table
 from specdec.budget import AcceptanceModel, BudgetPlanner, CostTable, Throughput, VerifyCostModel
 from specdec.budget.calibration_cache import cost_model
+from specdec.coercion import resolve_store
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.drafters import make_factory
 from specdec.engine import decode
@@ -47,6 +47,7 @@ from specdec.types import (
     KernelChoice,
     TokenChooser,
     Verification,
+    VerifierDescription,
 )
 
 _GOLDEN = 2654435761  # Knuth's multiplicative hash constant: spreads off-path choices over the vocabulary
@@ -109,6 +110,7 @@ class ReplayVerifier:
     max_tree_nodes: int | None = None  # no cap of its own (a static cache has one)
     buckets: tuple[int, ...] | None = None
     cache_kind = "replay"
+    engine = "replay"
     kernels = KernelChoice()
 
     def __init__(self, stream: Sequence[int], vocab_size: int) -> None:
@@ -117,6 +119,11 @@ class ReplayVerifier:
         self.stream = [int(t) for t in stream]
         self.vocab_size = vocab_size
         self.context_length = len(self.stream) - 1
+
+    @property
+    def description(self) -> VerifierDescription:
+        return VerifierDescription(self.engine, self.name, self.device, self.dtype, self.vocab_size,
+                                   self.context_length, self.max_tree_nodes)  # fmt: skip
 
     def identity(self) -> dict[str, str]:
         return {"backend": self.name, "cache": self.cache_kind}

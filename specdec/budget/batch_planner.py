@@ -2,7 +2,7 @@
 
 A batched step verifies every row's tree in one forward (:mod:`specdec.batching`): ``B`` rows
 with trees of ``k_b`` nodes cost ``cost(R, C)`` for ``R = sum_b k_b`` rows in all (on
-``cache="native"`` there is no padding: the forward's linear layers see exactly ``R`` rows).
+``engine="specdec"`` there is no padding: the forward's linear layers see exactly ``R`` rows).
 The rule of :mod:`specdec.budget.planner`, written for the batch, maximizes
 
     sum_b E_b(k_b) - rate * cost(sum_b k_b, C)          E_b(k) = 1 + (sum of row b's k - 1 largest p)
@@ -43,52 +43,41 @@ cadence, which was measured with the row gates below and not measured again sinc
 **Which rows draft at all.** The rule above weighs the forward's extra rows against the tokens
 they are expected to bring; it cannot weigh what a row's drafting itself costs, since that is
 spent before there is a tree to plan (a ``sam+recycling`` row drafts, is planned and learns in
-about half a millisecond; at ``B = 8`` a plain forward costs ~4.5 ms per row, and drafting on every
-row made the batch ~5% slower than plain batched decoding, as measured on this CPU). So under
+far less than a forward, but drafting on every row of a large batch made it slower than plain
+batched decoding: docs/budget.md). So under
 ``budget="auto"`` each row has a :class:`RowGate`: the row drafts while the tokens its drafts
 gained lately, at the batch's seconds per token, are worth the seconds its drafting took;
 a drafting step's gain is net of what its verification cost: the accepted draft tokens less
 the row's share of the forward's extra seconds (:meth:`BatchPlan.extra_seconds`) in plain
 tokens. The planner verifies a node when its expected acceptance beats the extra rows' price,
-so its nodes gain little over that price where it is high (at ``B = 8`` here an extra row costs
-half a plain token, and the drafters' best nodes are accepted 0.56: scripts/batch_breakeven.py);
-counting gross tokens kept such rows drafting for nodes that paid for their rows and not for
-their drafting. Measured (2026-11-26, this CPU, ``specdec bench batch``, paired ratios over
-batched ``none``, three repeats a run): ``B = 8`` 0.966-1.001 in six runs (gross gains:
-0.880-1.046 in nine, median 0.953); ``B = 4`` median 1.04 against 1.00; ``B = 2`` 1.39x.
+so its nodes gain little over that price where it is high (scripts/batch_breakeven.py measures
+it); counting gross tokens kept such rows drafting for nodes that paid for their rows and not for
+their drafting (``specdec bench batch``; figures in docs/budget.md).
 Otherwise it verifies its pending token alone (its drafter is not asked, but still learns the
 committed tokens, so its next draft continues the text), and drafts again one step in
 :data:`ROW_PROBE_EVERY` to see whether its text turned repetitive. Rows that copy from their
 prompt keep drafting beside rows that do not. Lossless either way: a skipped draft is a
 one-node tree. **The tail**: once no prompt is left to take a finished row's place, every shrink
 of the batch gives its rows new gates (:func:`specdec.batching.decode_batch`), since what a gate
-learned was priced at more rows. Measured at ``B = 8`` (16 prompts, this CPU, 2026-11-27) before
-that: the rows left at the end drafted in 20 of 162 row-steps, the last lone row in none of its 9,
-though one row alone gains ~1.6x from drafting.
+learned was priced at more rows (before that, the rows left at the end hardly drafted, though one
+row alone gains from drafting).
 
 **Whether the batch drafts at all** (:class:`BatchGuard`, measured). The rule and the gates decide
 from models; what the models miss (the cost model's error at the sizes a batch meets, the
 verification's feedback, the rows' learning, the machine's caches) shows only on the clock. So
 under ``"auto"`` each number of rows also keeps a guard that times whole steps two ways: steps on
 which the gates and the rule decide, and plain steps on which no row is asked to draft. The batch
-runs the way whose rate leads and the other now and then (:class:`BatchGuard`). Measured
-(2026-11-27, this CPU, held-out prompts, 128 new tokens, one process, arms interleaved,
-``sam+recycling`` over batched ``none``, docs/budget.md "Whether the batch drafts at all"): neutral
-within the machine's noise (per round, with the guard minus without: +0.03 at ``B = 8``, -0.02 at
-``B = 4``, while one arm's ratio moves 0.2-0.3 between rounds). What it adds is a bound: where
+runs the way whose rate leads and the other now and then (:class:`BatchGuard`; measured neutral
+within the noise: docs/budget.md, "Whether the batch drafts at all"). What it adds is a bound: where
 drafting leads it costs at most one plain step in 16; where a model's error makes drafting lose
-(``B = 8`` ended ~3% below plain batched decoding before) it runs plain but for one drafting step in 4.
+it runs plain but for one drafting step in 4.
 
 **What a row offers.** Under ``"auto"`` a row of a batch of two or more asks its drafter for at
 most :data:`ROW_OFFER_NODES` nodes (root included; a merged tree larger than that keeps its best
 nodes by the acceptance model). The drafters offer ~110 nodes when asked for more, and the rule
-verifies few of them: on this CPU (2026-11-26, the 16 held-out prompts, 128 new tokens) a drafting
-row verified 3 nodes at the median, 7 at the 90th percentile, more than 16 in under 1% of its
-steps at ``B = 4``, never at ``B = 8``. Drafting, planning and learning a 16-node offer took
-0.35 s of a ``B = 4`` run against 0.50 s for the whole trees (~1.3% of the run), and the cheaper
-drafting keeps more rows' :class:`RowGate` open: in lockstep with batched ``none``
-(``scripts/batch_lockstep.py``, six rounds, 2026-11-26) ``B = 4`` ran at 1.14x against 1.06x with
-whole trees, ahead in every round; ``B = 8`` at 0.98-0.99x either way. A lone row
+verifies few of them (a handful at the median, more than 16 rarely); a 16-node offer is cheaper to
+draft, plan and learn than the whole trees, and the cheaper drafting keeps more rows'
+:class:`RowGate` open (``scripts/batch_lockstep.py``; figures in docs/budget.md). A lone row
 (``batch_size=1``) offers what the single-sequence path does.
 
 Budgets ``"full"`` and a node count cut each row's tree as for one sequence (the engine caps a

@@ -9,24 +9,24 @@ ever add time, so the minimum is the cost of the model itself). Two physical bou
 remove what noise is left: costs are made non-decreasing in ``N`` (a larger tree never
 costs less) and at most ``N * cost(1)`` (one forward over ``N`` tokens never costs more
 than ``N`` one-token forwards). How busy the machine was meanwhile is recorded with the table
-(:mod:`specdec.budget.machine_load`). On ``cache="native"`` with specdec's CPU kernels (three or
-four variants per size, below) it is ~270 verifications, ~22 s for the default model on a
-2-core CPU (2026-11-27): the first generation on a machine pays it, with a progress bar on a
-terminal (``specdec calibrate`` pays it up front), and every later process reads the table.
+(:mod:`specdec.budget.machine_load`). On ``engine="specdec"`` with specdec's CPU kernels (three or
+four variants per size, below) it is ~270 verifications (seconds to tens of seconds: docs/budget.md):
+the first generation on a machine pays it, with a progress bar on a terminal
+(``specdec calibrate`` pays it up front), and every later process reads the table.
 
 **Kernel choice**: every size is also timed with each other kernel variant the verifier
-offers for it (:meth:`~specdec.types.Verifier.kernel_variants`: specdec's CPU kernels,
-:mod:`specdec.backends.cpu_kernels`, on ``cache="native"`` up to 64 rows), in the same
+offers for it (:meth:`~specdec.types.TunableVerifier.kernel_variants`: specdec's CPU kernels,
+:mod:`specdec.backends.cpu_kernels`, on ``engine="specdec"`` up to 64 rows), in the same
 rounds. :func:`choose_kernels` turns the timings into a :class:`~specdec.types.KernelChoice`:
 one node runs the variant that was fastest there; from two nodes up each calibrated size
 runs its fastest variant, up to the first size where the default kernels win, and every
 larger forward runs the default. The table keeps each size's time under that choice and the
 choice itself (:attr:`~specdec.budget.cost_model.CostTable.kernels`), and the
-:class:`~specdec.Generator` switches its verifier to it (:meth:`~specdec.types.Verifier.use_kernels`),
+:class:`~specdec.Generator` switches its verifier to it (:meth:`~specdec.types.TunableVerifier.use_kernels`),
 so the costs the planner plans with are those of the kernels the verifier runs.
 
 **Identity**: a table is valid for :func:`calibration_identity`, the verifier's
-:meth:`~specdec.types.Verifier.identity` (model architecture, dtype, device, attention,
+:meth:`~specdec.types.TunableVerifier.identity` (model architecture, dtype, device, attention,
 backend, KV cache kind, torch version, threads), :data:`~specdec.budget.cost_model.CALIBRATION_VERSION`
 and the build of the kernels the verifier runs (``kernels_build()`` where a verifier has one: a
 hash of the CPU kernels' sources for the native verifier), so a specdec whose kernels changed
@@ -50,14 +50,14 @@ from tqdm import tqdm
 from specdec.budget.cost_model import CALIBRATION_VERSION, CostTable, FloatArray
 from specdec.budget.machine_load import MachineWatch
 from specdec.errors import SpecDecError
-from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, Verifier
+from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TunableVerifier
 
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 DEFAULT_CONTEXTS = (64, 1024)
 DEFAULT_REPEATS = 3
 
 
-def calibration_identity(verifier: Verifier[Any]) -> dict[str, str]:
+def calibration_identity(verifier: TunableVerifier[Any]) -> dict[str, str]:
     """What a calibration table is valid for (module docstring), as strings."""
     build = getattr(verifier, "kernels_build", None)
     kernels = str(build()) if callable(build) else "-"
@@ -69,7 +69,7 @@ def identity_key(identity: dict[str, str]) -> str:
 
 
 def calibration_plan(
-    verifier: Verifier[Any], sizes: Sequence[int], contexts: Sequence[int]
+    verifier: TunableVerifier[Any], sizes: Sequence[int], contexts: Sequence[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The sizes and contexts that fit the model's context length (a tiny model has a short one)."""
     sizes = tuple(sorted(set(int(s) for s in sizes)))
@@ -78,7 +78,7 @@ def calibration_plan(
         raise SpecDecError(f"calibration sizes must be positive ints, got {list(sizes)}")
     if not contexts or contexts[0] < 1:
         raise SpecDecError(f"calibration contexts must be positive ints, got {list(contexts)}")
-    limit = verifier.context_length
+    limit = verifier.description.context_length
     if limit is None:
         return sizes, contexts
     # The largest tree after the largest context must fit; shrink the contexts first, then the sizes.
@@ -91,7 +91,7 @@ def calibration_plan(
 
 
 def calibrate(
-    verifier: Verifier[Any],
+    verifier: TunableVerifier[Any],
     *,
     sizes: Sequence[int] = DEFAULT_SIZES,
     contexts: Sequence[int] = DEFAULT_CONTEXTS,
@@ -111,7 +111,7 @@ def calibrate(
     if buckets is not None:  # a static cache costs its bucket's forward: time the buckets themselves
         sizes = tuple(b for b in buckets if b <= max(sizes))
     sizes, contexts = calibration_plan(verifier, sizes, contexts)
-    watch = MachineWatch.start(verifier.device.type == "cpu")
+    watch = MachineWatch.start(verifier.description.device.type == "cpu")
     with verifier.preserving():  # a static cache keeps the sequence it serves
         table = _calibrate(verifier, sizes, contexts, repeats, seed)
     share = watch.others_share()
@@ -119,10 +119,10 @@ def calibrate(
 
 
 def _calibrate(
-    verifier: Verifier[Any], sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int, seed: int
+    verifier: TunableVerifier[Any], sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int, seed: int
 ) -> CostTable:
     rng = random.Random(seed)
-    vocab = verifier.vocab_size
+    vocab = verifier.description.vocab_size
     variants = {size: verifier.kernel_variants(size) for size in sizes}  # the default first
     names = tuple(dict.fromkeys(name for size in sizes for name in variants[size]))
     forwards = (len(contexts) * repeats + 1) * sum(len(v) for v in variants.values())

@@ -26,7 +26,7 @@ from specdec.budget.calibration import calibrate, calibration_identity, identity
 from specdec.budget.cost_model import DRIFT_MIN_STEPS, CostTable, VerifyCostModel
 from specdec.budget.machine_load import BUSY_SHARE, busy_reason, others_share_now
 from specdec.cachefiles import folder, write_atomically
-from specdec.types import Verifier
+from specdec.types import TunableVerifier
 
 _MODELS: dict[str, VerifyCostModel] = {}
 _REMEASURED: dict[str, int] = {}  # identity key -> re-measurements after drift in this process
@@ -36,7 +36,7 @@ def calibration_path(identity: dict[str, str]) -> Path:
     return folder("calibration") / f"{identity_key(identity)}.json"
 
 
-def cached_table(verifier: Verifier[Any]) -> CostTable | None:
+def cached_table(verifier: TunableVerifier[Any]) -> CostTable | None:
     """The calibration known for ``verifier`` (in this process, or on disk) without measuring anything; None if none.
 
     What plain decoding (``drafter="none"``, which never drafts and so never needs the cost
@@ -66,7 +66,7 @@ def _cached_table(identity: dict[str, str]) -> CostTable | None:
 
 
 def cost_model(
-    verifier: Verifier[Any], *, recalibrate: bool = False, cache_busy: bool = False
+    verifier: TunableVerifier[Any], *, recalibrate: bool = False, cache_busy: bool = False
 ) -> tuple[VerifyCostModel, float]:
     """The cost model for ``verifier``'s model, device and dtype, and the seconds spent calibrating.
 

@@ -2,8 +2,8 @@
 
 ``cost(N, C)`` is the wall time of a verifier's ``verify`` for an ``N``-node tree
 after ``C`` committed tokens (forward, acceptance, KV compaction: what ``StepRecord.verify_s``
-measures). Its shape is what decides whether speculation pays: on this project's CPU a
-16-node verification costs ~1.9x a one-node step, on a datacenter GPU ~1.0x. A
+measures). Its shape is what decides whether speculation pays: on a CPU a 16-node
+verification can cost twice a one-node step, on a datacenter GPU about the same (docs/budget.md). A
 :class:`CostTable` holds what calibration measured (:mod:`specdec.budget.calibration`);
 a :class:`VerifyCostModel` predicts from it and learns from every real step.
 
@@ -66,7 +66,7 @@ FloatArray = npt.NDArray[np.float64]
 
 # Bump when calibration changes what it measures, so stale cache files are re-measured.
 # 6: static buckets compile narrow products; 7: they attend over a window of the cache; 8: kernel choice as
-# one value, the narrow products gone, specdec's CPU kernels ("cpu") on cache="native"
+# one value, the narrow products gone, specdec's CPU kernels ("cpu") on engine="specdec"
 CALIBRATION_VERSION = 8
 MIN_RATE = 0.05  # slowest online learning rate: ~20 recent steps weigh in
 RATIO_CLIP = 5.0

@@ -9,9 +9,9 @@ module every one-off call would start from the prior and draft as if it knew not
 generator of the same **identity** starts, in this process or any later one:
 
 - the model: its architecture and dtype, device, attention, backend, KV cache kind, torch
-  version and threads (the verifier's :meth:`~specdec.types.Verifier.identity`, which the
+  version and threads (the verifier's :meth:`~specdec.types.TunableVerifier.identity`, which the
   calibration keys on too, since the throughput depends on all of them), plus a fingerprint
-  of its weights (:meth:`~specdec.types.Verifier.weights_fingerprint`: two checkpoints of one
+  of its weights (:meth:`~specdec.types.TunableVerifier.weights_fingerprint`: two checkpoints of one
   architecture accept drafts differently);
 - the tokenizer (a hash of its vocabulary: the acceptance of a token id depends on what it means);
 - the drafter (its name and options, or a drafter object's class and name).
@@ -53,7 +53,7 @@ from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Throughput
 from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, write_atomically
 from specdec.errors import SpecDecError
-from specdec.types import Verifier
+from specdec.types import TunableVerifier
 
 FORMAT = "specdec.planner-stats"
 VERSION = 1  # bump when the body's meaning changes: older files then start afresh, with a warning
@@ -111,7 +111,7 @@ def drafter_label(drafter: Any, options: Mapping[str, Any] | None = None) -> str
     return f"{kind.__module__}.{kind.__qualname__}:{getattr(drafter, 'name', '')}"
 
 
-def planner_identity(verifier: Verifier[Any], tokenizer: Any, drafter: str) -> dict[str, str]:
+def planner_identity(verifier: TunableVerifier[Any], tokenizer: Any, drafter: str) -> dict[str, str]:
     """What the saved statistics are valid for (module docstring), as strings."""
     identity = dict(verifier.identity())
     identity["weights"] = verifier.weights_fingerprint()
@@ -249,7 +249,7 @@ class PlannerStatsFile:
 
 
 def open_planner_stats(
-    option: bool | None, verifier: Verifier[Any], tokenizer: Any, drafter: Any, options: Mapping[str, Any] | None
+    option: bool | None, verifier: TunableVerifier[Any], tokenizer: Any, drafter: Any, options: Mapping[str, Any] | None
 ) -> PlannerStatsFile | None:
     """The store of a generator's identity; None when planner statistics are off (:func:`enabled`) or moot
     (``drafter="none"``: plain decoding decides no budget)."""

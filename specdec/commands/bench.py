@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec.backends import TREE_OPS
 from specdec.bench import batched, oneoff, quality
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
@@ -44,7 +45,7 @@ from specdec.bench.report import format_comparison, format_report, regressions
 from specdec.bench.results import load_results, write_json_atomic
 from specdec.bench.runner import BenchRun, BenchSettings, references, warm_up
 from specdec.bench.stream_replay import REPLAY_MODES, cost_table, recorded_streams, replay_spec, replay_table
-from specdec.commands.arguments import MODEL_HELP
+from specdec.commands.arguments import MODEL_HELP, FormerFlag
 from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, load_model, load_tokenizer
@@ -102,7 +103,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     specs = parse_methods(args.drafters or [DEFAULT_METHODS])
     selected = selected_questions(args)
     settings = BenchSettings(
-        model=args.model, max_new_tokens=args.max_new_tokens, turns=args.turns, backend=args.backend,
+        model=args.model, max_new_tokens=args.max_new_tokens, turns=args.turns, tree_ops=args.tree_ops,
         datastores=tuple(args.datastore), warmup_tokens=args.warmup_tokens, keep_outputs=args.keep_outputs,
     )
     model, tokenizer = load(args)
@@ -157,7 +158,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     model, tokenizer = load(args)
     meter = ForwardMeter(model)
     try:
-        methods = build_methods([reference, spec], model, tokenizer, meter, backend=args.backend)
+        methods = build_methods([reference, spec], model, tokenizer, meter, tree_ops=args.tree_ops)
         assert all(isinstance(m, SpecdecMethod) for m in methods)
         warm_up(methods, tokenizer, question, 16)
         prompt = encode_prompt(tokenizer, question.turns[0])
@@ -365,7 +366,10 @@ def _question_options(parser: argparse.ArgumentParser, sub: bool) -> None:
     parser.add_argument("--categories", default=default(None), help="comma-separated categories to keep")
     parser.add_argument("--ids", default=default(None), help="comma-separated question ids to keep")
     parser.add_argument("--max-new-tokens", type=int, default=default(128))
-    parser.add_argument("--backend", default=default("auto"), help="specdec's tree ops: auto, torch, cuda_ext")
+    parser.add_argument("--tree-ops", default=default("auto"), choices=TREE_OPS,
+                        help="specdec's tree operations, for comparing them (default: auto)")
+    parser.add_argument("--backend", dest="tree_ops", default=default("auto"), choices=TREE_OPS,
+                        action=FormerFlag, help=argparse.SUPPRESS)
 
 
 def register(sub: Any) -> None:

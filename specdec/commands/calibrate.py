@@ -23,7 +23,7 @@ from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path, cost_model
 from specdec.budget.machine_load import busy_reason
 from specdec.budget.planner import choose_budget
-from specdec.commands.arguments import add_model_argument, add_placement_arguments
+from specdec.commands.arguments import add_model_argument, add_placement_arguments, engine_choice
 from specdec.models import load_model
 from specdec.types import DEFAULT_KERNEL, KernelChoice
 
@@ -65,7 +65,8 @@ def kernel_lines(choice: KernelChoice) -> list[str]:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     model, _ = load_model(None if args.model == "default" else args.model, dtype=args.dtype, device=args.device)
-    verifier = make_verifier(model, args.backend, cache=args.cache)
+    engine, tree_ops = engine_choice(args, model)
+    verifier = make_verifier(model, engine, tree_ops=tree_ops)
     cost, spent = cost_model(verifier, recalibrate=args.recalibrate, cache_busy=args.force)
     table = cost.table
     busy = busy_reason(table)
@@ -114,7 +115,6 @@ DESCRIPTION = ("Calibrates the cost model behind budget='auto' for a model, devi
 def register(sub: Any) -> None:
     parser = sub.add_parser("calibrate", help=HELP, description=DESCRIPTION)
     add_model_argument(parser)
-    parser.add_argument("--backend", default="auto")
     add_placement_arguments(parser)
     parser.add_argument("--recalibrate", action="store_true", help="measure again and overwrite the cache")
     parser.add_argument("--force", action="store_true",

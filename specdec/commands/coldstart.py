@@ -45,11 +45,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from specdec.api import Generator, run
+from specdec.api import Generator
 from specdec.budget.calibration import calibration_identity
 from specdec.budget.calibration_cache import calibration_path
 from specdec.budget.planner_stats import DIR_ENV, SWITCH_ENV
-from specdec.commands.arguments import add_model_argument, add_placement_arguments
+from specdec.commands.arguments import add_model_argument, add_placement_arguments, engine_options
 from specdec.errors import SpecDecError
 
 ARMS = ("plain", "warm", "cold", "cold-fresh")
@@ -65,9 +65,10 @@ def coldstart_prompts() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
 
 
 def _child(spec: dict[str, Any]) -> None:
-    """One ``specdec.run`` in this fresh process; prints its figures as one JSON line."""
-    result = run(spec["model"], spec["prompt"], drafter=spec["drafter"], max_new_tokens=spec["max_new_tokens"],
-                         device=spec["device"], dtype=spec["dtype"], cache=spec["cache"])
+    """One generation in this fresh process, as ``specdec.run`` makes it; prints its figures as one JSON line."""
+    with Generator(spec["model"], drafter=spec["drafter"], device=spec["device"], dtype=spec["dtype"],
+                   engine=spec["engine"], tree_ops=spec["tree_ops"]) as generator:  # fmt: skip
+        result = generator.generate(spec["prompt"], max_new_tokens=spec["max_new_tokens"])
     print(json.dumps(_figures(result)))
 
 
@@ -121,13 +122,16 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
         raise SpecDecError(f"--prompts must be 1..{len(test_prompts)} and --warm-prompts 0..{len(warm_prompts)}")
     tests, seeds = test_prompts[: args.prompts], warm_prompts[: args.warm_prompts]
     arms = [a for a in ARMS if a not in (args.skip or [])]
-    placement = {"device": args.device, "dtype": args.dtype, "cache": args.cache}
-    spec = {"model": args.model, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, **placement}
+    placement: dict[str, Any] = {"device": args.device, "dtype": args.dtype, **engine_options(args)}
     stats_dir = Path(tempfile.mkdtemp(prefix="specdec-coldstart-"))
     os.environ[DIR_ENV] = str(stats_dir)  # this process's saving generators, and the cold children, use it
 
     print(f"Loading the model ({args.model}) ...", file=sys.stderr)
     plain = Generator(args.model, drafter="none", planner_cache=False, **placement)
+    # The engine and tree ops the former spellings named, if any, resolved once (the children run them).
+    placement = {"device": args.device, "dtype": args.dtype, "engine": plain.verifier.engine,
+                 "tree_ops": plain.verifier.name}  # fmt: skip
+    spec = {"model": args.model, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, **placement}
     seeder = Generator(args.model, drafter=args.drafter, store=False, planner_cache=True, **placement)
     _, spent = seeder.cost_model()
     if spent or not calibration_path(calibration_identity(seeder.verifier)).is_file():

@@ -9,12 +9,12 @@ each output is identical to plain decoding's, and a plain statement, from what w
 of where speculation did not pay on this hardware and why.
 
 One-time costs are paid before the clock starts: the verification cost calibration (first
-run on a machine, ~10 s on a CPU; cached), one short generation per method, and on a static
-KV cache (``--cache static``, the default on a GPU) one verification per tree-size bucket,
-so compiled forwards and CUDA graphs are made outside the timed runs. The demo keeps
-``cache="auto"`` and says what it picked and why: specdec's own forward (``"native"``) for a
-Llama-family model on a CPU (else the dynamic cache), the static cache with CUDA graphs on a
-GPU (``specdec demo --device cuda``). Each method's ``Generator`` loads the planner statistics
+run on a machine; cached), one short generation per method, and for fixed-shape engines
+(``--engine graphs``, the default on a GPU; ``--engine compiled``) one verification per
+tree-size bucket, so compiled forwards and CUDA graphs are made outside the timed runs. The
+demo keeps ``engine="auto"`` and says what it picked and why: specdec's own forward
+(``"specdec"``) for a Llama-family model on a CPU (else Hugging Face's, ``"hf"``), CUDA graphs
+on a GPU (``specdec demo --device cuda``). Each method's ``Generator`` loads the planner statistics
 earlier runs saved (and saves its own), as :func:`specdec.run` does.
 """
 
@@ -34,10 +34,10 @@ import torch
 from tqdm import tqdm
 
 from specdec.api import Generator
-from specdec.backends import auto_cache_reason
+from specdec.backends import auto_engine_reason
 from specdec.budget.calibration import calibration_identity
 from specdec.budget.machine_load import BUSY_SHARE, MachineWatch
-from specdec.commands.arguments import add_budget_argument, add_model_argument, add_placement_arguments
+from specdec.commands.arguments import add_budget_argument, add_model_argument, add_placement_arguments, engine_options
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
@@ -224,16 +224,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Loading the model ({args.model}; the first run converts it once) ...", file=sys.stderr)
     started = time.perf_counter()
     generators = {
-        name: Generator(args.model, drafter=name, budget=args.budget, cache=args.cache, device=args.device,
-                        dtype=args.dtype, planner_cache=False if args.no_planner_cache else None)
+        name: Generator(args.model, drafter=name, budget=args.budget, device=args.device, dtype=args.dtype,
+                        planner_cache=False if args.no_planner_cache else None, **engine_options(args))
         for name in ["none", *drafters]
     }
     plain = generators["none"]
-    print(f"Device: {_device_text(plain.verifier)}; KV cache {plain.verifier.cache_kind} (cache={args.cache!r}); "
-          f"backend {plain.verifier.name}; budget {args.budget}", file=sys.stderr)
-    if args.cache == "auto":
-        print(f"cache='auto' runs {plain.verifier.cache_kind!r}: "
-              f"{auto_cache_reason(plain.model, plain.verifier.device)}", file=sys.stderr)
+    engine = plain.verifier.engine
+    why = f" (auto: {auto_engine_reason(plain.model, plain.verifier.device)})" if args.engine == "auto" else ""
+    print(f"Device: {_device_text(plain.verifier)}; engine {engine!r}{why}; budget {args.budget}", file=sys.stderr)
     saved = [f"{name}: {g.planner_stats.runs} earlier runs" if g.planner_stats and g.planner_stats.runs
              else f"{name}: none yet" for name, g in generators.items() if name != "none"]
     print("Planner statistics: " + ("; ".join(saved) if generators[drafters[0]].planner_stats else "off"),

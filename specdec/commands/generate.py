@@ -12,7 +12,13 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from specdec.api import Generator
-from specdec.commands.arguments import add_budget_argument, add_model_argument, add_placement_arguments, parse_options
+from specdec.commands.arguments import (
+    add_budget_argument,
+    add_model_argument,
+    add_placement_arguments,
+    engine_options,
+    parse_options,
+)
 from specdec.drafters import available_drafters
 from specdec.errors import SpecDecError
 
@@ -43,8 +49,8 @@ class TextStream:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     generator = Generator(
-        args.model, drafter=args.drafter, drafter_options=parse_options(args.option), backend=args.backend,
-        cache=args.cache, device=args.device, dtype=args.dtype,
+        args.model, drafter=args.drafter, drafter_options=parse_options(args.option), device=args.device,
+        dtype=args.dtype, **engine_options(args),
     )
     if generator.tokenizer is None:
         raise SpecDecError("the model has no tokenizer to decode the output")
@@ -102,7 +108,6 @@ def register(sub: Any) -> None:
     gen.add_argument("--max-nodes", type=int, default=None, help="cap on draft-tree nodes per step")
     add_budget_argument(gen)
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    gen.add_argument("--backend", default="auto")
     add_placement_arguments(gen)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--quiet", action="store_true", help="print the text once at the end instead of streaming")

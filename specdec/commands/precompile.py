@@ -1,13 +1,13 @@
-"""``specdec compile``: compile ``cache="static"``'s bucket forwards now, for this and every later process.
+"""``specdec compile``: compile an engine's bucket forwards now, for this and every later process.
 
-On a CPU, ``cache="static"`` for a Llama-family model runs specdec's native forward, whose
-kernels are compiled ahead of time (C++, once per machine): there the command builds and loads
-them and calibrates, and says so; ``--cache static-inductor`` compiles inductor's buckets.
+On a CPU, ``engine="auto"`` runs specdec's own forward for a Llama-family model, whose kernels
+are compiled ahead of time (C++, once per machine): there the command builds and loads them and
+calibrates, and says so; ``--engine compiled`` compiles inductor's buckets.
 
 A static-cache verifier compiles each tree-size bucket's forward at its first use; inductor
 keeps the generated code in specdec's cache (:mod:`specdec.backends.compile_cache`), so a
 later process that compiles the same bucket reads it instead of generating and building it
-again. This command builds them all up front, as ``specdec.run(model, ..., cache="static")``
+again. This command builds them all up front, as ``specdec.run(model, ..., engine="compiled")``
 would (the same drafter, dtype, device and calibrated kernels), with a progress bar; it prints
 the time it took, the process's peak memory and where the compiled code went.
 
@@ -30,7 +30,7 @@ from specdec.api import Generator
 from specdec.backends import compile_cache
 from specdec.backends.runner_verifier import RunnerVerifier
 from specdec.backends.static import StaticVerifier
-from specdec.commands.arguments import add_model_argument
+from specdec.commands.arguments import add_engine_arguments, add_model_argument, engine_options
 from specdec.errors import SpecDecError
 
 
@@ -44,18 +44,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise SpecDecError(f"--max-tokens must be positive, got {args.max_tokens}")
     print(f"Loading the model ({args.model}) ...", file=sys.stderr)
-    generator = Generator(args.model, drafter=args.drafter, cache=args.cache, device=args.device, dtype=args.dtype)
+    generator = Generator(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
+                          **engine_options(args))  # fmt: skip
     verifier = generator.verifier
-    if isinstance(verifier, RunnerVerifier):  # cache="static" on a CPU, Llama family (module docstring)
+    if isinstance(verifier, RunnerVerifier):  # engine="specdec" (module docstring)
         spent = generator.warm_up(args.max_tokens)
-        print(f"cache={args.cache!r} runs specdec's native forward here: its kernels ({verifier.kernels_build()}) are "
-              f"built, loaded and calibrated ({spent:.1f} s); nothing else to compile "
-              "(--cache static-inductor compiles inductor's buckets)")
+        print(f"engine {verifier.engine!r} (specdec's own forward) here: its kernels ({verifier.kernels_build()}) "
+              f"are built, loaded and calibrated ({spent:.1f} s); nothing else to compile "
+              "(--engine compiled compiles inductor's buckets)")
         return 0
     if not isinstance(verifier, StaticVerifier):
-        raise SpecDecError(f"cache={args.cache!r} made a {type(verifier).__name__}, which compiles nothing")
+        raise SpecDecError(f"engine {verifier.engine!r} compiles nothing (--engine compiled: inductor's buckets)")
     if "inductor" not in verifier.mode:
-        print(f"static-{verifier.mode}: nothing is compiled ahead of time (graphs are captured per process)")
+        print(f"engine {verifier.engine!r}: nothing is compiled ahead of time (graphs are captured per process)")
         return 0
     folder = compile_cache.activate()
     started = time.perf_counter()
@@ -78,12 +79,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("compile", help="compile cache='static''s forwards up front (kept for later processes)",
+    parser = sub.add_parser("compile", help="compile an engine's forwards up front (kept for later processes)",
                             description=__doc__.split("\n\n")[1] if __doc__ else None)
     add_model_argument(parser)
-    parser.add_argument("--cache", default="static", choices=["static", "static-inductor", "static-cudagraphs",
-                                                              "static-inductor-cudagraphs"],
-                        help="the cache later calls name (default: %(default)s)")
+    add_engine_arguments(parser, ("auto", "specdec", "compiled", "graphs", "compiled-graphs"))
     parser.add_argument("--drafter", default="sam+recycling", help="the drafter later calls use (default: %(default)s)")
     parser.add_argument("--device", default=None, help="torch device (default: cpu)")
     parser.add_argument("--dtype", default=None, help="model dtype (default: float32)")

@@ -97,7 +97,6 @@ def measure_acceptance(
     max_new_tokens: int = 128,
     reuse: bool = False,
     prompt_feedback: bool = False,
-    backend: str = "auto",
     progress: Callable[[int, Any], None] | None = None,
 ) -> AcceptanceCounts:
     """Decode ``prompts`` with ``recycling`` on ``template`` and count per-(depth, rank) acceptance.
@@ -114,7 +113,7 @@ def measure_acceptance(
         # budget="full": every node of the template is verified, whatever a budget planner would cut.
         result = run(
             model, list(prompt), CountingDrafter(inner, counts), max_new_tokens=max_new_tokens,
-            prompt_feedback=prompt_feedback, budget="full", backend=backend,
+            prompt_feedback=prompt_feedback, budget="full",
         )
         if progress is not None:
             progress(i, result)
@@ -190,7 +189,7 @@ def cmd_recycling_template(args: argparse.Namespace) -> int:
             print(f"  prompt {i + 1}/{len(prompts)}: MAT {result.stats.mat:.2f}", file=sys.stderr)
 
         counts = measure_acceptance(
-            model, prompts, probe, k=args.k, max_new_tokens=args.max_new_tokens, backend=args.backend, progress=tick
+            model, prompts, probe, k=args.k, max_new_tokens=args.max_new_tokens, progress=tick
         )
         meta = {
             "model": args.model,
@@ -222,7 +221,6 @@ def register(sub: Any) -> None:
     parser.add_argument("--nodes", type=int, default=81, help="nodes in the written template (root included)")
     parser.add_argument("--min-offered", type=int, default=20)
     parser.add_argument("--name", default="smollm2-135m-instruct")
-    parser.add_argument("--backend", default="auto", help="verification backend (acceptance does not depend on it)")
     parser.add_argument("--recount", default=None, metavar="TEMPLATE",
                         help="no model run: regrow a template from the counts another template recorded")
     parser.set_defaults(func=cmd_recycling_template)

@@ -58,7 +58,7 @@ from specdec.datastores.corpus_reader import iter_texts, tokenize_documents
 from specdec.errors import SpecDecError
 from specdec.integrations.vllm import CONFIG_KEY, PROPOSER, Proposer, engine_args
 from specdec.integrations.vllm_replay import BatchReplay
-from specdec.models import _default_checkpoint, encode_prompt, load_tokenizer
+from specdec.models import default_checkpoint, encode_prompt, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -591,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out = out
     log = out / "engines.log"
     log.write_text("")
-    model = str(_default_checkpoint()) if args.model == "default" else args.model
+    model = str(default_checkpoint()) if args.model == "default" else args.model
     tokenizer = load_tokenizer(model)
     prompts, prompt_source = load_prompts(per_kind=args.per_kind)
     prompt_ids = [encode_prompt(tokenizer, p.text) for p in prompts]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from specdec.budget.acceptance import AcceptanceModel
 from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores.shared_store import SharedStore
+from specdec.drafters.recycling_state import SharedMatrices
 from specdec.errors import SpecDecError
 from specdec.types import Drafter
 
@@ -33,15 +36,15 @@ class DrafterContext:
     vocab_size: int | None = None
     tokenizer: Any = None
     eos_token_ids: tuple[int, ...] = ()
-    store: Any = None
-    acceptance: Any = None
-    recycling: Any = None
-    _identity: Any = field(default=None, repr=False)
+    store: SharedStore | Literal[False] | None = None
+    acceptance: AcceptanceModel | None = None
+    recycling: SharedMatrices | None = None
+    _identity: TokenizerIdentity | None = field(default=None, repr=False)
 
     def tokenizer_identity(self) -> TokenizerIdentity | None:
         if self._identity is None and self.tokenizer is not None:
             self._identity = TokenizerIdentity.of(self.tokenizer)
-        return self._identity  # type: ignore[no-any-return]
+        return self._identity
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,9 @@ length, the node's share of its parent's occurrences and its own count), and a s
 label (``sam-dynamic``, ``sam-store``, ``sam-static``: the most recent source holding it).
 
 Cost per step: O(1) amortized cursor steps per committed token and source, plus the tree:
-O(N log N + the expanded states' degrees) for N nodes. Measured on this project's CPU
-(``benchmarks/test_sam_tree_cost.py``, CPU time, propose + update): 9 / 16 / 22 us a step
-at 11 / 40 / 80 nodes on the sequence's own text, 14 / 23 / 34 us with the shared store;
-most of it is building the Python ``DraftTree``. Memory: ~100 bytes per context token for
+O(N log N + the expanded states' degrees) for N nodes: tens of microseconds a step
+(``benchmarks/test_sam_tree_cost.py`` measures it), most of it building the Python ``DraftTree``.
+Memory: ~100 bytes per context token for
 the dynamic automaton.
 """
 

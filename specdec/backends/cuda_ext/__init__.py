@@ -1,6 +1,6 @@
 """The compiled backend: tree mask, acceptance and KV compaction as C++ (CPU) and CUDA kernels.
 
-``specdec.run(..., backend="cuda_ext")`` verifies with these kernels; ``backend="auto"``
+``Generator(..., tree_ops="cuda_ext")`` verifies with these kernels; ``tree_ops="auto"``
 (the default) uses them when the extension builds and loads and has kernels for the
 model's device, and the torch reference backend otherwise. Importing this package builds
 nothing: the build (just in time, cached) happens when :class:`ExtTreeOps` is created.

@@ -68,13 +68,13 @@ class ExtTreeOps:
         device = torch.device(device)
         if device.type not in SUPPORTED_DEVICES:
             raise BackendUnavailableError(
-                f"the cuda_ext backend has CPU and CUDA kernels; the model is on {device.type!r}: use backend='torch'"
+                f"the cuda_ext backend has CPU and CUDA kernels; the model is on {device.type!r}: use tree_ops='torch'"
             )
         module = load()
         if device.type == "cuda" and not module.has_cuda_kernels():
             raise BackendUnavailableError(
                 "the cuda_ext extension was built without its CUDA kernels (no CUDA toolkit or no CUDA device "
-                "when it was built); the model is on a CUDA device: use backend='torch' or install the CUDA toolkit"
+                "when it was built); the model is on a CUDA device: use tree_ops='torch' or install the CUDA toolkit"
             )
         self._status: dict[torch.device, torch.Tensor] = {}  # per device: int64 [8], zero while no fault
 

@@ -7,8 +7,8 @@ from the cache afterwards, rebuilt when a source or header changes. The CUDA ker
 and the CUDA toolkit is found (``torch.utils.cpp_extension.CUDA_HOME``); otherwise the
 extension carries the CPU kernels only.
 
-A failed build is remembered for the rest of the process, so ``backend="auto"`` pays for
-it (and warns) once, and ``backend="cuda_ext"`` raises the same error, compiler output
+A failed build is remembered for the rest of the process, so ``tree_ops="auto"`` pays for
+it (and warns) once, and ``tree_ops="cuda_ext"`` raises the same error, compiler output
 included, every time it is asked for.
 """
 
