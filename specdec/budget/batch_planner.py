@@ -50,8 +50,8 @@ gained lately, at the batch's seconds per token, are worth the seconds its draft
 a drafting step's gain is net of what its verification cost: the accepted draft tokens less
 the row's share of the forward's extra seconds (:meth:`BatchPlan.extra_seconds`) in plain
 tokens. The planner verifies a node when its expected acceptance beats the extra rows' price,
-so its nodes gain little over that price where it is high (scripts/batch_breakeven.py measures
-it); counting gross tokens kept such rows drafting for nodes that paid for their rows and not for
+so its nodes gain little over that price where it is high (docs/budget.md, "Batches"); counting
+gross tokens kept such rows drafting for nodes that paid for their rows and not for
 their drafting (``specdec bench batch``; figures in docs/budget.md).
 Otherwise it verifies its pending token alone (its drafter is not asked, but still learns the
 committed tokens, so its next draft continues the text), and drafts again one step in
@@ -77,7 +77,7 @@ most :data:`ROW_OFFER_NODES` nodes (root included; a merged tree larger than tha
 nodes by the acceptance model). The drafters offer ~110 nodes when asked for more, and the rule
 verifies few of them (a handful at the median, more than 16 rarely); a 16-node offer is cheaper to
 draft, plan and learn than the whole trees, and the cheaper drafting keeps more rows'
-:class:`RowGate` open (``scripts/batch_lockstep.py``; figures in docs/budget.md). A lone row
+:class:`RowGate` open (docs/budget.md, "Batches"). A lone row
 (``batch_size=1``) offers what the single-sequence path does.
 
 Budgets ``"full"`` and a node count cut each row's tree as for one sequence (the engine caps a
