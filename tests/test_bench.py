@@ -800,6 +800,15 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     reads = report["weight_read_ms_per_round"]  # the floor read in every round (1 context x 2 rounds)
     assert len(reads) == 2 and report["weight_read_ms"] <= min(reads)
     assert f"read in every round: {min(reads):.1f}-{max(reads):.1f} ms" in table
+    assert report["gemm_peak_gflops"] > 0 and report["gflop_per_node"] == round(
+        2 * sum(p.numel() for p in model.parameters()) / 1e9, 4)
+    floor_3 = max(report["weight_read_ms"], report["gflop_per_node"] * 3 / report["gemm_peak_gflops"] * 1e3)
+    assert f"3: {floor_3:.1f} ms (arithmetic: {report['gflop_per_node']} GFLOP per node" in table
+    from specdec.backends import cpu_kernels
+
+    if cpu_kernels.available():  # the path kernels=cpu ran: SPECDEC_CPU_ISA's, or the best this CPU has
+        assert report["kernel_path"]["isa"] == cpu_kernels.cpu_isa()
+        assert f"CPU kernel path (kernels=cpu): {cpu_kernels.cpu_isa()} (" in table
     with pytest.raises(SpecDecError, match="variant 'x': the verifier has no setting 'speed'"):
         make_variants(model, "x=auto:speed=2")
     bench = {"benchmarks": [{"extra_info": {"op": "step", "backend": b, "device": "cpu", "nodes": 64,

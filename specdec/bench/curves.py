@@ -17,6 +17,12 @@ All variants share one model and are timed in the same interleaved rounds (a dri
 machine's load hits all alike); round 0 warms up and the fastest of ``repeats`` rounds is
 kept (other jobs only ever add time). Chains of random tokens after a random prompt.
 
+Beside the times the report gives the floors a forward cannot beat: reading every weight once
+(:func:`weight_read_ms`, read in every round) and the arithmetic, ~2 flops per parameter per node at
+the GEMM peak torch reaches on this machine (:func:`gemm_peak_gflops`, measured once, briefly), and
+which CPU kernel path ``kernels=cpu`` ran (:func:`kernel_path`: ``SPECDEC_CPU_ISA`` or the best this
+CPU has).
+
 :func:`ratio_table` tabulates the ``cuda_ext`` vs ``torch`` tree-op microbenchmarks
 (``benchmarks/test_bench_backend.py``) from a pytest-benchmark JSON.
 """
@@ -85,6 +91,50 @@ def weight_read_ms(model: Any, repeats: int = 5) -> float:
     return round(best * 1e3, 2)
 
 
+def gemm_peak_gflops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024,
+                     seconds: float = 0.3) -> float:
+    """This machine's GEMM peak as torch measures it: the fastest ``size`` x ``size`` matmul of ``dtype``
+    on ``device`` (torch's threads, as the forwards run) in about ``seconds``, in GFLOP/s (2 n^3 flops).
+
+    What the arithmetic floor of a large tree divides by: a forward of N nodes does about
+    2 x parameters x N flops, which no kernel finishes faster than this peak allows.
+    """
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    best = float("inf")
+    with torch.inference_mode():
+        torch.mm(a, b)  # warm up (threads, the library's first-call setup)
+        deadline = time.perf_counter() + seconds
+        while True:
+            started = time.perf_counter()
+            torch.mm(a, b)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            best = min(best, now - started)
+            if now >= deadline:
+                break
+    return round(2 * size**3 / best / 1e9, 1)
+
+
+def kernel_path() -> dict[str, str]:
+    """Which of specdec's CPU kernel paths ``kernels=cpu`` runs in this process (``SPECDEC_CPU_ISA`` or the
+    best this CPU has), and how its skinny linear blocks the rows: ``{"isa": ..., "blocking": ...}``;
+    ``{"isa": "unavailable", ...}`` where the extension does not build here."""
+    from specdec.backends import cpu_kernels
+
+    if not cpu_kernels.available():
+        return {"isa": "unavailable", "blocking": "specdec's CPU kernels do not build here"}
+    isa = cpu_kernels.cpu_isa()
+    blocking = {
+        "avx512": "hand-written AVX-512: 1-3 rows stream 8 weight rows each, more rows take 4x4 register blocks",
+        "avx512-blocks": "hand-written AVX-512: 4 weight rows x 4 rows register blocks at every row count",
+    }.get(isa, f"portable kernels compiled for {'AVX2+FMA' if isa == 'avx2' else 'the baseline target'}: "
+          "1-6 rows (1-2 past 1024 in-features) stream one weight row each, more rows take 4 weight rows x 3 "
+          "rows register blocks over tiles of k, the weight prefetched two blocks ahead")
+    return {"isa": isa, "blocking": blocking}
+
+
 def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tuple[int, ...],
             repeats: int) -> dict[str, Any]:
     """``{"ms": {variant: {context: [fastest ms per size]}}, ...}`` (module docstring)."""
@@ -117,6 +167,8 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
                         first[name][f"{context}/{size}"] = round(elapsed, 3)
                 bar.update(1)
     bar.close()
+    parameter = next(model.parameters())
+    parameters = sum(p.numel() for p in model.parameters())
     return {
         "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
         "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
@@ -125,6 +177,10 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
         "weight_read_ms": min([*reads, weight_read_ms(model, repeats)]),
         "weight_read_ms_per_round": reads,
         "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
+        "kernel_path": kernel_path() if parameter.device.type == "cpu" else None,
+        # The arithmetic floor: ~2 flops per parameter per node, at the GEMM peak torch reaches here.
+        "gflop_per_node": round(2 * parameters / 1e9, 4),
+        "gemm_peak_gflops": gemm_peak_gflops(parameter.device, parameter.dtype),
     }
 
 
@@ -156,6 +212,16 @@ def markdown(report: dict[str, Any]) -> str:
     table = markdown_table(["context", "variant", *map(str, sizes)], rows)
     if report.get("first_call_s"):
         table += "\n\n" + first_call_line(report)
+    if report.get("gemm_peak_gflops") and "weight_read_ms" in report:
+        peak, per_node = report["gemm_peak_gflops"], report["gflop_per_node"]
+        floors = [max(report["weight_read_ms"], per_node * size / peak * 1e3) for size in sizes]
+        table += ("\n\nFloor, max(weight read, arithmetic): "
+                  + ", ".join(f"{size}: {ms:.1f} ms" for size, ms in zip(sizes, floors, strict=True))
+                  + f" (arithmetic: {per_node} GFLOP per node at torch's measured GEMM peak of {peak} GFLOP/s,"
+                  f" {report['threads']} threads).")
+    if report.get("kernel_path"):
+        path = report["kernel_path"]
+        table += f"\n\nCPU kernel path (kernels=cpu): {path['isa']} ({path['blocking']})."
     if "weight_read_ms" in report:
         table += (f"\n\nReading the model's {report['weight_mb']} MB of weights once: "
                   f"{report['weight_read_ms']:.1f} ms (the floor of a memory-bound one-token forward)")
@@ -188,6 +254,10 @@ def write(report: dict[str, Any], out: str | None) -> str:
         axis.set_ylabel("ms per verification")
         if "weight_read_ms" in report:
             axis.axhline(report["weight_read_ms"], color="grey", linestyle=":", label="weight read")
+        if report.get("gemm_peak_gflops"):
+            axis.plot(report["sizes"], [report["gflop_per_node"] * n / report["gemm_peak_gflops"] * 1e3
+                                        for n in report["sizes"]], color="grey", linestyle="--",
+                      label=f"arithmetic at {report['gemm_peak_gflops']} GFLOP/s")
         axis.set_title(f"context {context}, {report['device']}, {report['threads']} threads", fontsize=8)
         axis.legend(fontsize=7)
     figure.tight_layout()
