@@ -1,8 +1,9 @@
 // A standalone check of skinny_portable.inc (no torch): the blocked kernels against the contract of
 // specdec/backends/csrc/skinny_linear.h written out one output at a time, bitwise, over random shapes
-// (every tail length, 1-100 x rows, weight-row counts that are and are not multiples of 8), float and
-// bfloat16 weights. Compiled for whatever target the compiler is told, so it runs the portable copy
-// where torch is absent: scripts/cross_check.sh builds it for aarch64 and runs it under qemu.
+// (every tail length, 1-100 x rows, in-features up to 1300, weight-row counts that are and are not
+// multiples of 8), float and bfloat16 weights. Compiled for whatever target the compiler is told, so it
+// runs the portable copy where torch is absent: scripts/cross_check.sh builds it for aarch64 and runs
+// it under qemu.
 // With --time it also prints the kernel's ms for the default model's shapes (no check).
 //   g++ -O3 -std=c++17 -ffp-contract=off tests/native/skinny_contract_check.cpp -o check && ./check
 #include <algorithm>
@@ -46,7 +47,9 @@ int check(std::mt19937& rng, int cases) {
   std::normal_distribution<float> normal;
   int failures = 0;
   for (int t = 0; t < cases; ++t) {
-    const int64_t M = t < 8 ? t + 1 : rows_of(rng), K = fan_in(rng), N = fan_out(rng);
+    // Every 20th shape has rows past 1024 in-features, where 3-6 x rows take the tiled blocks, not streams.
+    const int64_t M = t < 8 ? t + 1 : rows_of(rng), K = t % 20 == 19 ? 1000 + fan_in(rng) : fan_in(rng);
+    const int64_t N = fan_out(rng);
     std::vector<float> x(M * K), w(N * K), y(M * N), wide(N * K);
     std::vector<uint16_t> w16(N * K);
     for (auto& v : x) v = normal(rng);
