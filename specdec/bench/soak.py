@@ -310,7 +310,7 @@ def judge_sampled(ours: Sequence[int], plain: Sequence[int]) -> tuple[bool, str]
 
 def soak(model: Any, tokenizer: Any, cases: Sequence[SoakCase], *, store: SharedStore | int = DEFAULT_STORE_TOKENS,
          store_budget: int | None = None, warmup: int = DEFAULT_WARMUP,
-         rss_growth_mb: float = DEFAULT_RSS_GROWTH_MB, budget: str | int = "auto", cache: str = "auto",
+         rss_growth_mb: float = DEFAULT_RSS_GROWTH_MB, budget: str | int = "auto", engine: str = "auto",
          rss: Callable[[], float] = rss_mb, on_row: Callable[[SoakRow], None] | None = None,
          progress: bool = True) -> SoakReport:
     """Run ``cases`` through one generator and check each (module docstring); the report says what failed.
@@ -323,10 +323,10 @@ def soak(model: Any, tokenizer: Any, cases: Sequence[SoakCase], *, store: Shared
     """
     shared = store if isinstance(store, SharedStore) else SharedStore(store)
     rotation = RotatingFactory(sorted({case.drafter for case in cases}) or list(DRAFTERS))
-    generator = Generator(model, tokenizer, drafter=rotation, store=shared, budget=budget, cache=cache,
+    generator = Generator(model, tokenizer, drafter=rotation, store=shared, budget=budget, engine=engine,
                           planner_cache=False)
     rotation.bind(generator.context)
-    plain = Generator(model, tokenizer, drafter="none", store=False, cache=cache, planner_cache=False)
+    plain = Generator(model, tokenizer, drafter="none", store=False, engine=engine, planner_cache=False)
     report = SoakReport(rss_start_mb=rss(), warmup=warmup, rss_growth_bound_mb=rss_growth_mb,
                         store_budget=shared.max_tokens if store_budget is None else store_budget)
     started = time.perf_counter()
