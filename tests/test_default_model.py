@@ -229,7 +229,7 @@ def test_oneoff_fresh_processes_and_the_warmed_process_start_from_the_same_learn
     for result in results:
         for arm in (f"run:{spec}", f"warmed:{spec}"):
             timing = result.arms[arm]
-            assert timing.split is not None and timing.cache, arm
+            assert timing.split is not None and timing.engine, arm
             assert 0 < timing.split["verify_s"] < timing.seconds and timing.split["nodes"] >= 1, (arm, timing.split)
     assert "per prompt, fresh vs warmed: outside the generation" in line, line
     # Without the warmed arms (``--fresh`` with ``warmed=False``) there is nothing to set the fresh ones against.

@@ -267,7 +267,7 @@ def test_a_wrong_compiled_forward_warns_once_and_the_tokens_stay_plain_greedys(
     tokens, truth, generator = oracle_run(model, seed=1)
     assert tokens == truth
     (message,) = static_warnings(record)
-    assert "static-inductor forwards disagree with the eager forward" in message and "bucket" in message
+    assert "engine='compiled': its forwards disagree with the eager forward" in message and "bucket" in message
     assert generator.verifier.fallback_reason is not None  # the result said so (oracle_run)
     assert all(runner.mode == "eager" for runner in generator.verifier._runners.values())
     # The model's next verifier does not compile again: it runs eagerly, with its own warning.
@@ -306,7 +306,7 @@ def test_a_forward_that_fails_to_compile_falls_back_to_eager(
     retried = [m for m in messages if "removed it, compiling again" in m]
     (message,) = [m for m in messages if m not in retried]
     assert len(retried) <= 1 and all("the compiler gave up" in m for m in retried)
-    assert "static-inductor forwards are not possible" in message and "the compiler gave up" in message
+    assert "engine='compiled': its forwards are not possible" in message and "the compiler gave up" in message
 
 
 @cuda
