@@ -287,3 +287,12 @@ def test_hybrid_models_are_refused_clearly(kind: str) -> None:
     for engine in ("buckets", "specdec", "auto"):
         with pytest.raises(UnsupportedModelError, match="linear attention or state-space"):
             make_verifier(model, engine)
+
+
+def test_a_transformers_without_past_recording_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Older releases (5.0.0) trim a sliding layer at every forward: a rejected draft could not be taken back."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    monkeypatch.delattr(DynamicSlidingWindowLayer, "activate_past_recording")
+    with pytest.raises(UnsupportedModelError, match="record the past.*this is transformers"):
+        specdec.run(model_of("mistral-swa"), [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4)

@@ -144,6 +144,14 @@ def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
         raise _unsupported(layer, f"layer type {kind!r}")
     if len(windows) != 1:
         raise UnsupportedModelError(f"sliding-window layers of several windows ({sorted(windows)}) are not supported")
+    if not hasattr(DynamicSlidingWindowLayer, "activate_past_recording"):
+        import transformers
+
+        raise UnsupportedModelError(
+            f"sliding-window models need a transformers whose sliding cache layers can record the past "
+            f"(DynamicSlidingWindowLayer.activate_past_recording, in 5.24; not in 5.0.0), so that a rejected draft "
+            f"can be taken back; this is transformers {transformers.__version__}"
+        )
     (window,) = windows
     if window < 1:
         raise UnsupportedModelError(f"sliding window {window} is not a positive number of tokens")
