@@ -171,7 +171,7 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
     parameters = sum(p.numel() for p in model.parameters())
     return {
         "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
-        "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
+        "threads": torch.get_num_threads(), "device": str(parameter.device),
         "ms": {name: {str(c): [round(best[name][c][s] * 1e3, 2) for s in sizes] for c in contexts} for name in best},
         "first_call_s": first,
         "weight_read_ms": min([*reads, weight_read_ms(model, repeats)]),
