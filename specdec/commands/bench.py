@@ -459,7 +459,7 @@ def register(sub: Any) -> None:
     _model_options(curves, sub=True)
     curves.add_argument("--variants", default=None, metavar="SPECS",
                         help="comma-separated label=key=value:key=value verifier settings (make_verifier "
-                        "arguments or verifier attributes; default: dynamic, native, native+cpu)")
+                        "arguments or verifier attributes; default: hf, specdec, specdec+cpu, specdec+cpu-attention)")
     curves.add_argument("--sizes", default="1,2,3,4,6,8,12,16,32,64")
     curves.add_argument("--contexts", default="64,1024")
     curves.add_argument("--repeats", type=int, default=5)
