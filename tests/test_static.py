@@ -71,10 +71,15 @@ def test_static_eager_drafters_match_plain_greedy(arch: str, drafter: str) -> No
 
 def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
     model = tiny_model("llama")
+    short = [5, 6, 7, 8] * 3
+    # The budget's cost model first, on a verifier of its own, kept alive so that its grown cache is not pooled for
+    # the one under test: measuring the cost prefills 1,024 tokens, which would grow the cache under test before
+    # its first request (it is measured, not read, where no cached one exists: a busy machine caches none).
+    calibrated = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
+    calibrated.generate(short, max_new_tokens=20)  # long enough to plan a draft, which needs the cost
     generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     verifier = generator.verifier
     assert isinstance(verifier, StaticVerifier)
-    short = [5, 6, 7, 8] * 3
     assert generator.generate(short, max_new_tokens=20).tokens == hf_greedy(model, short, 20)
     first_capacity = verifier.cache.capacity
     long = [rng_token % VOCAB for rng_token in range(7, 7 + 150)]  # 150 + 100 + 128 slots: more than 256
@@ -85,6 +90,7 @@ def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
     capacity, generation = verifier.cache.capacity, verifier.cache.generation
     assert generator.generate(short, max_new_tokens=20).tokens == hf_greedy(model, short, 20)
     assert (verifier.cache.capacity, verifier.cache.generation) == (capacity, generation)
+    del calibrated
 
 
 def test_compaction_moves_exactly_the_accepted_slots() -> None:
