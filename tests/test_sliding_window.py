@@ -1,10 +1,11 @@
 """Sliding-window models (Mistral with a window, Gemma 2, Gemma 3, gpt-oss) verify losslessly on the
-dynamic cache, with their sliding layers' memory bounded by the window (specdec/backends/sliding.py).
+dynamic cache, with their sliding layers' memory bounded by the window (specdec/backends/sliding.py),
+and on the fixed-shape buckets' full-length static cache with window masks per layer type.
 
 Tiny fp64 models (tests/tiny_models.py) whose window (8) is far shorter than the prompts and the
 generations, so every run crosses several windows, and trees are deeper than the window: identity
 with ``model.generate`` is demanded with no tolerance. Hybrid models (linear attention, state-space
-layers) are refused with a clear error, as are the static cache and the native forward.
+layers) are refused with a clear error, as are sliding-window models on the native forward.
 """
 
 from __future__ import annotations
@@ -355,8 +356,10 @@ def test_bucket_masks_of_a_chain_are_transformers_own() -> None:
 
 
 def test_compiled_buckets_match_generate() -> None:
-    """engine='compiled' (inductor) on one model, the chain and one tree bucket: the window masks compile."""
-    model = model_of("mistral-swa")
+    """engine='compiled' (inductor) on a model that mixes sliding and full layers (its forward takes a dict of
+    masks), one 4-node bucket (each bucket compiles: ~10-25 s on a 2-vCPU CPU): the window masks compile, and the
+    compiled forward agrees with the eager one (no fallback)."""
+    model = model_of("gemma3_text")
     rng = random.Random("compiled")
     prompt = some_prompt(rng, model, 1)
     truth = hf_greedy(model, prompt, 4 * WINDOW)
@@ -370,6 +373,19 @@ def test_compiled_buckets_match_generate() -> None:
         done += tree.size
         pending = result.bonus
     assert verifier.fallback_reason is None
+
+
+def test_sampling_on_the_buckets_equals_plain_sampling() -> None:
+    model = model_of("gemma2")
+    rng = random.Random("buckets-sampling")
+    options: dict[str, Any] = {"temperature": 0.8, "top_k": 30, "seed": rng.randrange(2**40)}
+    prompt = repeating_prompt(rng, 5, 3 * WINDOW)
+    expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, engine="hf", **options).tokens
+    for drafter in ("pld", OracleTreeDrafter(expected, VOCAB, seed=2, size=24, depth=12)):
+        result = specdec.run(model, prompt, drafter, max_new_tokens=5 * WINDOW, engine="buckets", budget="full",
+                             **options)  # fmt: skip
+        assert result.tokens == expected, drafter
+        IDENTITY_COUNTS[f"gemma2/buckets/sampling/{getattr(drafter, 'name', drafter)}"] += 1
 
 
 def test_native_forward_refuses_sliding_window_models() -> None:
