@@ -388,6 +388,26 @@ def test_sampling_on_the_buckets_equals_plain_sampling() -> None:
         IDENTITY_COUNTS[f"gemma2/buckets/sampling/{getattr(drafter, 'name', drafter)}"] += 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("arch", ["mistral-swa", "gemma3_text"])
+def test_graphs_on_cuda_match_generate(arch: str) -> None:
+    """engine='graphs' (what auto picks on CUDA): the buckets' window masks replayed from CUDA graphs, each graph
+    checked against the eager forward at its first replay (no fallback may have happened). scripts/gpu_check.sh."""
+    from tiny_models import own_tiny_model
+
+    cpu_model = model_of(arch)
+    model = own_tiny_model(arch, ATTENTION[arch]).to("cuda")
+    rng = random.Random(f"graphs-{arch}")
+    prompt = some_prompt(rng, cpu_model, 1)
+    truth = hf_greedy(cpu_model, prompt, 6 * WINDOW)
+    for drafter in ("pld", OracleTreeDrafter(truth, VOCAB, seed=3, size=40, depth=WINDOW * 5 // 2)):
+        generator = specdec.Generator(model, drafter=drafter, engine="graphs", budget="full")
+        assert generator.generate(prompt, max_new_tokens=len(truth)).tokens == truth, (arch, drafter)
+        assert generator.verifier.fallback_reason is None, generator.verifier.fallback_reason
+        generator.close()
+        IDENTITY_COUNTS[f"{arch}/graphs/{getattr(drafter, 'name', drafter)}"] += 1
+
+
 def test_native_forward_refuses_sliding_window_models() -> None:
     with pytest.raises(UnsupportedModelError, match="sliding-window attention.*engine='hf'"):
         make_verifier(model_of("mistral-swa"), "specdec")
