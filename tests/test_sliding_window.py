@@ -222,10 +222,11 @@ def test_a_prompt_shorter_than_the_window(arch: str) -> None:
     model = model_of(arch)
     prompt = [5, 17, 42]
     truth = hf_greedy(model, prompt, 5 * WINDOW)
-    result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
-                         max_new_tokens=len(truth), budget="full", engine="hf")  # fmt: skip
-    assert result.tokens == truth
-    assert sum(r.accepted for r in result.stats.records) > WINDOW
+    for engine in ("hf", "buckets"):
+        result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
+                             max_new_tokens=len(truth), budget="full", engine=engine)  # fmt: skip
+        assert result.tokens == truth, engine
+        assert sum(r.accepted for r in result.stats.records) > WINDOW, engine
 
 
 def test_window_mask_of_a_chain_is_transformers_own() -> None:
