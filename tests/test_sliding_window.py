@@ -453,9 +453,14 @@ def test_hybrid_models_are_refused_clearly(kind: str) -> None:
 
 
 def test_a_transformers_without_past_recording_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Older releases (5.0.0) trim a sliding layer at every forward: a rejected draft could not be taken back."""
+    """Older releases (5.0.0) trim a sliding layer at every forward: a rejected draft could not be taken back on
+    Hugging Face's cache, so engine='hf' refuses, naming the buckets, which auto then picks on a CPU."""
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
     monkeypatch.delattr(DynamicSlidingWindowLayer, "activate_past_recording")
-    with pytest.raises(UnsupportedModelError, match="record the past.*this is transformers"):
-        specdec.run(model_of("mistral-swa"), [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4)
+    model = model_of("mistral-swa")
+    with pytest.raises(UnsupportedModelError, match="record the past.*this is transformers.*engine='buckets'"):
+        specdec.run(model, [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4, engine="hf")
+    assert auto_engine(model, torch.device("cpu")) == "buckets"
+    prompt = repeating_prompt(random.Random(8), 5, 2 * WINDOW)
+    assert specdec.run(model, prompt, "pld", max_new_tokens=3 * WINDOW).tokens == hf_greedy(model, prompt, 3 * WINDOW)

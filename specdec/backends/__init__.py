@@ -81,7 +81,7 @@ def auto_engine(model: Any, device: torch.device) -> str:
     if device.type == "cuda":
         return "graphs"
     if sliding.window_reason(model) is not None:  # [sliding hook] specdec's forward runs full attention only
-        return "hf"
+        return "hf" if sliding.records_the_past() else "buckets"
     return "specdec" if unsupported_reason(model) is None else "hf"
 
 
@@ -93,6 +93,9 @@ def auto_engine_reason(model: Any, device: torch.device) -> str:
             return (f"a CUDA device: fixed-shape forwards replayed from CUDA graphs, with window masks for the "
                     f"{window} (a full-length cache; not yet run on a GPU: engine='hf' bounds memory by the window)")
         return "a CUDA device: fixed-shape forwards replayed from CUDA graphs"
+    if window is not None and not sliding.records_the_past():
+        return (f"a CPU and {window}: the eager buckets on a full-length cache (this transformers' sliding layers "
+                "cannot take back a rejected draft; specdec's forward runs full attention only)")
     if window is not None:
         return (f"a CPU and {window}: Hugging Face's forward, its sliding layers' cache bounded by the window "
                 "(specdec's forward runs full attention only)")

@@ -69,8 +69,11 @@ def _text_config(config: Any) -> Any:
 
 def _layer_types(config: Any, layers: Sequence[Any]) -> list[str]:
     """Each cache layer's type, as transformers dispatched it (``config.layer_types``, else inferred)."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:  # transformers 5.0.0: each cache layer's class says it (anything else is refused later)
+        kinds: dict[type[Any], str] = {DynamicLayer: FULL, DynamicSlidingWindowLayer: SLIDING}
+        return [kinds.get(type(layer), type(layer).__name__) for layer in layers]
     types, _ = get_layer_types_and_kwargs(_text_config(config))
     if len(types) != len(layers):
         raise UnsupportedModelError(
@@ -133,6 +136,15 @@ def layout(config: Any) -> tuple[list[str], int] | None:
     size; None when every layer is full attention; :class:`~specdec.errors.UnsupportedModelError` for any
     other layer (linear attention, state-space, chunked attention, several windows)."""
     layers = list(getattr(DynamicCache(config=config), "layers", []))
+    others = sorted(set(getattr(_text_config(config), "layer_types", None) or ()) - {FULL, SLIDING})
+    if others:  # also where a transformers' DynamicCache does not know them (5.0.0 makes plain layers of them)
+        stateful = any("attention" not in kind or "linear" in kind for kind in others)  # linear, hybrid, mamba
+        what = "linear attention or state-space" if stateful else "an attention pattern not handled here"
+        raise UnsupportedModelError(
+            f"layers of type {', '.join(map(repr, others))} ({what}) are not supported: tree "
+            "verification needs attention layers whose keys and values can be gathered and cropped back to the "
+            "accepted tokens (full attention, or a sliding window)"
+        )
     if all(type(layer) is DynamicLayer for layer in layers):
         return None
     types = _layer_types(config, layers)
@@ -155,6 +167,12 @@ def layout(config: Any) -> tuple[list[str], int] | None:
     return types, window
 
 
+def records_the_past() -> bool:
+    """Whether this transformers' sliding cache layers can keep what a rejected draft needs (5.24, not 5.0.0):
+    without it, ``engine='hf'`` refuses sliding-window models and the buckets run them."""
+    return hasattr(DynamicSlidingWindowLayer, "activate_past_recording")
+
+
 def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
     """The verifier's cache for a new sequence of a model with ``config``.
 
@@ -165,13 +183,14 @@ def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
     found = layout(config)
     if found is None:
         return DynamicCache(config=config)
-    if not hasattr(DynamicSlidingWindowLayer, "activate_past_recording"):
+    if not records_the_past():
         import transformers
 
         raise UnsupportedModelError(
             f"sliding-window models need a transformers whose sliding cache layers can record the past "
             f"(DynamicSlidingWindowLayer.activate_past_recording, in 5.24; not in 5.0.0), so that a rejected draft "
-            f"can be taken back; this is transformers {transformers.__version__}"
+            f"can be taken back; this is transformers {transformers.__version__} (engine='buckets' runs these models "
+            "on it: a static cache that keeps every token)"
         )
     types, window = found
     return WindowedCache(config, types, window, min(max(slack, 0), window))
