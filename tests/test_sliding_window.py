@@ -1,10 +1,11 @@
 """Sliding-window models (Mistral with a window, Gemma 2, Gemma 3, gpt-oss) verify losslessly on the
-dynamic cache, with their sliding layers' memory bounded by the window (specdec/backends/sliding.py).
+dynamic cache, with their sliding layers' memory bounded by the window (specdec/backends/sliding.py),
+and on the fixed-shape buckets' full-length static cache with window masks per layer type.
 
 Tiny fp64 models (tests/tiny_models.py) whose window (8) is far shorter than the prompts and the
 generations, so every run crosses several windows, and trees are deeper than the window: identity
 with ``model.generate`` is demanded with no tolerance. Hybrid models (linear attention, state-space
-layers) are refused with a clear error, as are the static cache and the native forward.
+layers) are refused with a clear error, as are sliding-window models on the native forward.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import IDENTITY_COUNTS
-from oracle_drafter import OracleTreeDrafter
+from oracle_drafter import OracleTreeDrafter, random_tree
 from test_lossless import hf_greedy
 from tiny_models import SLIDING_ARCHITECTURES, VOCAB, WINDOW, tiny_model
 
@@ -221,10 +222,11 @@ def test_a_prompt_shorter_than_the_window(arch: str) -> None:
     model = model_of(arch)
     prompt = [5, 17, 42]
     truth = hf_greedy(model, prompt, 5 * WINDOW)
-    result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
-                         max_new_tokens=len(truth), budget="full", engine="hf")  # fmt: skip
-    assert result.tokens == truth
-    assert sum(r.accepted for r in result.stats.records) > WINDOW
+    for engine in ("hf", "buckets"):
+        result = specdec.run(model, prompt, OracleTreeDrafter(truth, VOCAB, seed=1, size=12, depth=WINDOW),
+                             max_new_tokens=len(truth), budget="full", engine=engine)  # fmt: skip
+        assert result.tokens == truth, engine
+        assert sum(r.accepted for r in result.stats.records) > WINDOW, engine
 
 
 def test_window_mask_of_a_chain_is_transformers_own() -> None:
@@ -246,17 +248,178 @@ def test_window_mask_of_a_chain_is_transformers_own() -> None:
         assert torch.equal(masks["sliding_attention"], expected), committed
 
 
-@pytest.mark.parametrize("engine", ["buckets", "compiled", "specdec"])
-def test_static_and_native_refuse_sliding_window_models(engine: str) -> None:
-    model = model_of("mistral-swa")
+# -- the fixed-shape buckets (engine="buckets"; "compiled" and the CUDA graphs run the same forward) ----------
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_buckets_match_generate(arch: str) -> None:
+    """engine='buckets': every drafter, and random trees of up to 40 nodes 2.5 windows deep (past the
+    window's slack: far ancestors and committed tokens fall out of a node's window), identical to
+    ``generate`` over prompts and generations of several windows; the static cache keeps every token,
+    the sliding layers' masks keep each node's window."""
+    model = model_of(arch)
+    rng = random.Random(f"buckets-{arch}")
+    prompt = some_prompt(rng, model, 1)
+    truth = hf_greedy(model, prompt, 6 * WINDOW)
+    accepted = {}
+    drafters: list[Any] = [*DRAFTERS, OracleTreeDrafter(truth, VOCAB, seed=1, size=40, depth=WINDOW * 5 // 2)]
+    for drafter in drafters:
+        name = getattr(drafter, "name", drafter)
+        result = specdec.run(model, prompt, drafter, max_new_tokens=len(truth), budget="full", engine="buckets")
+        assert result.tokens == truth, f"{arch}/{name}: prompt {prompt}"
+        IDENTITY_COUNTS[f"{arch}/buckets/{name}"] += 1
+        accepted[name] = sum(r.accepted for r in result.stats.records)
+    assert accepted["none"] == 0 and accepted["pld"] > 0 and accepted["sam+recycling"] > 0, accepted
+    assert accepted["oracle"] > 3 * WINDOW, accepted
+
+
+def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch.Tensor:
+    """The logits ``[N, V]`` of ``tree``'s nodes after ``prompt``, from one eager bucket forward."""
+    from specdec.backends.static import StaticVerifier
+
+    verifier = StaticVerifier(model, mode="eager")
+    state, _, _ = verifier.prefill(prompt)
+    with torch.inference_mode():
+        logits, _ = verifier._tree_forward(state, tree)
+    return logits.clone()
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
+def test_bucket_logits_are_the_models_own(arch: str) -> None:
+    """After a prompt of 5 windows, each node of a 40-node tree 2.5 windows deep gets from the bucket forward
+    the logits the model's own forward gives for the prompt and the node's path (fp64: to 1e-9). The control:
+    the same forward without the window masks is far off (so the token tests above do check the masks)."""
+    model = model_of(arch)
+    rng = random.Random(f"logits-{arch}")
+    prompt = [rng.randrange(2, VOCAB) for _ in range(5 * WINDOW)]
+    path = [rng.randrange(2, VOCAB) for _ in range(WINDOW * 5 // 2)]
+    tree = random_tree(rng, rng.randrange(2, VOCAB), VOCAB, 40, path)
+    expected = []
+    with torch.inference_mode():
+        for node in range(tree.size):
+            tokens = []
+            while node >= 0:
+                tokens.append(tree.tokens[node])
+                node = tree.parents[node]
+            expected.append(model(torch.tensor([prompt + tokens[::-1]])).logits[0, -1])
+    ours = _bucket_tree_logits(model, prompt, tree)
+    # Gemma 2's eager attention takes its softmax in fp32 (modeling_gemma2.eager_attention_forward): fp32 rounding
+    tolerance = 1e-5 if arch == "gemma2" else 1e-9
+    off = (ours - torch.stack(expected)).abs().max()
+    assert off < tolerance, (arch, off)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sliding, "bucket_layout", lambda model: None)
+        unmasked = _bucket_tree_logits(model, prompt, tree)
+    assert (unmasked - torch.stack(expected)).abs().max() > 1e-2, arch
+
+
+@pytest.mark.parametrize("arch", ["mistral-swa", "gemma2"])
+def test_rows_of_a_batch_on_the_buckets_match_generate(arch: str) -> None:
+    """A batch on one static cache (specdec/backends/static_rows.py): each row's committed slots start at its
+    region's base, so a slot's position is counted from there."""
+    model = model_of(arch)
+    rng = random.Random(f"rows-{arch}")
+    prompts = [some_prompt(rng, model, case) for case in range(3)]
+    generator = specdec.Generator(model, drafter="sam+recycling", engine="buckets", budget="full")
+    results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=4 * WINDOW)
+    generator.close()
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.tokens == hf_greedy(model, prompt, 4 * WINDOW), arch
+        IDENTITY_COUNTS[f"{arch}/static rows/sam+recycling"] += 1
+
+
+def test_bucket_masks_of_a_chain_are_transformers_own() -> None:
+    """The buckets' prefill (a chain at slots 0 ..) hands each layer the mask transformers builds for it."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    from specdec.backends.static import StaticVerifier
+
+    model = model_of("gemma3_text")
+    verifier = StaticVerifier(model, mode="eager")
+    seen: list[Any] = []
+    forward = model.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["attention_mask"])
+        return forward(*args, **kwargs)
+
+    length = 5 * WINDOW
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model, "forward", spy)
+        verifier.prefill(list(range(2, 2 + length)))
+    (masks,) = seen
+    width = masks["sliding_attention"].shape[-1]
+    for kind, function in (("full_attention", causal_mask_function),
+                           ("sliding_attention", sliding_window_causal_mask_function(WINDOW))):  # fmt: skip
+        expected = sdpa_mask(batch_size=1, q_length=length, kv_length=width, q_offset=0, kv_offset=0,
+                             mask_function=function, allow_is_causal_skip=False)  # fmt: skip
+        assert torch.equal(masks[kind], expected), kind
+
+
+@pytest.mark.slow  # inductor compiles one bucket: 6-11 s with a warm inductor cache, 54 s cold on 2 busy vCPUs
+def test_compiled_buckets_match_generate() -> None:
+    """engine='compiled' (inductor) on a model that mixes sliding and full layers (its forward takes a dict of
+    masks), one 4-node bucket: the window masks compile, and the compiled forward agrees with the eager one (no
+    fallback). The eager buckets above run the same forward uncompiled."""
+    model = model_of("gemma3_text")
+    rng = random.Random("compiled")
+    prompt = some_prompt(rng, model, 1)
+    truth = hf_greedy(model, prompt, 4 * WINDOW)
+    verifier = make_verifier(model, "compiled")
+    state, pending, _ = verifier.prefill(prompt)
+    done = 0
+    while done < len(truth) - 1:
+        tree = DraftTree.chain(pending, truth[done + 1 : done + 4])
+        result = verifier.verify(state, tree)
+        assert list(result.accepted_tokens) == truth[done : done + tree.size]
+        done += tree.size
+        pending = result.bonus
+    assert verifier.fallback_reason is None
+
+
+def test_sampling_on_the_buckets_equals_plain_sampling() -> None:
+    model = model_of("gemma2")
+    rng = random.Random("buckets-sampling")
+    options: dict[str, Any] = {"temperature": 0.8, "top_k": 30, "seed": rng.randrange(2**40)}
+    prompt = repeating_prompt(rng, 5, 3 * WINDOW)
+    expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, engine="hf", **options).tokens
+    for drafter in ("pld", OracleTreeDrafter(expected, VOCAB, seed=2, size=24, depth=12)):
+        result = specdec.run(model, prompt, drafter, max_new_tokens=5 * WINDOW, engine="buckets", budget="full",
+                             **options)  # fmt: skip
+        assert result.tokens == expected, drafter
+        IDENTITY_COUNTS[f"gemma2/buckets/sampling/{getattr(drafter, 'name', drafter)}"] += 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("arch", ["mistral-swa", "gemma3_text"])
+def test_graphs_on_cuda_match_generate(arch: str) -> None:
+    """engine='graphs' (what auto picks on CUDA): the buckets' window masks replayed from CUDA graphs, each graph
+    checked against the eager forward at its first replay (no fallback may have happened). scripts/gpu_check.sh."""
+    from tiny_models import own_tiny_model
+
+    cpu_model = model_of(arch)
+    model = own_tiny_model(arch, ATTENTION[arch]).to("cuda")
+    rng = random.Random(f"graphs-{arch}")
+    prompt = some_prompt(rng, cpu_model, 1)
+    truth = hf_greedy(cpu_model, prompt, 6 * WINDOW)
+    for drafter in ("pld", OracleTreeDrafter(truth, VOCAB, seed=3, size=40, depth=WINDOW * 5 // 2)):
+        generator = specdec.Generator(model, drafter=drafter, engine="graphs", budget="full")
+        assert generator.generate(prompt, max_new_tokens=len(truth)).tokens == truth, (arch, drafter)
+        assert generator.verifier.fallback_reason is None, generator.verifier.fallback_reason
+        generator.close()
+        IDENTITY_COUNTS[f"{arch}/graphs/{getattr(drafter, 'name', drafter)}"] += 1
+
+
+def test_native_forward_refuses_sliding_window_models() -> None:
     with pytest.raises(UnsupportedModelError, match="sliding-window attention.*engine='hf'"):
-        make_verifier(model, engine)
+        make_verifier(model_of("mistral-swa"), "specdec")
 
 
-def test_auto_runs_sliding_window_models_on_hugging_faces_forward() -> None:
+def test_auto_runs_sliding_window_models_on_hugging_faces_forward_on_a_cpu() -> None:
+    """On a CPU, Hugging Face's forward (its sliding layers bounded by the window); on CUDA the buckets' graphs."""
     for arch in SLIDING_ARCHITECTURES:
-        for device in ("cpu", "cuda"):
-            assert auto_engine(model_of(arch), torch.device(device)) == "hf", (arch, device)
+        assert auto_engine(model_of(arch), torch.device("cpu")) == "hf", arch
+        assert auto_engine(model_of(arch), torch.device("cuda")) == "graphs", arch
     model = model_of("gemma3_text")
     prompt = repeating_prompt(random.Random(5), 4, 2 * WINDOW)
     assert specdec.run(model, prompt, "pld", max_new_tokens=30).tokens == hf_greedy(model, prompt, 30)
@@ -290,9 +453,14 @@ def test_hybrid_models_are_refused_clearly(kind: str) -> None:
 
 
 def test_a_transformers_without_past_recording_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Older releases (5.0.0) trim a sliding layer at every forward: a rejected draft could not be taken back."""
+    """Older releases (5.0.0) trim a sliding layer at every forward: a rejected draft could not be taken back on
+    Hugging Face's cache, so engine='hf' refuses, naming the buckets, which auto then picks on a CPU."""
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
     monkeypatch.delattr(DynamicSlidingWindowLayer, "activate_past_recording")
-    with pytest.raises(UnsupportedModelError, match="record the past.*this is transformers"):
-        specdec.run(model_of("mistral-swa"), [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4)
+    model = model_of("mistral-swa")
+    with pytest.raises(UnsupportedModelError, match="record the past.*this is transformers.*engine='buckets'"):
+        specdec.run(model, [3, 4, 5, 3, 4, 5], "pld", max_new_tokens=4, engine="hf")
+    assert auto_engine(model, torch.device("cpu")) == "buckets"
+    prompt = repeating_prompt(random.Random(8), 5, 2 * WINDOW)
+    assert specdec.run(model, prompt, "pld", max_new_tokens=3 * WINDOW).tokens == hf_greedy(model, prompt, 3 * WINDOW)

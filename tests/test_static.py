@@ -297,21 +297,6 @@ def test_cuda_graph_engines_match_plain_greedy(engine: str) -> None:
         model.to("cpu")
 
 
-@pytest.mark.parametrize("engine", ["buckets", "compiled"])
-def test_sliding_window_models_are_refused_on_the_static_cache(engine: str) -> None:
-    """The fixed-shape buckets hold full-attention layers only: refuse rather than attend too far (Hugging
-    Face's forward verifies these models: tests/test_sliding_window.py)."""
-    from transformers import AutoModelForCausalLM, MistralConfig
-
-    from specdec.errors import UnsupportedModelError
-
-    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    with pytest.raises(UnsupportedModelError, match="sliding-window"):
-        specdec.run(model, [1, 2, 3], "pld", engine=engine, max_new_tokens=4)
-
-
 @cuda
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -78,21 +78,27 @@ def auto_engine(model: Any, device: torch.device) -> str:
     forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`), else ``"hf"``.
     Neither CPU choice compiles anything, so the first call is as fast as later ones;
     docs/static-cache.md measures them against the compiled buckets."""
-    if sliding.window_reason(model) is not None:  # [sliding hook] sliding-window models: Hugging Face's forward
-        return "hf"
     if device.type == "cuda":
         return "graphs"
+    if sliding.window_reason(model) is not None:  # [sliding hook] specdec's forward runs full attention only
+        return "hf" if sliding.records_the_past() else "buckets"
     return "specdec" if unsupported_reason(model) is None else "hf"
 
 
 def auto_engine_reason(model: Any, device: torch.device) -> str:
     """Why :func:`auto_engine` picks what it picks for ``model`` on ``device``, in a few words (the demo prints it)."""
     window = sliding.window_reason(model)  # [sliding hook]
-    if window is not None:
-        return (f"{window}: Hugging Face's forward on its dynamic cache (the buckets and specdec's forward hold "
-                "full attention only)")
     if device.type == "cuda":
+        if window is not None:
+            return (f"a CUDA device: fixed-shape forwards replayed from CUDA graphs, with window masks for the "
+                    f"{window} (a full-length cache; not yet run on a GPU: engine='hf' bounds memory by the window)")
         return "a CUDA device: fixed-shape forwards replayed from CUDA graphs"
+    if window is not None and not sliding.records_the_past():
+        return (f"a CPU and {window}: the eager buckets on a full-length cache (this transformers' sliding layers "
+                "cannot take back a rejected draft; specdec's forward runs full attention only)")
+    if window is not None:
+        return (f"a CPU and {window}: Hugging Face's forward, its sliding layers' cache bounded by the window "
+                "(specdec's forward runs full attention only)")
     reason = unsupported_reason(model)
     if reason is None:
         return "a CPU and a Llama-family model: specdec's own forward, nothing compiled"

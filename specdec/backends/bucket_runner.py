@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from specdec.backends import sliding
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import SharedForward
 from specdec.backends.tree import ancestor_matrix
@@ -65,6 +66,9 @@ def tree_forward(
     ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
     ``bounds`` int64 ``[2, T]`` (rows of a batch, :mod:`specdec.backends.static_rows`): node ``i``'s
     committed slots are ``bounds[0, i] <= s < bounds[1, i]`` instead of ``s < C``.
+    A sliding-window model's (the cache's ``sliding``): its sliding layers' mask also drops every slot
+    outside the node's window (:func:`~specdec.backends.sliding.within_window`), and a model that mixes
+    sliding and full layers takes both masks in a dict keyed by layer type.
     """
     width = writer.owner.width
     columns = torch.arange(width, device=slots.device)  # [W]
@@ -74,11 +78,15 @@ def tree_forward(
         committed = (columns.unsqueeze(0) >= bounds[0].unsqueeze(1)) & (columns.unsqueeze(0) < bounds[1].unsqueeze(1))
     tree = torch.zeros((slots.shape[0], width), dtype=torch.bool, device=slots.device)
     tree = tree.index_copy(1, slots, ancestors)  # [T, W]: the ancestors' slots
-    allowed = (committed | tree)[None, None]  # [1, 1, T, W]
-    mask = allowed
-    if additive_dtype is not None:  # eager attention adds its mask to the scores
-        mask = torch.zeros(allowed.shape, dtype=additive_dtype, device=slots.device)
-        mask = mask.masked_fill(~allowed, torch.finfo(additive_dtype).min)
+    allowed = committed | tree  # [T, W]
+    mask: Any
+    if writer.owner.sliding is None:
+        mask = _attention_mask(allowed, additive_dtype)
+    else:  # [sliding hook] sliding layers see only the slots within their window of each node
+        window, mixed = writer.owner.sliding
+        near = sliding.within_window(window, columns, committed, slots, positions, bounds)
+        full = _attention_mask(allowed, additive_dtype) if mixed else None
+        mask = sliding.bucket_masks(mixed, full, _attention_mask(allowed & near, additive_dtype))
     out = model(
         input_ids=tokens,
         position_ids=positions,
@@ -89,6 +97,16 @@ def tree_forward(
     )
     logits: torch.Tensor = out.logits[0]
     return logits
+
+
+def _attention_mask(allowed: torch.Tensor, additive_dtype: torch.dtype | None) -> torch.Tensor:
+    """The model's ``[1, 1, T, W]`` mask from ``allowed`` bool ``[T, W]``: itself, or additive (eager attention
+    adds its mask to the scores)."""
+    mask = allowed[None, None]
+    if additive_dtype is not None:
+        additive = torch.zeros(mask.shape, dtype=additive_dtype, device=allowed.device)
+        mask = additive.masked_fill(~mask, torch.finfo(additive_dtype).min)
+    return mask
 
 
 class BucketRunner:

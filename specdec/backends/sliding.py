@@ -28,11 +28,17 @@ tokens they pushed out are gone, so a tree cannot be rolled back from it. Here:
 One-node trees need no mask: the model builds its own window mask from the layer's lengths,
 which the trimming keeps as Hugging Face's layer would have them.
 
+The fixed-shape buckets (``engine="buckets"``, ``"compiled"``, ``"graphs"``, ``"compiled-graphs"``)
+run these models on their static cache, which keeps every token of every layer, as for a
+full-attention model (memory grows with the context): the window lives in the sliding layers'
+masks only, built inside the bucket's forward from its device buffers (:func:`within_window`,
+:func:`bucket_masks`), so one compiled function or captured graph serves every step.
+
 Not here: chunked attention (Llama 4: ``chunked_attention`` layers share the cache class but
 not the mask), layers of several window sizes, and linear-attention / state-space layers
 (their recurrent state cannot be cropped back to the accepted length): all refused with
-:class:`~specdec.errors.UnsupportedModelError`. The static cache and specdec's native forward
-do not run sliding-window models (:func:`check_engine`); ``engine='auto'`` picks the dynamic
+:class:`~specdec.errors.UnsupportedModelError`. specdec's native forward does not run
+sliding-window models (:func:`check_engine`); on a CPU ``engine='auto'`` picks the dynamic
 cache for them.
 """
 
@@ -63,8 +69,11 @@ def _text_config(config: Any) -> Any:
 
 def _layer_types(config: Any, layers: Sequence[Any]) -> list[str]:
     """Each cache layer's type, as transformers dispatched it (``config.layer_types``, else inferred)."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:  # transformers 5.0.0: each cache layer's class says it (anything else is refused later)
+        kinds: dict[type[Any], str] = {DynamicLayer: FULL, DynamicSlidingWindowLayer: SLIDING}
+        return [kinds.get(type(layer), type(layer).__name__) for layer in layers]
     types, _ = get_layer_types_and_kwargs(_text_config(config))
     if len(types) != len(layers):
         raise UnsupportedModelError(
@@ -122,17 +131,22 @@ class WindowedCache(DynamicCache):
             layer.cumulative_length = committed_len
 
 
-def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
-    """The verifier's cache for a new sequence of a model with ``config``.
-
-    A plain ``DynamicCache`` when every layer is full attention (as before); a
-    :class:`WindowedCache` when some layers are sliding-window ones of one window size;
-    :class:`~specdec.errors.UnsupportedModelError` for any other layer.
-    """
-    cache = DynamicCache(config=config)
-    layers = list(getattr(cache, "layers", []))
+def layout(config: Any) -> tuple[list[str], int] | None:
+    """Each layer's type and the sliding layers' window, for a model with sliding-window layers of one window
+    size; None when every layer is full attention; :class:`~specdec.errors.UnsupportedModelError` for any
+    other layer (linear attention, state-space, chunked attention, several windows)."""
+    layers = list(getattr(DynamicCache(config=config), "layers", []))
+    others = sorted(set(getattr(_text_config(config), "layer_types", None) or ()) - {FULL, SLIDING})
+    if others:  # also where a transformers' DynamicCache does not know them (5.0.0 makes plain layers of them)
+        stateful = any("attention" not in kind or "linear" in kind for kind in others)  # linear, hybrid, mamba
+        what = "linear attention or state-space" if stateful else "an attention pattern not handled here"
+        raise UnsupportedModelError(
+            f"layers of type {', '.join(map(repr, others))} ({what}) are not supported: tree "
+            "verification needs attention layers whose keys and values can be gathered and cropped back to the "
+            "accepted tokens (full attention, or a sliding window)"
+        )
     if all(type(layer) is DynamicLayer for layer in layers):
-        return cache
+        return None
     types = _layer_types(config, layers)
     windows = set()
     for layer, kind in zip(layers, types, strict=True):
@@ -144,20 +158,41 @@ def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
         raise _unsupported(layer, f"layer type {kind!r}")
     if len(windows) != 1:
         raise UnsupportedModelError(f"sliding-window layers of several windows ({sorted(windows)}) are not supported")
-    if not hasattr(DynamicSlidingWindowLayer, "activate_past_recording"):
-        import transformers
-
-        raise UnsupportedModelError(
-            f"sliding-window models need a transformers whose sliding cache layers can record the past "
-            f"(DynamicSlidingWindowLayer.activate_past_recording, in 5.24; not in 5.0.0), so that a rejected draft "
-            f"can be taken back; this is transformers {transformers.__version__}"
-        )
     (window,) = windows
     if window < 1:
         raise UnsupportedModelError(f"sliding window {window} is not a positive number of tokens")
     if FULL in types and getattr(_text_config(config), "layer_types", None) is None:
         # Mixed models take a dict of masks keyed by config.layer_types; without it their forward builds one mask.
         raise UnsupportedModelError("a model mixing sliding-window and full layers without config.layer_types")
+    return types, window
+
+
+def records_the_past() -> bool:
+    """Whether this transformers' sliding cache layers can keep what a rejected draft needs (5.24, not 5.0.0):
+    without it, ``engine='hf'`` refuses sliding-window models and the buckets run them."""
+    return hasattr(DynamicSlidingWindowLayer, "activate_past_recording")
+
+
+def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
+    """The verifier's cache for a new sequence of a model with ``config``.
+
+    A plain ``DynamicCache`` when every layer is full attention (as before); a
+    :class:`WindowedCache` when some layers are sliding-window ones of one window size;
+    :class:`~specdec.errors.UnsupportedModelError` for any other layer (:func:`layout`).
+    """
+    found = layout(config)
+    if found is None:
+        return DynamicCache(config=config)
+    if not records_the_past():
+        import transformers
+
+        raise UnsupportedModelError(
+            f"sliding-window models need a transformers whose sliding cache layers can record the past "
+            f"(DynamicSlidingWindowLayer.activate_past_recording, in 5.24; not in 5.0.0), so that a rejected draft "
+            f"can be taken back; this is transformers {transformers.__version__} (engine='buckets' runs these models "
+            "on it: a static cache that keeps every token)"
+        )
+    types, window = found
     return WindowedCache(config, types, window, min(max(slack, 0), window))
 
 
@@ -179,19 +214,70 @@ def window_reason(model: Any) -> str | None:
 
 def check_engine(model: Any, engine: str) -> None:
     """Refuse, with a clear error, a model the ``engine`` (``"hf"``, ``"specdec"``, a bucket engine)
-    cannot verify: layers no cache here can roll back (linear attention, state-space: :func:`new_cache`),
-    and sliding-window layers anywhere but on Hugging Face's forward with its dynamic cache (the static
-    buckets and specdec's own forward hold full-attention layers only)."""
+    cannot verify: layers no cache here can roll back (linear attention, state-space: :func:`layout`),
+    and sliding-window layers on specdec's own forward (it runs full-attention layers only). Hugging
+    Face's forward (:class:`WindowedCache`) and the fixed-shape buckets (:func:`bucket_layout`) run them."""
     config = getattr(model, "config", None)
     if config is None:
         return
-    new_cache(config)  # raises for layers that cannot be verified at all
+    if engine == "hf":
+        new_cache(config)  # raises for layers that cannot be verified, and for a transformers without past recording
+        return
+    layout(config)  # raises for layers that cannot be verified at all
     reason = window_reason(model)
-    if engine != "hf" and reason is not None:
+    if engine == "specdec" and reason is not None:
         raise UnsupportedModelError(
-            f"engine={engine!r} does not run this model ({reason}): the fixed-shape buckets and specdec's own "
-            "forward hold full-attention layers only; use engine='hf' (what engine='auto' picks for this model)"
+            f"engine={engine!r} does not run this model ({reason}): specdec's own forward holds full-attention "
+            "layers only; use engine='hf' (what engine='auto' picks for this model on a CPU) or engine='buckets'"
         )
+
+
+# -- the fixed-shape buckets (specdec/backends/bucket_runner.py: tree_forward) ------------------------------
+
+
+def bucket_layout(model: Any) -> tuple[int, bool] | None:
+    """What the bucket engines' masks need of ``model``: ``(window, mixed)`` (``mixed``: full-attention layers
+    beside the sliding ones, so the forward takes a dict of masks), or None when every layer is full attention.
+
+    The static cache keeps every token of every layer (as for a full-attention model: memory grows with the
+    context, not bounded by the window); the sliding layers' window lives in their masks only.
+    """
+    config = getattr(model, "config", None)
+    found = None if config is None else layout(config)
+    if found is None:
+        return None
+    types, window = found
+    return window, FULL in types
+
+
+def within_window(
+    window: int,
+    columns: torch.Tensor,
+    committed: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    bounds: torch.Tensor | None,
+) -> torch.Tensor:
+    """Bool ``[T, W]``: which of the ``W`` slots lie inside each node's window (key position > query position
+    - ``window``), as ``sliding_window_overlay`` of Hugging Face's masks has it.
+
+    Traced inside the buckets' forward (tensor operations only). ``columns`` int64 ``[W]`` (slot numbers);
+    ``committed`` bool ``[1 or T, W]`` (the node's committed slots); ``slots`` int64 ``[T]`` (where the nodes'
+    keys are); ``positions`` int64 ``[1, T]``; ``bounds`` int64 ``[2, T]`` or None (as ``tree_forward`` takes
+    them): a committed slot ``s`` holds position ``s - bounds[0, i]`` (``s`` for one sequence), a tree slot the
+    position of the node written there. Other slots are masked anyway, whatever this says of them.
+    """
+    query = positions[0]  # [T]
+    tree_positions = torch.zeros_like(columns).index_copy(0, slots, query)  # [W]: each node's slot, its position
+    base = torch.zeros_like(query) if bounds is None else bounds[0]  # [T]: where the node's committed slots start
+    keys = torch.where(committed, columns.unsqueeze(0) - base.unsqueeze(1), tree_positions.unsqueeze(0))  # [T, W]
+    return keys > (query - window).unsqueeze(1)
+
+
+def bucket_masks(mixed: bool, full: Any, windowed: Any) -> Any:
+    """The ``attention_mask`` of a bucket's forward: the sliding layers' mask alone when every layer is sliding
+    (Mistral), else a dict keyed by layer type, which the mixed models' forwards take as their masks."""
+    return {FULL: full, SLIDING: windowed} if mixed else windowed
 
 
 # -- the hooks ModelVerifier calls ---------------------------------------------------------------------------

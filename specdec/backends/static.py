@@ -136,7 +136,7 @@ class StaticVerifier(ModelVerifier):
         buckets = tuple(sorted(set(int(b) for b in buckets)))
         if not buckets or buckets[0] != 1:
             raise SpecDecError(f"static-cache buckets must include 1 (plain steps), got {list(buckets)}")
-        sliding.check_engine(model, "buckets")  # [sliding hook] refuses sliding-window and linear-attention layers
+        sliding.check_engine(model, "buckets")  # [sliding hook] refuses linear-attention and state-space layers
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         num_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(num_layers, int) or num_layers < 1:
@@ -148,6 +148,7 @@ class StaticVerifier(ModelVerifier):
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self._finalizer: weakref.finalize[Any, Any] | None = None  # gives a pooled device state back
         self._held: DeviceSet | None = self._lease(num_layers)
+        self.cache.sliding = sliding.bucket_layout(model)  # [sliding hook] the window the masks of its layers need
         # inductor folds the weights in as constants; False: weights stay inputs
         self.freezing = True
         # Frozen weights prepacked into oneDNN layouts (CPU GEMMs): off, since every bucket then holds its own

@@ -64,6 +64,9 @@ class StaticKVCache:
         # attends over: a tensor, not an int, so a compiled forward takes W as a dynamic size.
         self.window: torch.Tensor | None = None
         self.generation = 0  # bumped at every (re)allocation: compiled/captured forwards hold old buffers
+        # A sliding-window model's (window, mixed) (specdec.backends.sliding.bucket_layout), which the forward's
+        # masks read; None: every layer is full attention. Every layer keeps every token either way.
+        self.sliding: tuple[int, bool] | None = None
 
     @property
     def allocated(self) -> bool:
@@ -171,7 +174,7 @@ def _writer_class() -> type[Any]:
         """One layer of a :class:`StaticKVCache`, writing at the owner's slots."""
 
         is_compileable = True
-        is_sliding = False
+        is_sliding = False  # every layer keeps every token; a sliding layer's window is in its mask (tree_forward)
 
         def __init__(self, owner: StaticKVCache, index: int, slots: torch.Tensor) -> None:
             super().__init__()
