@@ -8,6 +8,7 @@ import contextlib
 import io
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,18 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
 
 
+def _parse_problem(parse: Callable[[list[str]], object], args: list[str]) -> str | None:
+    """The parser's complaint about ``args`` (its last line), or None when they parse."""
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+            parse(args)
+    except SystemExit as exit_:
+        if exit_.code != 0:
+            return errors.getvalue().strip().splitlines()[-1]
+    return None
+
+
 def command_problem(argv: list[str], partial: bool) -> str | None:
     """Why ``argv`` (one simple command) is wrong, or None: a ``specdec`` line must parse with the real parser
     without a former (hidden) flag, and a partial one (an inline mention, a synopsis) name real subcommands and
@@ -153,18 +166,15 @@ def command_problem(argv: list[str], partial: bool) -> str | None:
                   and inner._option_string_actions[f].help == argparse.SUPPRESS]
         if unknown or former:
             return f"no option {unknown}" if unknown else f"a former flag {former}"
-        if partial:
-            return None
-        errors = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
-                parser.parse_args(argv[1:])
-        except SystemExit as exit_:
-            if exit_.code != 0:
-                return errors.getvalue().strip().splitlines()[-1]
-        return None
+        return None if partial else _parse_problem(parser.parse_args, argv[1:])
     if program == "bash":
-        return None if (REPO / argv[1]).is_file() else f"no file {argv[1]}"
+        if not (REPO / argv[1]).is_file():
+            return f"no file {argv[1]}"
+        if argv[1] == "scripts/vllm_check.sh" and not partial:  # its arguments go to the check's parser
+            from specdec.commands.vllm_check import parse_args
+
+            return _parse_problem(parse_args, argv[2:])
+        return None
     if program in PYTHONS or program == "pytest":
         args = argv[1:] if program != "pytest" else ["-m", "pytest", *argv[1:]]
         if args[:1] == ["-m"]:
@@ -188,7 +198,8 @@ DOC_COMMANDS = [(page, line, partial) for page in PAGES for line, partial in she
 def test_the_command_checker_finds_stale_lines(tmp_path: Path) -> None:
     page = tmp_path / "a.md"
     page.write_text("```bash\nspecdec generate \"x\" --drafter pld \\\n  --max-new-tokens 8   # fine\n"
-                    "flock /tmp/l SPECDEC_X=$(mktemp -d) specdec bench oneoff --nope\nbash scripts/gone.sh\n```\n"
+                    "flock /tmp/l SPECDEC_X=$(mktemp -d) specdec bench oneoff --nope\nbash scripts/gone.sh\n"
+                    "bash scripts/vllm_check.sh --full --repeats x\n```\n"
                     "`specdec bench replay DIR --drafters SPECS` `specdec cache info [--gone]`\n"
                     "`python -m specdec.gone`\n"
                     "`specdec generate \"x\" --backend torch` `python -m pytest benchmarks/missing.py`\n",
@@ -197,7 +208,8 @@ def test_the_command_checker_finds_stale_lines(tmp_path: Path) -> None:
                 for argv in simple_commands(line)]
     assert problems[0] is None
     assert problems[1] == "no option ['--nope']"
-    assert problems[2:] == [
+    assert "--repeats: invalid int value: 'x'" in str(problems[3])
+    assert problems[2:3] + problems[4:] == [
         "no file scripts/gone.sh", None, "no option ['--gone']", "no module specdec.gone",
         "a former flag ['--backend']", "no path ['benchmarks/missing.py']",
     ]
