@@ -219,3 +219,15 @@ def test_every_command_in_the_docs_parses_and_names_real_files() -> None:
     problems = [f"{page.relative_to(REPO)}: {line!r}: {problem}" for page, line, partial in DOC_COMMANDS
                 for argv in simple_commands(line) if (problem := command_problem(argv, partial))]
     assert problems == []
+
+
+SKETCHES = {"docs/architecture.md"}  # its ``Verifier`` block is a protocol's outline (signatures, no bodies)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if str(p.relative_to(REPO)) not in SKETCHES],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_python_example_in_the_docs_compiles(page: Path) -> None:
+    """Cheap and for every page (running them needs the default model: the README's run in the slow test above)."""
+    text = page.read_text(encoding="utf-8")
+    for match in re.finditer(r"^```python\n(.*?)^```", text, re.M | re.S):
+        compile(match.group(1), f"{page.name} line {text[: match.start()].count(chr(10)) + 1}", "exec")
