@@ -996,3 +996,21 @@ def test_fresh_ratio_from_too_few_prompts_gives_no_verdict(prompts: int) -> None
     assert line is not None and "insufficient" in line and "below" not in line, line
     enough = fresh_ratio(_fresh_results([(48.0, 15.0, 60.0, 15.0)] * MIN_INTERVAL_PROMPTS), "s")
     assert enough is not None and enough.verdict().startswith("below 0.95")
+
+
+def test_oneoff_plot_from_a_saved_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``specdec bench oneoff --replot DIR`` draws DIR/oneoff.png from DIR/results.json (what ``--out`` writes
+    beside it after a run); a missing or foreign results file is a clear error."""
+    from specdec.bench.oneoff import summarize
+
+    summary = summarize(_fresh_results([(60.0, 15.0, 62.0, 15.5), (40.0, 14.0, 41.0, 14.2)]))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"command": "specdec bench oneoff", "summary": summary}))
+    assert main(["bench", "oneoff", "--replot", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "oneoff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.strip() == str(tmp_path / "run" / "oneoff.png")
+    assert main(["bench", "oneoff", "--replot", str(tmp_path / "nowhere")]) == 2
+    assert "no readable one-off results at" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    assert main(["bench", "oneoff", "--replot", str(tmp_path / "other.json")]) == 2
+    assert "is not a `specdec bench oneoff` results file" in capsys.readouterr().err

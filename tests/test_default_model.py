@@ -190,16 +190,18 @@ def test_oneoff_arms_start_from_the_same_recycling_matrix(default_model: tuple[A
     """``specdec bench oneoff`` in one process: Token Recycling's matrix is shared by every arm on the model, so
     each arm must start from what the earlier prompts left, not from another arm's pass over the same output.
     With ``recycling`` at a full budget the drafts depend on the matrix and the text only: equal starting
-    matrices give the ``run`` and ``generator`` arms the same steps, a matrix taught by the other arm fewer."""
+    matrices give the ``run``, ``generator`` and ``hf_generate`` (``model.generate(..., custom_generate=)``) arms
+    the same steps, a matrix taught by another arm fewer."""
     from specdec.bench import oneoff
 
     model, tokenizer = default_model
     prompts = oneoff.heldout_prompts()[:2]
-    results = oneoff.measure_in_process(model, tokenizer, prompts, "r=recycling:budget=full", 32, progress=False)
+    results = oneoff.measure_in_process(model, tokenizer, prompts, "r=recycling:budget=full", 32, progress=False,
+                                        custom_generate=True)  # fmt: skip
     for result in results:
-        run_arm, generator_arm = result.arms["run:r"], result.arms["generator:r"]
+        steps = [result.arms[arm].steps for arm in ("run:r", "generator:r", "hf_generate:r")]
         assert all(result.acceptable.values()), result.verdicts  # each arm is plain greedy (or a judged near-tie)
-        assert run_arm.steps == generator_arm.steps, (result.prompt.kind, run_arm.steps, generator_arm.steps)
+        assert len(result.acceptable) == 3 and len(set(steps)) == 1, (result.prompt.kind, steps)
 
 
 def test_oneoff_fresh_processes_and_the_warmed_process_start_from_the_same_learned_state(

@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,11 +53,14 @@ from tqdm import tqdm
 
 from specdec.api import GENERATOR_OPTIONS, Generator, run
 from specdec.bench.methods import MethodSpec, parse_methods
+from specdec.bench.plot import pyplot, save_figure
 from specdec.bench.report import markdown_table
 from specdec.cachefiles import folder
 from specdec.cachefiles import kind as cache_kind
 from specdec.decoding import DECODING_OPTIONS
 from specdec.drafters import recycling_state
+from specdec.errors import SpecDecError
+from specdec.hf import HFGenerate, hf_generate
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
 from specdec.types import GenerationResult
@@ -147,6 +151,22 @@ def timed_generate(generator: Generator, ids: Sequence[int], spec: MethodSpec, m
                   split=time_split(result, seconds))  # fmt: skip
 
 
+def timed_custom_generate(model: Any, speculative: HFGenerate, ids: Sequence[int], max_new_tokens: int) -> Timing:
+    """One ``model.generate(..., custom_generate=speculative)`` call (what a user of ``generate`` keeps, its
+    Generator reused across calls), timed: ``run``'s work plus Hugging Face's argument handling around it."""
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([list(ids)], device=device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                             custom_generate=speculative)  # fmt: skip
+    seconds = time.perf_counter() - started
+    result = speculative.last_result
+    assert result is not None, "custom_generate returned without decoding"
+    return Timing([int(t) for t in out[0, len(ids) :]], seconds, result.stats.steps,
+                  engine=result.stats.engine or None, split=time_split(result, seconds))  # fmt: skip
+
+
 def _judge(model: Any, result: PromptResult) -> None:
     reference = result.arms["hf"].tokens
     for arm, timing in result.arms.items():
@@ -158,18 +178,25 @@ def _judge(model: Any, result: PromptResult) -> None:
 
 
 def measure_in_process(
-    model: Any, tokenizer: Any, prompts: Sequence[Prompt], specs: str, max_new_tokens: int, progress: bool = True
+    model: Any, tokenizer: Any, prompts: Sequence[Prompt], specs: str, max_new_tokens: int, progress: bool = True,
+    custom_generate: bool = False,
 ) -> list[PromptResult]:
-    """Every prompt through ``hf``, ``run:SPEC`` and ``generator:SPEC`` arms, interleaved (module docstring)."""
+    """Every prompt through ``hf``, ``run:SPEC`` and ``generator:SPEC`` arms, interleaved (module docstring);
+    with ``custom_generate``, also ``hf_generate:SPEC``: ``model.generate(..., custom_generate=hf_generate(SPEC))``
+    with one :func:`specdec.hf_generate` object kept across prompts."""
     methods = parse_methods([specs])
     generators = {
         spec.label: Generator(model, tokenizer, drafter=spec.name, **_generator_options(spec)) for spec in methods
     }
+    customs = {spec.label: hf_generate(spec.name, tokenizer=tokenizer, **spec.options)
+               for spec in methods} if custom_generate else {}  # fmt: skip
     warm = encode_prompt(tokenizer, WARM_PROMPT, None)
     hf_greedy(model, warm, 8)  # the one earlier call of every arm: what a process has done before
     for spec in methods:
         timed_run(model, tokenizer, warm, spec, 8)
         timed_generate(generators[spec.label], warm, spec, 8)
+        if spec.label in customs:
+            timed_custom_generate(model, customs[spec.label], warm, 8)
     results = []
     for prompt in tqdm(prompts, desc="one-off calls", disable=not progress):
         ids = encode_prompt(tokenizer, prompt.text, None)
@@ -183,6 +210,10 @@ def measure_in_process(
             result.arms[f"run:{spec.label}"] = timed_run(model, tokenizer, ids, spec, max_new_tokens)
             recycling_state.restore_shared(learned)
             result.arms[f"generator:{spec.label}"] = timed_generate(generators[spec.label], ids, spec, max_new_tokens)
+            if spec.label in customs:
+                recycling_state.restore_shared(learned)
+                result.arms[f"hf_generate:{spec.label}"] = timed_custom_generate(model, customs[spec.label], ids,
+                                                                                 max_new_tokens)  # fmt: skip
         _judge(model, result)
         results.append(result)
     return results
@@ -537,6 +568,44 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["first_token_s"] is not None:
         lines.append(f"median time from process start to first token: {summary['first_token_s']:.2f} s")
     return "\n".join(lines)
+
+
+def load_saved(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """A saved one-off run's ``results.json`` (``directory`` or the file itself)."""
+    path = Path(directory)
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        saved: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SpecDecError(f"no readable one-off results at {str(directory)!r}: {error}") from None
+    if not isinstance(saved.get("summary"), dict) or "table" not in saved["summary"]:
+        raise SpecDecError(f"{path} is not a `specdec bench oneoff` results file (no summary table)")
+    return saved
+
+
+def plot(summary: dict[str, Any], path: str | Path, title: str) -> Path:
+    """Speed-up over HF greedy ``generate`` per prompt kind and overall, one bar per arm (tokens/s on each bar)."""
+    plt = pyplot()
+
+    table = summary["table"]
+    kinds = list(table)
+    arms = [arm for arm in table[kinds[-1]] if arm != "hf"]
+    width = 0.8 / max(1, len(arms))
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.4 * len(kinds) + 1.5), 4.0))
+    for k, arm in enumerate(arms):
+        offsets = [i - 0.4 + width * (k + 0.5) for i in range(len(kinds))]
+        cells = [table[kind].get(arm, {}) for kind in kinds]
+        bars = axes.bar(offsets, [c.get("speedup") or 0.0 for c in cells], width, label=arm)
+        axes.bar_label(bars, labels=[f"{c.get('speedup') or 0:.2f}x\n{c.get('tokens_per_s') or 0:.0f}" for c in cells],
+                       fontsize=6, padding=1)
+    axes.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="HF greedy generate")
+    ticks = [f"{kind}\n(HF {table[kind]['hf']['tokens_per_s']:.1f} tok/s)" for kind in kinds]
+    axes.set_xticks(range(len(kinds)), ticks, fontsize=8)
+    axes.set_ylabel("tokens/s over HF greedy generate's")
+    axes.set_ylim(0, 1.4 * max([1.0, *(table[kind][arm]["speedup"] or 0 for kind in kinds for arm in arms)]))
+    axes.set_title(textwrap.fill(title, 90), fontsize=8)
+    axes.legend(fontsize=7, ncols=min(3, len(arms) + 1), loc="upper left")
+    return save_figure(figure, path)
 
 
 def to_json(results: Sequence[PromptResult]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -54,16 +55,19 @@ from specdec.testing import near_tie_margin
 DEFAULT_METHODS = "none,hf-generate,hf-pld,pld"
 REPORT_FILE = "report.md"
 PLOT_FILE = "speedup.png"
+ONEOFF_PLOT = "oneoff.png"
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def _command_line() -> str:
-    """The command as typed, for results.json: ``specdec bench ...`` whatever the entry point."""
+    """The command as typed, for results.json: ``specdec bench ...`` whatever the entry point, after the
+    ``SPECDEC_CPU_ISA=...`` that forced a kernel path."""
     program = Path(sys.argv[0]).name
     args = sys.argv[1:]
+    isa = [f"SPECDEC_CPU_ISA={os.environ['SPECDEC_CPU_ISA']}"] if os.environ.get("SPECDEC_CPU_ISA") else []
     if program in ("specdec", "__main__.py", "cli.py"):
-        return shlex.join(["specdec", *args])
-    return shlex.join(sys.argv)
+        return " ".join([*isa, shlex.join(["specdec", *args])])
+    return " ".join([*isa, shlex.join(sys.argv)])
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -253,6 +257,11 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     if args.oneoff_warmed_child is not None:
         oneoff.warmed_child_main(args.oneoff_warmed_child)
         return 0
+    if args.replot:
+        saved, where = oneoff.load_saved(args.replot), Path(args.replot)
+        path = where / ONEOFF_PLOT if where.is_dir() else where.with_suffix(".png")  # beside a named file
+        print(oneoff.plot(saved["summary"], path, saved.get("command", "")))
+        return 0
     model, tokenizer = load(args)
     prompts = oneoff.heldout_prompts()[: args.prompts]
     if args.fresh:
@@ -260,7 +269,7 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
                                        warmed=not args.no_warmed)  # fmt: skip
     else:
         results = oneoff.measure_in_process(model, tokenizer, prompts, args.drafters, args.max_new_tokens,
-                                            not args.quiet)  # fmt: skip
+                                            not args.quiet, custom_generate=args.custom_generate)  # fmt: skip
     summary = oneoff.summarize(results)
     text = oneoff.format_summary(summary)
     interval = oneoff.fresh_ratio(results, args.fresh) if args.fresh else None
@@ -272,6 +281,8 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     print(text)
     if args.out:
         _write_run(Path(args.out), {"summary": summary, "prompts": oneoff.to_json(results)}, text)
+        if not args.no_plot:
+            oneoff.plot(summary, Path(args.out) / ONEOFF_PLOT, _command_line())
     return 0
 
 
@@ -474,8 +485,15 @@ def register(sub: Any) -> None:
     one.add_argument("--fresh", default=None, metavar="SPEC",
                      help="instead: one fresh process per prompt running specdec.run with SPEC once")
     one.add_argument("--max-new-tokens", type=int, default=128)
+    one.add_argument("--custom-generate", action="store_true",
+                     help="also time model.generate(..., custom_generate=specdec.hf_generate(SPEC)) as "
+                     "hf_generate:SPEC (one hf_generate object kept across prompts)")
     one.add_argument("--prompts", type=int, default=None, help="the first N held-out prompts (default: all)")
-    one.add_argument("--out", default=None, metavar="DIR", help="where results.json and report.md go")
+    one.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, oneoff.png go")
+    one.add_argument("--no-plot", action="store_true")
+    one.add_argument("--replot", default=None, metavar="DIR",
+                     help="instead: redraw DIR/oneoff.png from a saved run's DIR/results.json (or a named "
+                     "results file: the plot beside it, .png for .json)")
     one.add_argument("--quiet", action="store_true", help="no progress bar")
     one.add_argument(oneoff.CHILD_FLAG, dest="oneoff_child", default=None, help=argparse.SUPPRESS)
     one.add_argument(oneoff.WARMED_FLAG, dest="oneoff_warmed_child", default=None, help=argparse.SUPPRESS)

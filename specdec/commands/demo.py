@@ -102,7 +102,9 @@ def explain(
         lines.append(f"Speculation does not pay on the {kind} prompt here ({pieces}): "
                      f"{'; '.join(_why(results, i, max(losing, key=lambda n: results[n][i].stats.mat), ratios))}.")
     if len(lines) == (ratios is not None):
-        lines.append(f"Speculation paid on every prompt here (each method at {PAYS:.2f}x or more).")
+        every = all(value >= PAYS for values in speedups.values() for value in values)
+        lines.append(f"Speculation paid on every prompt here ({'each method' if every else 'on each, a method'} "
+                     f"at {PAYS:.2f}x or more).")
     if ratios is not None and ratios[EXPLAIN_SIZES[-1]] > 1.5:
         lines.append(
             "Where verifying many tokens costs about one plain step (a datacenter GPU), the same drafts pay "
