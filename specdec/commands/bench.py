@@ -235,6 +235,13 @@ def cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sliding_memory(args: argparse.Namespace) -> int:
+    from specdec.bench import sliding_memory
+
+    sliding_memory.main()
+    return 0
+
+
 def cmd_curves(args: argparse.Namespace) -> int:
     sizes = tuple(int(s) for s in args.sizes.split(","))
     contexts = tuple(int(c) for c in args.contexts.split(","))
@@ -464,6 +471,10 @@ def register(sub: Any) -> None:
     costs.add_argument("--skip-build", action="store_true", help="measure an existing --out file")
     costs.add_argument("--max-tokens", type=int, default=None, help="cap the corpus (default: all of it)")
     costs.set_defaults(func=cmd_costs)
+
+    window = commands.add_parser("sliding-memory", help="KV memory of a sliding-window model after 8 windows: "
+                                 "generate's cache, engine='hf''s and the bucket engines' (docs/usage.md)")
+    window.set_defaults(func=cmd_sliding_memory)
 
     curves = commands.add_parser("curves", help="verification ms by tree size and context, kernel variants "
                                  "side by side (interleaved rounds, fastest kept)")

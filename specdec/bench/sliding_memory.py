@@ -2,8 +2,8 @@
 specdec's on ``engine="hf"`` (sliding layers trimmed to the window plus a slack) and on the bucket
 engines (a static cache that keeps every token), each run checked identical to ``generate``.
 
-Usage: ``.venv/bin/python scripts/sliding_memory.py`` (a few seconds on a CPU; docs/usage.md,
-"Supported models", quotes its output). A random Gemma-3-shaped fp32 model: 6 layers, 5 sliding to
+Run by ``specdec bench sliding-memory`` (a few seconds on a CPU; docs/usage.md, "Supported models",
+quotes its output). A random Gemma-3-shaped fp32 model: 6 layers, 5 sliding to
 1 global, window 64, one KV head of 16; a 64-token prompt, then 8 windows + 1 new tokens, verified
 in chains of 16 taken from ``generate``'s output.
 """
@@ -26,6 +26,7 @@ CHAIN = 16
 
 
 def kv_bytes(layers: Any) -> int:
+    """Bytes of the keys and values of ``layers`` (Hugging Face cache layers)."""
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in layers)
 
 
@@ -36,19 +37,24 @@ def run_chains(verifier: Any, prompt: list[int], truth: list[int], steps: int) -
     while done < steps:
         depth = min(CHAIN, steps - done)
         result = verifier.verify(state, DraftTree.chain(pending, truth[done + 1 : done + depth]))
-        assert list(result.accepted_tokens) == truth[done : done + depth], "not identical to generate"
+        if list(result.accepted_tokens) != truth[done : done + depth]:
+            raise AssertionError(f"not identical to generate at new token {done}")
         done += depth
         pending = result.bonus
-    assert pending == truth[steps], "not identical to generate"
+    if pending != truth[steps]:
+        raise AssertionError(f"not identical to generate at new token {steps}")
     return state
 
 
 def main() -> None:
+    """Print the three caches' sizes (each run first checked identical to ``generate``)."""
     config = Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                               num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
-                              sliding_window_pattern=6, max_position_embeddings=2048)  # fmt: skip
+                              layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                              max_position_embeddings=2048)  # fmt: skip
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
+    build: Any = AutoModelForCausalLM.from_config
+    model = build(config, attn_implementation="sdpa", dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     rng = random.Random(0)
     prompt = [rng.randrange(2, config.vocab_size) for _ in range(PROMPT)]
@@ -69,7 +75,3 @@ def main() -> None:
     cache = static.cache
     print(f"bucket engines: {cache.capacity} slots per layer for {PROMPT + steps} tokens, "
           f"KV {cache.nbytes / 2**10:.1f} KiB")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
