@@ -91,11 +91,12 @@ inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
 // their results are not stored): every loop unrolls and the accumulators stay in registers.
 template <int CHUNKS, typename scalar_t>
 inline void scores16(const __m512* qv, const __mmask16* masks, const scalar_t* const* k, int64_t count,
-                     __m512 scale, float* out) {
+                     int chunks, __m512 scale, float* out) {
   __m512 acc[16];
-  for (int j = 0; j < 16; ++j) {
-    acc[j] = _mm512_setzero_ps();
-    for (int c = 0; c < CHUNKS; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(k[j] + 16 * c, masks[c]), acc[j]);
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int c = 0; c < CHUNKS; ++c) {  // each acc[j] a chain over the head's chunks in order; none past them
+    if (c == chunks) break;
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv[c], load16(k[j] + 16 * c, masks[c]), acc[j]);
   }
   const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
   _mm512_mask_storeu_ps(out, keep, _mm512_mul_ps(lane_sums16(acc), scale));
@@ -137,7 +138,11 @@ void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, cons
   // Vectors per pass of the weighted values: VP x CHUNKS accumulators, at most 16 registers.
   constexpr int VP = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 2 : 1;
   __mmask16 masks[CHUNKS];
-  for (int c = 0; c < CHUNKS; ++c) masks[c] = static_cast<__mmask16>((1u << std::min<int64_t>(16, D - 16 * c)) - 1u);
+  // CHUNKS may exceed the head's chunks (head_avx512_any): masks past them are empty (loads give zeros,
+  // stores write nothing) and the scores skip them, so the result is the instance's for exactly D.
+  const int chunks = static_cast<int>((D + 15) / 16);
+  for (int c = 0; c < CHUNKS; ++c)
+    masks[c] = static_cast<__mmask16>((1u << std::clamp<int64_t>(D - 16 * c, 0, 16)) - 1u);
   const int64_t width = start + T;  // a vector's scores row: committed slots, then its tree part
   const __m512 scale_v = _mm512_set1_ps(scale);
   auto query_of = [&](int64_t j) {
@@ -158,7 +163,7 @@ void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, cons
       for (int64_t v0 = b0; v0 < b1; v0 += 16) {
         const int64_t count = std::min<int64_t>(16, b1 - v0);
         for (int64_t i = 0; i < 16; ++i) k[i] = keys + (v0 + (i < count ? i : 0)) * D;
-        scores16<CHUNKS>(qv, masks, k, count, scale_v, scores + j * width + v0);
+        scores16<CHUNKS>(qv, masks, k, count, chunks, scale_v, scores + j * width + v0);
       }
     }
   }
@@ -172,7 +177,7 @@ void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, cons
     for (int64_t t0 = 0; t0 < tree_size; t0 += 16) {
       const int64_t count = std::min<int64_t>(16, tree_size - t0);
       for (int64_t i = 0; i < 16; ++i) k[i] = keys + tree[t0 + (i < count ? i : 0)] * D;
-      scores16<CHUNKS>(qv, masks, k, count, scale_v, scores + j * width + start + t0);
+      scores16<CHUNKS>(qv, masks, k, count, chunks, scale_v, scores + j * width + start + t0);
     }
     float* row = scores + j * width;
     const int64_t n = start + tree_size;
@@ -230,7 +235,7 @@ void head_avx512(const scalar_t* query_base, int64_t q_head, int64_t q_row, cons
   }
 }
 
-// head_avx512 for a head of D <= 256 values: the instance whose CHUNKS covers D.
+// head_avx512 for a head of D <= 256 values: the smallest instance whose CHUNKS covers D.
 template <typename scalar_t>
 void head_avx512_any(const scalar_t* query_base, int64_t q_head, int64_t q_row, const scalar_t* keys,
                      const scalar_t* values, int64_t D, int64_t start, int64_t T, int64_t group, int64_t kv_head,
@@ -240,10 +245,11 @@ void head_avx512_any(const scalar_t* query_base, int64_t q_head, int64_t q_row, 
   case C:                                                                                                        \
     return head_avx512<C, scalar_t>(query_base, q_head, q_row, keys, values, D, start, T, group, kv_head,       \
                                     tree_slots, scale, task, scores, outs, totals);
-  switch ((D + 15) / 16) {
-    SPECDEC_HEAD(1) SPECDEC_HEAD(2) SPECDEC_HEAD(3) SPECDEC_HEAD(4) SPECDEC_HEAD(5) SPECDEC_HEAD(6)
-    SPECDEC_HEAD(7) SPECDEC_HEAD(8) SPECDEC_HEAD(9) SPECDEC_HEAD(10) SPECDEC_HEAD(11) SPECDEC_HEAD(12)
-    SPECDEC_HEAD(13) SPECDEC_HEAD(14) SPECDEC_HEAD(15) SPECDEC_HEAD(16)
+  // Three instances, not one per chunk count: a head's chunks past D are skipped at run time (the same
+  // bits and the same work as an exact instance), and every instance costs build time.
+  const int64_t chunks = (D + 15) / 16;
+  switch (chunks <= 4 ? 4 : chunks <= 8 ? 8 : chunks <= 16 ? 16 : 0) {
+    SPECDEC_HEAD(4) SPECDEC_HEAD(8) SPECDEC_HEAD(16)
     default:
       TORCH_CHECK(false, "specdec_cpu::tree_attention: the AVX-512 path takes head dims up to 256, got ", D);
   }
