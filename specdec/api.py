@@ -23,7 +23,7 @@ from specdec.backends import former_spellings, make_verifier
 from specdec.backends.static import StaticVerifier
 from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
 from specdec.backends.verifier import ModelVerifier
-from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
+from specdec.batching import available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
@@ -34,7 +34,7 @@ from specdec.coercion import Prompt, prompt_ids, resolve_store
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, DecodingOptions
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.drafters.recycling_state import SharedMatrices
-from specdec.engine import decode
+from specdec.engine import BatchRequest, decode
 from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
 from specdec.models import eos_token_ids
