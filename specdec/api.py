@@ -23,19 +23,18 @@ from specdec.backends import former_spellings, make_verifier
 from specdec.backends.static import StaticVerifier
 from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
 from specdec.backends.verifier import ModelVerifier
-from specdec.batching import BatchRequest, available_memory, check_memory, decode_batch, live_limit
+from specdec.batching import available_memory, check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
-from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.batch_planner import BatchGuard, BatchPlanner
+from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
-from specdec.budget.planner import Budget, BudgetPlanner, Throughput
+from specdec.budget.memory import PlannerMemory
+from specdec.budget.planner import Budget
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
-from specdec.budget.planner_stats import open_planner_stats
 from specdec.coercion import Prompt, prompt_ids, resolve_store
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, DecodingOptions
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.drafters.recycling_state import SharedMatrices
-from specdec.engine import decode
+from specdec.engine import BatchRequest, decode
 from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
 from specdec.models import eos_token_ids
@@ -75,8 +74,9 @@ class Generator:
     state it learns (Token Recycling's matrix).
 
     ``budget`` is the default draft budget of :meth:`generate` (docs/usage.md). What the
-    budget planner learns (acceptance per drafter source and feature, the measured
-    throughput) lives here and carries over from one prompt to the next; it is also saved
+    budget planners learn (acceptance per drafter source and feature, the measured
+    throughput, the refined cost models) lives in ``planner_memory``
+    (:class:`~specdec.budget.memory.PlannerMemory`) and carries over from one prompt to the next; it is also saved
     per model, tokenizer, drafter and device after every generation and loaded by the next
     ``Generator`` or :func:`run` of that identity, in any process
     (:mod:`specdec.budget.planner_stats`). Token Recycling's matrix, what named ``recycling``
@@ -128,8 +128,7 @@ class Generator:
         if table is not None:  # plain steps too run the kernels this machine's calibration chose
             self.verifier.use_kernels(table.kernels)
         self.budget = Budget.parse(budget)
-        self.acceptance = AcceptanceModel()
-        self.throughput = Throughput()
+        self.planner_memory = PlannerMemory()  # what the budget planners learn, kept across generations
         # What drafters learned from this model (Token Recycling's matrix) is shared by its generators
         # in this process and kept across processes, under the switch of the planner's statistics.
         learned = planner_stats_enabled(planner_cache)
@@ -139,7 +138,7 @@ class Generator:
             tokenizer=self.tokenizer,
             eos_token_ids=eos_token_ids(self.model, self.tokenizer),
             store=resolve_store(store),
-            acceptance=self.acceptance,
+            acceptance=self.planner_memory.acceptance,
             recycling=recycling if learned else None,
         )
         tokenizer = self.tokenizer
@@ -155,15 +154,8 @@ class Generator:
             self._factory = make_factory(drafter, options, self.context)
         elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
-        # The batch planner's own learning: its rate per number of rows and its cost model (batching.py).
-        self.batch_throughputs: dict[int, Throughput] = {}
-        self.batch_guards: dict[int, BatchGuard] = {}  # by rows: whether drafting pays a batch (measured)
-        self._batch_cost: VerifyCostModel | None = None
         self._rows: dict[int, RowsStaticVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
-        self._cost: VerifyCostModel | None = None  # the cost model this generator's planners use, once loaded
-        self.planner_stats = open_planner_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
-        if self.planner_stats is not None:  # what earlier runs of this identity learned (a bad file: a warning)
-            self.planner_stats.load(self.acceptance, self.throughput)
+        self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
 
     def close(self) -> None:
         """Done with this generator: its verifier's device state (a static cache with its captured CUDA
@@ -215,7 +207,7 @@ class Generator:
         with self._turn("warm_up"):
             started = time.perf_counter()
             if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
-                self._cost_model()
+                self.planner_memory.load_cost(self.verifier)
             self.verifier.warm_up(max_tokens)
             return time.perf_counter() - started
 
@@ -228,15 +220,7 @@ class Generator:
         generation calls it at its first draft, under any budget.
         """
         with self._turn("cost_model"):
-            return self._cost_model()
-
-    def _cost_model(self) -> tuple[VerifyCostModel, float]:
-        model, spent = calibration_cache.cost_model(self.verifier)
-        self.verifier.use_kernels(model.table.kernels)
-        if self.planner_stats is not None:  # a model new to this process starts from earlier processes' refinement
-            self.planner_stats.load_cost(model)
-        self._cost = model
-        return model, spent
+            return self.planner_memory.load_cost(self.verifier)
 
     def new_drafter(self) -> Drafter:
         """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
@@ -279,8 +263,7 @@ class Generator:
         self, ids: list[int], config: DecodingConfig, on_tokens: Callable[[list[int]], None] | None = None
     ) -> GenerationResult:
         """One sequence through the engine's loop with this generator's planner, drafter and text."""
-        planner = BudgetPlanner(self.verifier, config.budget, self.acceptance, self.throughput,
-                                load_cost=self._cost_model)
+        planner = self.planner_memory.planner(self.verifier, config.budget)
         drafter = self.new_drafter()
         result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
         finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
@@ -292,8 +275,8 @@ class Generator:
 
     def _save_learned(self, stepped: bool) -> None:
         """What generations taught (planner statistics, Token Recycling's matrix) goes to the planner cache."""
-        if self.planner_stats is not None and stepped:
-            self.planner_stats.save(self.acceptance, self.throughput, self._cost)
+        if stepped:
+            self.planner_memory.save()
         if self.context.recycling is not None:
             self.context.recycling.save()
 
@@ -363,8 +346,7 @@ class Generator:
                 "object serves one sequence at a time), or batch_size=1"
             )
         check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
-        planner = BatchPlanner(config.budget, self.acceptance, self.batch_throughputs, self._batch_cost_model,
-                               self.batch_guards)  # fmt: skip
+        planner = self.planner_memory.batch_planner(self.verifier, config.budget)
         return self._locked("iter_batch", self._batch(verifier, requests, places, planner))
 
     def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
@@ -426,13 +408,6 @@ class Generator:
             row_seeds = [None if base is None else base + index for index in range(count)]
         return [config if seed is None else dataclasses.replace(config, decision=config.decision.with_seed(seed))
                 for seed in row_seeds]  # fmt: skip
-
-    def _batch_cost_model(self) -> tuple[VerifyCostModel, float]:
-        """The batch planner's cost model (its own, from the calibration's table) and the seconds calibrating."""
-        model, spent = self._cost_model()  # under the batch's turn (iter_batch)
-        if self._batch_cost is None or self._batch_cost.table is not model.table:
-            self._batch_cost = VerifyCostModel(model.table)
-        return self._batch_cost, spent
 
     def _batch(
         self, verifier: Verifier[Any], requests: list[BatchRequest], batch_size: int, planner: BatchPlanner

@@ -2,7 +2,8 @@
 
 Each row is one prompt's :class:`~specdec.engine.LiveSequence` (its verifier state, pending
 token, drafter, stop rules, token chooser and stats), exactly what :func:`specdec.engine.decode`
-runs for a lone sequence. A step of the batch is the loop's step for every row at once::
+runs for a lone sequence, and every step is :func:`specdec.engine.step`, the step
+:func:`~specdec.engine.decode` runs a lone sequence through as a batch of one. For ``B`` rows::
 
     drafting = planner.guard(B).drafts()                 # measured: whether drafting pays B rows at all
     price   = planner.plain_seconds_per_token(B)         # a plain step's seconds per token at B rows
@@ -47,72 +48,23 @@ Nothing is shrunk silently.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specdec.budget.batch_planner import BatchPlan, BatchPlanner, RowGate
-from specdec.decoding import DecodingConfig
-from specdec.engine import LiveSequence, tree_cap
+from specdec.budget.batch_planner import BatchPlanner, RowGate
+from specdec.engine import BatchRequest, FinishedRow, LiveSequence, Row, step, tree_cap
 from specdec.errors import SpecDecError
-from specdec.types import BatchVerifier, Drafter, DraftTree, GenerationResult, Verification, Verifier
+from specdec.types import BatchVerifier, Drafter, Verifier
 
 MEMORY_SHARE = 0.8  # the most of the device's available memory a batch's KV caches may take
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """One prompt of a batch: its place in the caller's list, its token ids and its decoding config."""
-
-    index: int
-    prompt: list[int]
-    config: DecodingConfig
-
-
-@dataclass(frozen=True)
-class FinishedRow:
-    """A row that completed: its request's index, its result, and the drafter that served it."""
-
-    index: int
-    result: GenerationResult
-    drafter: Drafter
-
-
-@dataclass
-class Row:
-    """A live row of a batch: its request, its sequence, and its gate (whether its drafting pays)."""
-
-    request: BatchRequest
-    sequence: LiveSequence
-    gate: RowGate
-
-
-@dataclass(frozen=True)
-class Drafted:
-    """A row's part of one step: its tree, the seconds its drafting took, and whether its drafter was asked."""
-
-    row: Row
-    tree: DraftTree
-    draft_s: float
-    asked: bool
 
 
 def live_limit(verifier: Verifier[Any]) -> int | None:
     """How many sequences ``verifier`` holds at once: a batch verifier says; a plain verifier, one."""
     return verifier.live_limit if isinstance(verifier, BatchVerifier) else 1
-
-
-def verify_rows(
-    verifier: Verifier[Any], states: Sequence[Any], trees: Sequence[DraftTree], topk: int
-) -> list[Verification]:
-    """Every row's verification: one batched call where the verifier has one, else row after row."""
-    if isinstance(verifier, BatchVerifier):
-        return verifier.verify_batch(states, trees, topk)
-    return [verifier.verify(state, tree, topk) for state, tree in zip(states, trees, strict=True)]
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -192,7 +144,7 @@ def decode_batch(
     """
     limit = live_limit(verifier)
     places = batch_size if limit is None else min(batch_size, limit)
-    budget = None if planner is None else str(planner.budget)
+    budget = "" if planner is None else str(planner.budget)
     offer = None if planner is None else planner.row_offer(places)  # the most nodes a row asks its drafter for
     queue = iter(requests)
     rows: list[Row] = []  # each with its gate: whether its drafting pays (batch_planner.RowGate)
@@ -223,79 +175,8 @@ def decode_batch(
                         full = tree_cap(row.request.config, verifier)
                         row.sequence.cap = full if left is None else min(full, left)
             last_rows = len(rows)
-            yield from _step(verifier, rows, planner)
+            yield from step(verifier, rows, planner)
     finally:  # the caller stopped early (or a step raised): the live rows' caches go now
         for row in rows:
             if not row.sequence.finished:
                 verifier.release(row.sequence.state)
-
-
-def _step(
-    verifier: Verifier[Any],
-    rows: list[Row],
-    planner: BatchPlanner | None,
-) -> Iterator[FinishedRow]:
-    """One step of every row (module docstring); finished rows leave ``rows`` and are yielded."""
-    started = time.perf_counter()
-    guard = None if planner is None else planner.guard(len(rows))
-    drafting = guard is None or guard.drafts()  # measured: whether drafting pays this batch at all
-    price = None if planner is None or not drafting else planner.plain_seconds_per_token(len(rows))
-    drafted: list[Drafted] = []
-    for row in rows:
-        mark = time.perf_counter()
-        asked = drafting and (price is None or row.gate.drafts(price))
-        tree = row.sequence.draft(asked)
-        if tree is None:  # the context is full: the row stops here
-            yield FinishedRow(row.request.index, row.sequence.finish(), row.sequence.drafter)
-            continue
-        drafted.append(Drafted(row, tree, time.perf_counter() - mark, asked))
-    rows[:] = [d.row for d in drafted]
-    if not drafted:
-        return
-    trees = [d.tree for d in drafted]
-    offered = [tree.size for tree in trees]
-    plan: BatchPlan | None = None
-    planned = time.perf_counter()
-    if planner is not None:
-        plan = planner.plan(trees, [d.row.sequence.committed_len for d in drafted])
-        trees = [row_plan.tree for row_plan in plan.plans]
-    calibration_s = 0.0 if plan is None else plan.calibration_s
-    planning_s = time.perf_counter() - planned - calibration_s
-    # Feedback (the top ids after each node) for the drafters that were asked; none when the gates asked no row.
-    # A step the guard keeps plain feeds every row's drafter as a drafting step would: what Token Recycling
-    # learns there is what its next drafts are made of (docs/budget.md, "Whether the batch drafts at all").
-    topk = max((d.row.sequence.drafter.feedback_topk for d in drafted if d.asked or not drafting), default=0)
-    verify_started = time.perf_counter()
-    results = verify_rows(verifier, [d.row.sequence.state for d in drafted], trees, topk)
-    verify_s = time.perf_counter() - verify_started
-    learned = []
-    for d, result in zip(drafted, results, strict=True):
-        mark = time.perf_counter()
-        d.row.sequence.learn(result)
-        learned.append(time.perf_counter() - mark)
-    step_s = time.perf_counter() - started - calibration_s
-    askers = sum(d.asked for d in drafted)
-    for b, (d, result) in enumerate(zip(drafted, results, strict=True)):
-        row_plan = None if plan is None else plan.plans[b]
-        record = d.row.sequence.record
-        record.stats.calibration_s += calibration_s
-        record.add_step(trees[b], offered[b], row_plan, result, d.draft_s + planning_s + learned[b], verify_s, step_s,
-                        len(drafted))  # fmt: skip
-        if d.asked:  # what drafting gained this row net of its verification, against what drafting cost
-            gained = float(len(result.accepted_nodes) - 1)
-            if plan is not None and price:  # the forward's extra seconds for this row's nodes, in plain tokens
-                gained -= plan.extra_seconds(b) / price
-            d.row.gate.observe(gained, d.draft_s + learned[b] + planning_s / askers)
-    if planner is not None and plan is not None:
-        planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
-    if guard is not None:
-        guard.observe(drafting, sum(len(result.accepted_nodes) for result in results), step_s)
-    staying = []
-    for d, result in zip(drafted, results, strict=True):
-        sequence = d.row.sequence
-        sequence.emit(result)
-        if sequence.stop is None:
-            staying.append(d.row)
-        else:
-            yield FinishedRow(d.row.request.index, sequence.finish(), sequence.drafter)
-    rows[:] = staying

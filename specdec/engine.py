@@ -16,20 +16,38 @@ whichever comes first, so speculative output is exactly the prefix plain decodin
 have produced. A budget planner, when there is one, cuts each tree before it is verified
 and learns from every step (:mod:`specdec.budget`). Timing and statistics are kept by a
 :class:`StepRecorder` beside the loop, and one sequence's pieces of a step (prefill, draft,
-learn, emit, finish) by a :class:`LiveSequence`, which :mod:`specdec.batching` runs many of
-side by side.
+learn, emit, finish) by a :class:`LiveSequence`.
+
+**One step for one sequence and for many.** :func:`step` is the step of a batch of rows
+(:class:`Row`: a live sequence with its gate); :func:`decode` runs one sequence as a batch of
+one through it, and :mod:`specdec.batching` many, refilled as rows finish. What a step asks of
+its planner (:class:`StepPlanner`: whether the rows draft at all, each row's tree, what it
+learns) is one interface: a batch's :class:`~specdec.budget.batch_planner.BatchPlanner`, or a
+lone sequence's :class:`~specdec.budget.planner.BudgetPlanner` seen as the planner of a batch
+of one (:class:`~specdec.budget.batch_planner.LonePlanner`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from specdec.budget.batch_planner import BatchGuard, BatchPlan, LonePlanner, RowGate
 from specdec.budget.planner import BudgetPlanner, Plan
 from specdec.decoding import DecodingConfig
 from specdec.errors import SpecDecError
-from specdec.types import Drafter, DraftTree, GenerationResult, GenerationStats, StepRecord, Verification, Verifier
+from specdec.types import (
+    BatchVerifier,
+    Drafter,
+    DraftTree,
+    GenerationResult,
+    GenerationStats,
+    StepRecord,
+    Verification,
+    Verifier,
+)
 
 # The most nodes any step may verify when neither the user nor the drafter says less:
 # far above every paper's budget, low enough that a runaway drafter cannot blow memory.
@@ -37,18 +55,16 @@ MAX_TREE_NODES = 512
 
 
 class StepRecorder:
-    """The loop's clock and statistics (:class:`~specdec.types.GenerationStats`), beside the loop.
+    """One sequence's clock and statistics (:class:`~specdec.types.GenerationStats`), beside the loop.
 
     Wall times: the prefill; drafting (the drafter's reset, propose and update, and the
-    planner's decision); verification; each step's whole time. A calibration that a
-    planner's first decision pays for is kept apart (``calibration_s``), out of the step.
+    planner's decision); verification; each step's whole time (:func:`step` times them). A
+    calibration that a planner's first decision pays for is kept apart (``calibration_s``), out of the step.
     """
 
-    def __init__(self, prompt_tokens: int, planner: BudgetPlanner | None) -> None:
-        self.stats = GenerationStats(prompt_tokens=prompt_tokens, budget="" if planner is None else str(planner.budget))
+    def __init__(self, prompt_tokens: int, budget: str) -> None:
+        self.stats = GenerationStats(prompt_tokens=prompt_tokens, budget=budget)
         self._started = self._mark = time.perf_counter()
-        self._drafted = self._verified = self._mark
-        self.step_s = 0.0  # the last step's wall time, calibration excluded
 
     def prefilled(self) -> None:
         """The prefill is over; what follows until :meth:`reset_done` is the drafter's reset."""
@@ -58,34 +74,12 @@ class StepRecorder:
     def reset_done(self) -> None:
         self.stats.draft_s += time.perf_counter() - self._mark
 
-    def step_starts(self) -> None:
-        self._mark = time.perf_counter()
-
-    def calibrated(self, seconds: float) -> None:
-        """A one-time calibration inside this step's planning: counted apart, not as drafting."""
-        self.stats.calibration_s += seconds
-        self._mark += seconds
-
-    def drafted(self) -> None:
-        self._drafted = time.perf_counter()
-
-    def verified(self) -> None:
-        self._verified = time.perf_counter()
-
-    def step_ends(self, tree: DraftTree, offered: int, plan: Plan | None, result: Verification) -> StepRecord:
-        """The drafter's update is over: the step's record (also kept in the stats)."""
-        updated = time.perf_counter()
-        draft_s = (self._drafted - self._mark) + (updated - self._verified)
-        verify_s = self._verified - self._drafted
-        return self.add_step(tree, offered, plan, result, draft_s, verify_s, updated - self._mark)
-
     def add_step(
         self, tree: DraftTree, offered: int, plan: Plan | None, result: Verification, draft_s: float,
         verify_s: float, step_s: float, batch_rows: int = 1,
     ) -> StepRecord:
-        """A step timed by the caller (a batch times its rows' steps together, ``batch_rows`` of them): its
-        record, kept in the stats."""
-        self.step_s = step_s
+        """A step timed by :func:`step` (which times a batch's rows' steps together, ``batch_rows`` of them):
+        its record, kept in the stats."""
         accepted = result.accepted_nodes[1:]
         sources = None if tree.node_sources is None else tuple(tree.node_sources[i] for i in accepted)
         record = StepRecord(tree.size, len(accepted), tree.source, draft_s, verify_s, sources, offered,
@@ -126,14 +120,12 @@ class LiveSequence:
 
     def __init__(
         self, verifier: Verifier[Any], drafter: Drafter, prompt: Sequence[int], config: DecodingConfig,
-        planner: BudgetPlanner | None = None, *, budget: str | None = None,
+        *, budget: str = "",
     ) -> None:
         self.verifier, self.drafter, self.config = verifier, drafter, config
         self.prompt = list(prompt)
         self.cap = tree_cap(config, verifier)
-        self.record = StepRecorder(len(prompt), planner)
-        if budget is not None:  # a batch's planner decides this sequence's budget
-            self.record.stats.budget = budget
+        self.record = StepRecorder(len(prompt), budget)  # budget: the planner's, "" without one
         described = verifier.description
         self.record.stats.engine = described.engine
         self.context_length = described.context_length  # the verifier's, fixed: read once, not every step
@@ -211,6 +203,149 @@ class LiveSequence:
                                 seed=self.config.decision.seed)
 
 
+@dataclass(frozen=True)
+class BatchRequest:
+    """One prompt of a batch: its place in the caller's list, its token ids and its decoding config."""
+
+    index: int
+    prompt: list[int]
+    config: DecodingConfig
+
+
+@dataclass(frozen=True)
+class FinishedRow:
+    """A row that completed: its request's index, its result, and the drafter that served it."""
+
+    index: int
+    result: GenerationResult
+    drafter: Drafter
+
+
+@dataclass
+class Row:
+    """A live row of a step: its request, its sequence, and its gate (whether its drafting pays)."""
+
+    request: BatchRequest
+    sequence: LiveSequence
+    gate: RowGate
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """A row's part of one step: its tree, the seconds its drafting took, and whether its drafter was asked."""
+
+    row: Row
+    tree: DraftTree
+    draft_s: float
+    asked: bool
+
+
+class StepPlanner(Protocol):
+    """What :func:`step` asks of a planner, for a batch of any number of rows (one: a lone sequence).
+
+    :class:`~specdec.budget.batch_planner.BatchPlanner` is one; a lone sequence's
+    :class:`~specdec.budget.planner.BudgetPlanner` is one as a batch of one
+    (:class:`~specdec.budget.batch_planner.LonePlanner`: no guard, no row gates).
+    """
+
+    def guard(self, rows: int) -> BatchGuard | None:
+        """Whether a step of ``rows`` rows drafts at all, measured; None: every step may."""
+        ...
+
+    def plain_seconds_per_token(self, rows: int) -> float | None:
+        """The price each row's gate weighs its drafting against; None: every row drafts."""
+        ...
+
+    def plan(self, trees: Sequence[DraftTree], committed: Sequence[int]) -> BatchPlan:
+        """Every row's tree to verify, cut from its drafter's."""
+        ...
+
+    def observe(self, plan: BatchPlan, accepted: Sequence[Sequence[int]], verify_s: float, step_s: float) -> None:
+        """Learn from the verified step."""
+        ...
+
+
+def verify_rows(
+    verifier: Verifier[Any], states: Sequence[Any], trees: Sequence[DraftTree], topk: int
+) -> list[Verification]:
+    """Every row's verification: one batched call where the verifier has one, else row after row."""
+    if isinstance(verifier, BatchVerifier):
+        return verifier.verify_batch(states, trees, topk)
+    return [verifier.verify(state, tree, topk) for state, tree in zip(states, trees, strict=True)]
+
+
+def step(
+    verifier: Verifier[Any], rows: list[Row], planner: StepPlanner | None, *, batch: bool = True
+) -> Iterator[FinishedRow]:
+    """One step of every row (module docstring; :mod:`specdec.batching` has the batch's step in pseudocode):
+    finished rows leave ``rows`` and are yielded. ``batch=False``: a lone sequence (:func:`decode`), verified by
+    the verifier's ``verify`` (a batch verifier's one call is for a batch's rows, even one left at its tail)."""
+    started = time.perf_counter()
+    guard = None if planner is None else planner.guard(len(rows))
+    drafting = guard is None or guard.drafts()  # measured: whether drafting pays this batch at all
+    price = None if planner is None or not drafting else planner.plain_seconds_per_token(len(rows))
+    drafted: list[Drafted] = []
+    for row in rows:
+        mark = time.perf_counter()
+        asked = drafting and (price is None or row.gate.drafts(price))
+        tree = row.sequence.draft(asked)
+        if tree is None:  # the context is full: the row stops here
+            yield FinishedRow(row.request.index, row.sequence.finish(), row.sequence.drafter)
+            continue
+        drafted.append(Drafted(row, tree, time.perf_counter() - mark, asked))
+    rows[:] = [d.row for d in drafted]
+    if not drafted:
+        return
+    trees = [d.tree for d in drafted]
+    offered = [tree.size for tree in trees]
+    plan: BatchPlan | None = None
+    planned = time.perf_counter()
+    if planner is not None:
+        plan = planner.plan(trees, [d.row.sequence.committed_len for d in drafted])
+        trees = [row_plan.tree for row_plan in plan.plans]
+    calibration_s = 0.0 if plan is None else plan.calibration_s
+    planning_s = time.perf_counter() - planned - calibration_s
+    # Feedback (the top ids after each node) for the drafters that were asked; none when the gates asked no row.
+    # A step the guard keeps plain feeds every row's drafter as a drafting step would: what Token Recycling
+    # learns there is what its next drafts are made of (docs/budget.md, "Whether the batch drafts at all").
+    topk = max((d.row.sequence.drafter.feedback_topk for d in drafted if d.asked or not drafting), default=0)
+    verify_started = time.perf_counter()
+    states = [d.row.sequence.state for d in drafted]
+    results = verify_rows(verifier, states, trees, topk) if batch else [verifier.verify(states[0], trees[0], topk)]
+    verify_s = time.perf_counter() - verify_started
+    learned = []
+    for d, result in zip(drafted, results, strict=True):
+        mark = time.perf_counter()
+        d.row.sequence.learn(result)
+        learned.append(time.perf_counter() - mark)
+    step_s = time.perf_counter() - started - calibration_s
+    askers = sum(d.asked for d in drafted)
+    for b, (d, result) in enumerate(zip(drafted, results, strict=True)):
+        row_plan = None if plan is None else plan.plans[b]
+        record = d.row.sequence.record
+        record.stats.calibration_s += calibration_s
+        record.add_step(trees[b], offered[b], row_plan, result, d.draft_s + planning_s + learned[b], verify_s, step_s,
+                        len(drafted))  # fmt: skip
+        if d.asked:  # what drafting gained this row net of its verification, against what drafting cost
+            gained = float(len(result.accepted_nodes) - 1)
+            if plan is not None and price:  # the forward's extra seconds for this row's nodes, in plain tokens
+                gained -= plan.extra_seconds(b) / price
+            d.row.gate.observe(gained, d.draft_s + learned[b] + planning_s / askers)
+    if planner is not None and plan is not None:
+        planner.observe(plan, [result.accepted_nodes for result in results], verify_s, step_s)
+    if guard is not None:
+        guard.observe(drafting, sum(len(result.accepted_nodes) for result in results), step_s)
+    staying = []
+    for d, result in zip(drafted, results, strict=True):
+        sequence = d.row.sequence
+        sequence.emit(result)
+        if sequence.stop is None:
+            staying.append(d.row)
+        else:
+            yield FinishedRow(d.row.request.index, sequence.finish(), sequence.drafter)
+    rows[:] = staying
+
+
 def decode(
     verifier: Verifier[Any],
     drafter: Drafter,
@@ -229,34 +364,20 @@ def decode(
     every prompt token at reset, when it asks for feedback). ``planner`` decides each step's
     draft budget from the drafter's tree (None: verify the tree as the drafter and
     ``max_nodes`` leave it) and learns from every step. ``on_tokens`` receives each batch of
-    emitted tokens as soon as the stop rules have cut it.
+    emitted tokens as soon as the stop rules have cut it. The sequence runs as a batch of one
+    through :func:`step`.
     """
-    topk = drafter.feedback_topk
-    sequence = LiveSequence(verifier, drafter, prompt, config, planner)
-    record = sequence.record
-    while sequence.stop is None:
+    sequence = LiveSequence(verifier, drafter, prompt, config, budget="" if planner is None else str(planner.budget))
+    rows = [Row(BatchRequest(0, sequence.prompt, config), sequence, RowGate())]
+    lone = None if planner is None else LonePlanner(planner)
+    result = sequence.finish() if sequence.stop is not None else None  # the prefill's token may end it
+    while result is None:
         if on_tokens is not None:
             on_tokens(sequence.unseen())
-        record.step_starts()
-        tree = sequence.draft()
-        if tree is None:
-            break
-        offered, plan, committed = tree.size, None, sequence.committed_len
-        if planner is not None:
-            plan = planner.plan(tree, committed)
-            tree = plan.tree
-            record.calibrated(plan.calibration_s)
-        record.drafted()
-        result = verifier.verify(sequence.state, tree, topk)
-        record.verified()
-        sequence.learn(result)
-        step = record.step_ends(tree, offered, plan, result)
-        if planner is not None and plan is not None:
-            planner.observe(plan, result.accepted_nodes, committed, step.verify_s, record.step_s)
-        sequence.emit(result)
-    finished = sequence.finish()
+        for finished in step(verifier, rows, lone, batch=False):
+            result = finished.result
     if on_tokens is not None:
         tokens = sequence.unseen()
         if tokens:
             on_tokens(tokens)
-    return finished
+    return result

@@ -30,7 +30,7 @@ import specdec
 from specdec import api, batching, engine
 from specdec.backends.runner import ARCHITECTURES as NATIVE
 from specdec.backends.verifier import TorchTreeOps
-from specdec.batching import BatchRequest, check_memory
+from specdec.batching import check_memory
 from specdec.budget.acceptance import AcceptanceModel
 from specdec.budget.batch_planner import (
     GUARD_EXPLORE_DRAFTING,
@@ -43,7 +43,9 @@ from specdec.budget.batch_planner import (
     RowGate,
 )
 from specdec.budget.cost_model import CostTable, VerifyCostModel
+from specdec.budget.memory import PlannerMemory
 from specdec.budget.planner import Throughput, best_nodes
+from specdec.engine import BatchRequest
 from specdec.errors import SpecDecError
 from specdec.sampling import Greedy, PositionKeyedSampler, SamplingParams
 from specdec.types import BatchVerifier, DraftTree
@@ -474,7 +476,7 @@ def test_a_rows_gate_weighs_its_accepted_tokens_net_of_the_rows_they_cost(arch: 
     calibrated curve, on which a loaded machine's extra rows came out nearly free)."""
     model = tiny_model(arch)
     cost = flat_costs(0.02, 0.001)
-    monkeypatch.setattr(api.Generator, "_batch_cost_model", lambda self: (cost, 0.0))
+    monkeypatch.setattr(PlannerMemory, "load_batch_cost", lambda self, verifier: (cost, 0.0))
     chosen = engine_for(arch)
     prompts = ragged_prompts(f"net-{arch}", 6)
     truth = alone(model, prompts, chosen, max_new_tokens=MAX_NEW)
@@ -503,7 +505,7 @@ def test_the_rows_gates_start_afresh_when_the_batch_shrinks_for_good(monkeypatch
     row in none of its 9). While prompts wait, a finished row's place is taken and the others keep theirs.
     The last row offers its drafter's whole tree, as a lone sequence does, not a batch row's offer."""
     model = tiny_model("llama")
-    monkeypatch.setattr(api.Generator, "_batch_cost_model", lambda self: (flat_costs(0.02, 0.001), 0.0))
+    monkeypatch.setattr(PlannerMemory, "load_batch_cost", lambda self, verifier: (flat_costs(0.02, 0.001), 0.0))
     prompts = ragged_prompts("tail-gates", 5)  # the fifth joins late and ends alone
     truth = alone(model, prompts, "specdec", max_new_tokens=MAX_NEW)
     steps: list[list[int]] = []  # per step, each row's gate's drafted steps when it was asked
@@ -513,14 +515,14 @@ def test_the_rows_gates_start_afresh_when_the_batch_shrinks_for_good(monkeypatch
         steps[-1].append(self.drafted_steps)
         return drafts(self, seconds_per_token)
 
-    step = batching._step
+    step = batching.step
 
     def marked(*args: Any) -> Any:
         steps.append([])
         return step(*args)
 
     monkeypatch.setattr(RowGate, "drafts", recording)
-    monkeypatch.setattr(batching, "_step", marked)
+    monkeypatch.setattr(batching, "step", marked)
     monkeypatch.setattr(BatchGuard, "drafts", lambda self: True)  # the gates alone decide (the guard: apart)
     oracle = OracleTreeFactory({tuple(p): t for p, t in zip(prompts, truth, strict=True)}, VOCAB, size=40, depth=8)
     generator = specdec.Generator(model, drafter=oracle, engine="specdec", budget="auto")

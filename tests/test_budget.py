@@ -695,7 +695,7 @@ def test_every_budget_matches_plain_greedy(arch: str) -> None:
             assert max(r.tree_size for r in stats.records) <= budget
         summary = stats.summary()
         assert {"budget", "mean_offered", "steps_by_reason", "expected_accepted", "realised_accepted"} <= set(summary)
-    assert generator.acceptance.steps > 0  # what the planner learned stays with the generator
+    assert generator.planner_memory.acceptance.steps > 0  # what the planner learned stays with the generator
 
 
 def test_the_generator_default_budget_and_its_override() -> None:

@@ -144,7 +144,7 @@ def test_the_defaults_draft_on_a_realistic_cost_curve(
     model, tokenizer = default_model
     made = realistic_cost_model(monkeypatch)
     generator = specdec.Generator(model, tokenizer, drafter=drafter)  # budget="auto" is the default
-    generator.throughput = Throughput(fixed_overhead_s=REALISTIC_OVERHEAD_S)
+    generator.planner_memory.throughput = Throughput(fixed_overhead_s=REALISTIC_OVERHEAD_S)
     records = []
     for text in REPEAT_PROMPTS:
         prompt = encode_prompt(tokenizer, text)

@@ -119,19 +119,20 @@ def generate(model: Any, **options: Any) -> specdec.GenerationResult:
 def test_statistics_carry_over_to_the_next_generator(planner_cache: Path) -> None:
     model = tiny_model("llama")
     first = Generator(model, drafter="pld")
-    assert first.planner_stats is not None and first.planner_stats.runs == 0  # nothing saved yet
+    assert first.planner_memory.stats is not None and first.planner_memory.stats.runs == 0  # nothing saved yet
     result = first.generate(PROMPT, max_new_tokens=NEW_TOKENS)
     assert result.tokens == hf_greedy(model, PROMPT, NEW_TOKENS)
-    assert first.planner_stats.path.parent == planner_cache and first.planner_stats.path.is_file()
-    learned = first.acceptance.state()
-    assert learned and first.acceptance.trials(("pld",)) > 0.0  # regression guard: pld drafted and was verified
+    assert first.planner_memory.stats.path.parent == planner_cache and first.planner_memory.stats.path.is_file()
+    learned = first.planner_memory.acceptance.state()
+    # regression guard: pld drafted and was verified
+    assert learned and first.planner_memory.acceptance.trials(("pld",)) > 0.0
     second = Generator(model, drafter="pld")
-    assert second.planner_stats is not None and second.planner_stats.runs == 1
-    assert second.acceptance.state() == learned  # decayed to the save, then carried as they are
-    assert second.throughput.state() == first.throughput.state()
+    assert second.planner_memory.stats is not None and second.planner_memory.stats.runs == 1
+    assert second.planner_memory.acceptance.state() == learned  # decayed to the save, then carried as they are
+    assert second.planner_memory.throughput.state() == first.planner_memory.throughput.state()
     # run() is a Generator per call: it loads what was saved and adds its own run.
     assert generate(model).tokens == result.tokens
-    assert Generator(model, drafter="pld").planner_stats.runs == 2  # type: ignore[union-attr]
+    assert Generator(model, drafter="pld").planner_memory.stats.runs == 2  # type: ignore[union-attr]
 
 
 def test_the_cost_models_refinement_carries_over_to_the_next_process(planner_cache: Path) -> None:
@@ -143,53 +144,53 @@ def test_the_cost_models_refinement_carries_over_to_the_next_process(planner_cac
     model = tiny_model("llama")
     first = Generator(model, drafter="pld")
     first.generate(PROMPT, max_new_tokens=NEW_TOKENS)
-    refined = first._cost
+    refined = first.planner_memory.cost
     assert refined is not None and refined.observations > 0  # regression guard: steps were verified and timed
-    saved = json.loads(first.planner_stats.path.read_text())["body"]["cost"]  # type: ignore[union-attr]
+    saved = json.loads(first.planner_memory.stats.path.read_text())["body"]["cost"]  # type: ignore[union-attr]
     assert saved == refined.state()
     # This process: the next generator shares the live model (nothing loaded over it).
     second = Generator(model, drafter="pld")
     second.generate(PROMPT, max_new_tokens=NEW_TOKENS)
-    assert second._cost is refined
+    assert second.planner_memory.cost is refined
     # A new process: the model comes from the table, then takes the saved refinement before its first step.
     forget_cost_models()
     third = Generator(model, drafter="pld")
-    saved = json.loads(third.planner_stats.path.read_text())["body"]["cost"]  # type: ignore[union-attr]
-    loaded, _ = third._cost_model()
+    saved = json.loads(third.planner_memory.stats.path.read_text())["body"]["cost"]  # type: ignore[union-attr]
+    loaded, _ = third.planner_memory.load_cost(third.verifier)
     assert loaded is not refined and loaded.state() == saved and loaded.observations > 0
     # A refinement of another table (the machine was measured again since) is skipped without a word.
     forget_cost_models()
     fourth = Generator(model, drafter="pld")
-    fourth.planner_stats.cost = dict(saved, table="0" * 16)  # type: ignore[union-attr]
+    fourth.planner_memory.stats.cost = dict(saved, table="0" * 16)  # type: ignore[union-attr]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fresh, _ = fourth._cost_model()
+        fresh, _ = fourth.planner_memory.load_cost(fourth.verifier)
     assert fresh.observations == 0
     # A damaged one warns and changes nothing.
     forget_cost_models()
     fifth = Generator(model, drafter="pld")
-    fifth.planner_stats.cost = dict(saved, ratio=[-1.0] * len(saved["ratio"]))  # type: ignore[union-attr]
+    fifth.planner_memory.stats.cost = dict(saved, ratio=[-1.0] * len(saved["ratio"]))  # type: ignore[union-attr]
     with pytest.warns(RuntimeWarning, match="ignoring the saved cost-model refinement"):
-        damaged, _ = fifth._cost_model()
+        damaged, _ = fifth.planner_memory.load_cost(fifth.verifier)
     assert damaged.observations == 0
 
 
 def test_identity_separates_models_drafters_options_and_devices(planner_cache: Path) -> None:
     llama = Generator(tiny_model("llama"), drafter="pld")
-    assert llama.planner_stats is not None
-    identity = llama.planner_stats.identity
+    assert llama.planner_memory.stats is not None
+    identity = llama.planner_memory.stats.identity
     assert identity["model_type"] == "llama" and identity["dtype"] == "float64" and identity["tokenizer"] == "none"
     assert identity["device"].startswith("cpu:") and identity["drafter"] == 'pld {}'
     paths = {
-        llama.planner_stats.path,
-        Generator(tiny_model("llama", seed=1), drafter="pld").planner_stats.path,  # type: ignore[union-attr]
-        Generator(tiny_model("qwen2"), drafter="pld").planner_stats.path,  # type: ignore[union-attr]
-        Generator(tiny_model("llama"), drafter="recycling").planner_stats.path,  # type: ignore[union-attr]
+        llama.planner_memory.stats.path,
+        Generator(tiny_model("llama", seed=1), drafter="pld").planner_memory.stats.path,  # type: ignore[union-attr]
+        Generator(tiny_model("qwen2"), drafter="pld").planner_memory.stats.path,  # type: ignore[union-attr]
+        Generator(tiny_model("llama"), drafter="recycling").planner_memory.stats.path,  # type: ignore[union-attr]
         Generator(tiny_model("llama"), drafter="pld",  # type: ignore[union-attr]
-                          drafter_options={"num_draft": 4}).planner_stats.path,
+                          drafter_options={"num_draft": 4}).planner_memory.stats.path,
     }
     assert len(paths) == 5
-    assert Generator(tiny_model("llama"), drafter="pld").planner_stats.path == llama.planner_stats.path  # type: ignore[union-attr]
+    assert Generator(tiny_model("llama"), drafter="pld").planner_memory.stats.path == llama.planner_memory.stats.path  # type: ignore[union-attr]
 
 
 def test_drafter_label_resolves_datastore_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,11 +205,11 @@ def test_the_option_and_the_environment_turn_it_off(planner_cache: Path, monkeyp
     model = tiny_model("llama")
     off = Generator(model, drafter="pld", planner_cache=False)
     off.generate(PROMPT, max_new_tokens=NEW_TOKENS)
-    assert off.planner_stats is None and not planner_cache.exists()
-    assert Generator(model, drafter="none").planner_stats is None  # plain decoding decides no budget
+    assert off.planner_memory.stats is None and not planner_cache.exists()
+    assert Generator(model, drafter="none").planner_memory.stats is None  # plain decoding decides no budget
     for value in ("0", "false", "OFF", "no"):
         monkeypatch.setenv("SPECDEC_PLANNER_CACHE", value)
-        assert not enabled() and Generator(model, drafter="pld").planner_stats is None
+        assert not enabled() and Generator(model, drafter="pld").planner_memory.stats is None
     assert enabled(True)  # the option wins over the environment
     generate(model, planner_cache=True)
     assert planner_cache.is_dir()
@@ -231,8 +232,8 @@ def test_the_cache_directory_and_the_planner_directory_relocate_it(
 def saved_file(model: Any) -> Path:
     generator = Generator(model, drafter="pld")
     generator.generate(PROMPT, max_new_tokens=NEW_TOKENS)
-    assert generator.planner_stats is not None
-    return generator.planner_stats.path
+    assert generator.planner_memory.stats is not None
+    return generator.planner_memory.stats.path
 
 
 def rewrite(path: Path, edit: Any) -> None:
@@ -292,12 +293,12 @@ def test_a_bad_file_warns_once_and_the_run_is_correct(planner_cache: Path, case:
         generator = Generator(model, drafter="pld")
     ours = [w for w in caught if "planner statistics" in str(w.message)]
     assert len(ours) == 1 and "\n" not in str(ours[0].message)  # one line
-    assert generator.planner_stats is not None and generator.planner_stats.runs == 0  # a fresh start
-    assert generator.acceptance.state() == []
+    assert generator.planner_memory.stats is not None and generator.planner_memory.stats.runs == 0  # a fresh start
+    assert generator.planner_memory.acceptance.state() == []
     assert generator.generate(PROMPT, max_new_tokens=NEW_TOKENS).tokens == hf_greedy(model, PROMPT, NEW_TOKENS)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # replaced by a good file: no warning any more
-        assert Generator(model, drafter="pld").planner_stats.runs == 1  # type: ignore[union-attr]
+        assert Generator(model, drafter="pld").planner_memory.stats.runs == 1  # type: ignore[union-attr]
 
 
 def test_an_unwritable_directory_warns_and_the_run_is_correct(

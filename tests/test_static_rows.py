@@ -173,8 +173,9 @@ def test_places_are_taken_given_back_and_refused_when_full() -> None:
 
 
 def test_the_memory_check_counts_every_place_as_large_as_the_largest_row() -> None:
-    from specdec.batching import BatchRequest, check_memory
+    from specdec.batching import check_memory
     from specdec.decoding import DecodingConfig, StopRules
+    from specdec.engine import BatchRequest
 
     _, rows = lone_and_rows(3)
     config = DecodingConfig(StopRules(20))

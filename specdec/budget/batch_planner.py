@@ -94,7 +94,7 @@ import numpy as np
 
 from specdec.budget.acceptance import AcceptanceModel, NodeKey, node_keys
 from specdec.budget.cost_model import VerifyCostModel
-from specdec.budget.planner import Budget, Plan, Throughput, choose_budget
+from specdec.budget.planner import Budget, BudgetPlanner, Plan, Throughput, choose_budget
 from specdec.types import DraftTree
 
 PROBE_EVERY = 16  # one step in this many on which the rule cut some tree verifies twice the extra rows
@@ -369,6 +369,35 @@ class BatchPlanner:
         self.throughput(len(batch.plans)).observe(emitted, step_s, verify_s, batch.predicted_s)
 
 
+class LonePlanner:
+    """A lone sequence's :class:`~specdec.budget.planner.BudgetPlanner` as the planner of a batch of one row.
+
+    The step (:func:`specdec.engine.step`) asks every planner the same questions; a lone sequence's answers:
+    no guard and no row gate (its rule weighs each node against the run's own rate, so drafting never has to
+    pay a batch), and each step's plan is the :class:`~specdec.budget.planner.BudgetPlanner`'s own (its probes
+    on a time budget, its own throughput and cost model), so a lone sequence plans as it always did.
+    """
+
+    def __init__(self, planner: BudgetPlanner) -> None:
+        self.planner = planner
+        self.budget = planner.budget
+
+    def guard(self, rows: int) -> BatchGuard | None:
+        return None
+
+    def plain_seconds_per_token(self, rows: int) -> float | None:
+        return None
+
+    def plan(self, trees: Sequence[DraftTree], committed: Sequence[int]) -> BatchPlan:
+        """The lone row's plan (``trees`` and ``committed`` hold one row each)."""
+        (tree,), (committed_len,) = trees, committed
+        plan = self.planner.plan(tree, committed_len)
+        return BatchPlan((plan,), plan.tree.size, committed_len, plan.predicted_s, plan.calibration_s)
+
+    def observe(self, batch: BatchPlan, accepted: Sequence[Sequence[int]], verify_s: float, step_s: float) -> None:
+        self.planner.observe(batch.plans[0], accepted[0], batch.context, verify_s, step_s)
+
+
 __all__ = [
     "GUARD_EXPLORE_DRAFTING",
     "GUARD_EXPLORE_EVERY",
@@ -379,6 +408,7 @@ __all__ = [
     "BatchGuard",
     "BatchPlan",
     "BatchPlanner",
+    "LonePlanner",
     "RowGate",
     "StepRate",
 ]

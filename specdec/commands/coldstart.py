@@ -141,7 +141,7 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
     for seed in tqdm(seeds, desc="seeding the statistics", unit="prompt", file=sys.stderr):
         seeder.generate(seed["prompt"], max_new_tokens=args.max_new_tokens)
     warm = Generator(args.model, drafter=args.drafter, store=False, planner_cache=True, **placement)
-    warm.planner_stats = None  # it loaded the seed; from now on it learns in memory only, as a long-lived Generator
+    warm.planner_memory.stats = None  # seed loaded; from now on it learns in memory only, as a long-lived Generator
     plain.generate(tests[0]["prompt"], max_new_tokens=4)  # untimed: first forwards of this process
     warm.generate(tests[0]["prompt"], max_new_tokens=4)
 

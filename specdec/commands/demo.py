@@ -234,9 +234,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     engine = plain.verifier.engine
     why = f" (auto: {auto_engine_reason(plain.model, plain.verifier.device)})" if args.engine == "auto" else ""
     print(f"Device: {_device_text(plain.verifier)}; engine {engine!r}{why}; budget {args.budget}", file=sys.stderr)
-    saved = [f"{name}: {g.planner_stats.runs} earlier runs" if g.planner_stats and g.planner_stats.runs
-             else f"{name}: none yet" for name, g in generators.items() if name != "none"]
-    print("Planner statistics: " + ("; ".join(saved) if generators[drafters[0]].planner_stats else "off"),
+    stats = {name: g.planner_memory.stats for name, g in generators.items() if name != "none"}
+    saved = [f"{name}: {s.runs} earlier runs" if s and s.runs else f"{name}: none yet" for name, s in stats.items()]
+    print("Planner statistics: " + ("; ".join(saved) if generators[drafters[0]].planner_memory.stats else "off"),
           file=sys.stderr)
     ids = [encode_prompt(plain.tokenizer, p.prompt, None) for p in prompts]
     print(f"Model and verifiers ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
