@@ -460,10 +460,11 @@ def hf_generate(drafter: str | Drafter | DrafterFactory = "sam+recycling", **opt
     >>> out = model.generate(input_ids, attention_mask=mask, max_new_tokens=128,
     ...                      custom_generate=specdec.hf_generate(drafter="sam+recycling"))  # doctest: +SKIP
 
-    ``drafter`` and ``options`` are :func:`specdec.run`'s: ``drafter_options``, ``datastore``,
-    ``store``, ``backend``, ``cache``, ``planner_cache``, ``tokenizer`` (for drafters that read
-    text), ``budget``, ``max_nodes``, ``prompt_feedback``, and ``seed`` (for sampling; also
-    accepted by ``model.generate(..., seed=)``). What ``generate`` decides (its length, EOS,
+    ``drafter`` and ``options`` are :func:`specdec.run`'s: ``drafter_options``, ``engine``,
+    ``datastore``, ``store``, ``planner_cache``, ``tokenizer`` (for drafters that read text),
+    ``budget``, ``max_nodes``, ``prompt_feedback``, and ``seed`` (for sampling; also accepted by
+    ``model.generate(..., seed=)``); the former ``backend`` and ``cache`` still work, with a
+    :class:`DeprecationWarning` (docs/usage.md). What ``generate`` decides (its length, EOS,
     sampling and penalty settings) is taken from its call; the module docstring lists what is
     honoured and what is refused. Keep the returned object to reuse its
     :class:`~specdec.Generator` across calls.
