@@ -131,11 +131,12 @@ class WindowedCache(DynamicCache):
             layer.cumulative_length = committed_len
 
 
-def layout(config: Any) -> tuple[list[str], int] | None:
+def layout(config: Any, cache: Any = None) -> tuple[list[str], int] | None:
     """Each layer's type and the sliding layers' window, for a model with sliding-window layers of one window
     size; None when every layer is full attention; :class:`~specdec.errors.UnsupportedModelError` for any
-    other layer (linear attention, state-space, chunked attention, several windows)."""
-    layers = list(getattr(DynamicCache(config=config), "layers", []))
+    other layer (linear attention, state-space, chunked attention, several windows). ``cache``: a fresh
+    ``DynamicCache(config=config)`` the caller already made (None: one is made here)."""
+    layers = list(getattr(DynamicCache(config=config) if cache is None else cache, "layers", []))
     others = sorted(set(getattr(_text_config(config), "layer_types", None) or ()) - {FULL, SLIDING})
     if others:  # also where a transformers' DynamicCache does not know them (5.0.0 makes plain layers of them)
         stateful = any("attention" not in kind or "linear" in kind for kind in others)  # linear, hybrid, mamba
@@ -180,9 +181,10 @@ def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
     :class:`WindowedCache` when some layers are sliding-window ones of one window size;
     :class:`~specdec.errors.UnsupportedModelError` for any other layer (:func:`layout`).
     """
-    found = layout(config)
+    cache = DynamicCache(config=config)
+    found = layout(config, cache)
     if found is None:
-        return DynamicCache(config=config)
+        return cache
     if not records_the_past():
         import transformers
 
