@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 from specdec.api import GENERATOR_OPTIONS, Generator, run
 from specdec.bench.methods import MethodSpec, parse_methods
-from specdec.bench.plot import pyplot, save_figure
+from specdec.bench.plot import grouped_bars, pyplot, save_figure
 from specdec.bench.report import markdown_table
 from specdec.cachefiles import folder
 from specdec.cachefiles import kind as cache_kind
@@ -590,15 +590,13 @@ def plot(summary: dict[str, Any], path: str | Path, title: str) -> Path:
     table = summary["table"]
     kinds = list(table)
     arms = [arm for arm in table[kinds[-1]] if arm != "hf"]
-    width = 0.8 / max(1, len(arms))
     figure, axes = plt.subplots(figsize=(max(6.0, 1.4 * len(kinds) + 1.5), 4.0))
-    for k, arm in enumerate(arms):
-        offsets = [i - 0.4 + width * (k + 0.5) for i in range(len(kinds))]
+    series = {}
+    for arm in arms:
         cells = [table[kind].get(arm, {}) for kind in kinds]
-        bars = axes.bar(offsets, [c.get("speedup") or 0.0 for c in cells], width, label=arm)
-        axes.bar_label(bars, labels=[f"{c.get('speedup') or 0:.2f}x\n{c.get('tokens_per_s') or 0:.0f}" for c in cells],
-                       fontsize=6, padding=1)
-    axes.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="HF greedy generate")
+        series[arm] = ([c.get("speedup") or 0.0 for c in cells],
+                       [f"{c.get('speedup') or 0:.2f}x\n{c.get('tokens_per_s') or 0:.0f}" for c in cells])  # fmt: skip
+    grouped_bars(axes, len(kinds), series, baseline="HF greedy generate")
     ticks = [f"{kind}\n(HF {table[kind]['hf']['tokens_per_s']:.1f} tok/s)" for kind in kinds]
     axes.set_xticks(range(len(kinds)), ticks, fontsize=8)
     axes.set_ylabel("tokens/s over HF greedy generate's")

@@ -39,14 +39,12 @@ def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     baseline = results["baseline"]
     labels = [m["label"] for m in results["methods"] if m["label"] != baseline]
     categories = list(summary)
-    width = 0.8 / max(1, len(labels))
     figure, axes = plt.subplots(figsize=(max(6.0, 1.3 * len(categories) + 1.5), 4.2))
-    for k, label in enumerate(labels):
-        offsets = [i - 0.4 + width * (k + 0.5) for i in range(len(categories))]
+    series = {}
+    for label in labels:
         values = [summary[c][label]["speedup"] or 0.0 for c in categories]
-        bars = axes.bar(offsets, values, width, label=label)
-        axes.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=6, padding=1)
-    axes.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
+        series[label] = (values, [f"{v:.2f}" for v in values])
+    grouped_bars(axes, len(categories), series)
     counts = [summary[c][baseline]["questions"] for c in categories]
     axes.set_xticks(range(len(categories)), [f"{c}\n({n})" for c, n in zip(categories, counts, strict=True)],
                     fontsize=8)
@@ -59,6 +57,19 @@ def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     )
     axes.legend(fontsize=7, ncols=min(4, max(1, len(labels))))
     return save_figure(figure, path)
+
+
+def grouped_bars(
+    axes: Any, groups: int, series: dict[str, tuple[list[float], list[str]]], baseline: str | None = None
+) -> None:
+    """One group of bars per x position (``groups`` of them), one bar per series (its ``(values, bar labels)``
+    by legend label), and the dashed baseline at 1.0 (``baseline``: its legend label, None: no legend entry)."""
+    width = 0.8 / max(1, len(series))
+    for k, (label, (values, texts)) in enumerate(series.items()):
+        offsets = [i - 0.4 + width * (k + 0.5) for i in range(groups)]
+        bars = axes.bar(offsets, values, width, label=label)
+        axes.bar_label(bars, labels=texts, fontsize=6, padding=1)
+    axes.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label=baseline)
 
 
 def save_figure(figure: Any, path: str | os.PathLike[str], dpi: int = 130) -> Path:
