@@ -91,10 +91,10 @@ def auto_engine_reason(model: Any, device: torch.device) -> str:
     if device.type == "cuda":
         if window is not None:
             return (f"a CUDA device: fixed-shape forwards replayed from CUDA graphs, with window masks for the "
-                    f"{window} (a full-length cache; not yet run on a GPU: engine='hf' bounds memory by the window)")
+                    f"{window} (sliding layers in rings bounded by the window; not yet run on a GPU)")
         return "a CUDA device: fixed-shape forwards replayed from CUDA graphs"
     if window is not None and not sliding.records_the_past():
-        return (f"a CPU and {window}: the eager buckets on a full-length cache (this transformers' sliding layers "
+        return (f"a CPU and {window}: the eager buckets, sliding layers in rings (this transformers' sliding layers "
                 "cannot take back a rejected draft; specdec's forward runs full attention only)")
     if window is not None:
         return (f"a CPU and {window}: Hugging Face's forward, its sliding layers' cache bounded by the window "

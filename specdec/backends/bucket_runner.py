@@ -66,8 +66,9 @@ def tree_forward(
     ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
     ``bounds`` int64 ``[2, T]`` (rows of a batch, :mod:`specdec.backends.static_rows`): node ``i``'s
     committed slots are ``bounds[0, i] <= s < bounds[1, i]`` instead of ``s < C``.
-    A sliding-window model's (the cache's ``sliding``): its sliding layers' mask also drops every slot
-    outside the node's window (:func:`~specdec.backends.sliding.within_window`), and a model that mixes
+    A sliding-window model's (the cache's ``sliding``): its sliding layers attend over their rings
+    (:mod:`~specdec.backends.static_cache`) with a mask of the ring slots that hold a node's committed keys
+    or ancestors inside its window (:func:`~specdec.backends.sliding.ring_allowed`), and a model that mixes
     sliding and full layers takes both masks in a dict keyed by layer type.
     """
     width = writer.owner.width
@@ -82,11 +83,11 @@ def tree_forward(
     mask: Any
     if writer.owner.sliding is None:
         mask = _attention_mask(allowed, additive_dtype)
-    else:  # [sliding hook] sliding layers see only the slots within their window of each node
+    else:  # [sliding hook] sliding layers: their rings' slots within each node's window
         window, mixed = writer.owner.sliding
-        near = sliding.within_window(window, columns, committed, slots, positions, bounds)
+        near = sliding.ring_allowed(writer.owner, window, slots, positions, ancestors, bounds, writer.prompt)
         full = _attention_mask(allowed, additive_dtype) if mixed else None
-        mask = sliding.bucket_masks(mixed, full, _attention_mask(allowed & near, additive_dtype))
+        mask = sliding.bucket_masks(mixed, full, _attention_mask(near, additive_dtype))
     out = model(
         input_ids=tokens,
         position_ids=positions,
@@ -202,6 +203,7 @@ class BucketRunner:
 
     def _upload(self) -> None:
         """Copy the host staging into the device buffers (pinned and asynchronous on CUDA)."""
+        self.verifier.cache.log_writes(self._staging[0].numpy(), self._staging[2].numpy())  # rings' logs only
         blocking = self.tokens.device.type == "cpu"
         self.tokens.copy_(self._staging[0:1], non_blocking=not blocking)
         self.positions.copy_(self._staging[1:2], non_blocking=not blocking)

@@ -29,10 +29,13 @@ One-node trees need no mask: the model builds its own window mask from the layer
 which the trimming keeps as Hugging Face's layer would have them.
 
 The fixed-shape buckets (``engine="buckets"``, ``"compiled"``, ``"graphs"``, ``"compiled-graphs"``)
-run these models on their static cache, which keeps every token of every layer, as for a
-full-attention model (memory grows with the context): the window lives in the sliding layers'
-masks only, built inside the bucket's forward from its device buffers (:func:`within_window`,
-:func:`bucket_masks`), so one compiled function or captured graph serves every step.
+run these models on their static cache, whose sliding layers are rings of ``window - 1 + the largest
+bucket`` slots per sequence (:func:`setup_buckets`, :mod:`~specdec.backends.static_cache`): bounded by
+the window, as the model's own static cache is; the full layers of a mixed model keep every token.
+The sliding layers' masks are built inside the bucket's forward from its device buffers and the
+ring's record of which slot each ring slot holds (:func:`ring_allowed`, :func:`bucket_masks`), so
+one compiled function or captured graph per bucket serves every step. A rewind past what a ring
+still holds runs the committed tokens again (:func:`bucket_rewind`).
 
 Not here: chunked attention (Llama 4: ``chunked_attention`` layers share the cache class but
 not the mask), layers of several window sizes, and linear-attention / state-space layers
@@ -240,9 +243,6 @@ def check_engine(model: Any, engine: str) -> None:
 def bucket_layout(model: Any) -> tuple[int, bool] | None:
     """What the bucket engines' masks need of ``model``: ``(window, mixed)`` (``mixed``: full-attention layers
     beside the sliding ones, so the forward takes a dict of masks), or None when every layer is full attention.
-
-    The static cache keeps every token of every layer (as for a full-attention model: memory grows with the
-    context, not bounded by the window); the sliding layers' window lives in their masks only.
     """
     config = getattr(model, "config", None)
     found = None if config is None else layout(config)
@@ -252,28 +252,71 @@ def bucket_layout(model: Any) -> tuple[int, bool] | None:
     return window, FULL in types
 
 
-def within_window(
+def ring_capacity(window: int, largest_tree: int) -> int:
+    """Slots of a sliding layer's ring per place: ``window - 1`` committed keys and the largest tree a forward
+    writes there (padding included), so a forward never overwrites a key one of its nodes needs
+    (:mod:`specdec.backends.static_cache`).
+
+    >>> ring_capacity(4096, 128)
+    4223
+    """
+    return window - 1 + largest_tree
+
+
+def setup_buckets(verifier: Any) -> None:
+    """A bucket engine's ``verifier`` (:class:`~specdec.backends.static.StaticVerifier`, or its batch of rows:
+    ``places`` and ``scratch``) on a sliding-window model: its cache's masks (:func:`bucket_layout`) and a ring
+    of :func:`ring_capacity` slots per place for each sliding layer; nothing for a full-attention model."""
+    cache = verifier.cache
+    cache.sliding = bucket_layout(verifier.model)
+    if cache.sliding is None:
+        cache.set_ring((), 0)
+        return
+    types, window = layout(verifier.model.config) or ([], 0)
+    # A lone sequence's forward writes its bucket's padding after its tree; a batch's rows write their trees only
+    # (at most row_nodes each, the padding in scratch slots), and before row_nodes is set, the largest bucket.
+    largest = getattr(verifier, "row_nodes", verifier.largest_bucket)
+    cache.set_ring([kind == SLIDING for kind in types], ring_capacity(window, largest),
+                   getattr(verifier, "places", 1), getattr(verifier, "scratch", 0))  # fmt: skip
+
+
+def ring_allowed(
+    cache: Any,
     window: int,
-    columns: torch.Tensor,
-    committed: torch.Tensor,
     slots: torch.Tensor,
     positions: torch.Tensor,
+    ancestors: torch.Tensor,
     bounds: torch.Tensor | None,
+    prompt: bool = False,
 ) -> torch.Tensor:
-    """Bool ``[T, W]``: which of the ``W`` slots lie inside each node's window (key position > query position
-    - ``window``), as ``sliding_window_overlay`` of Hugging Face's masks has it.
+    """Bool ``[T, R]``: which slots of a sliding layer's ring (:mod:`~specdec.backends.static_cache`) each node
+    attends to: a committed key or an ancestor, inside the node's window (key position > node position -
+    ``window``, as ``sliding_window_overlay`` of Hugging Face's masks has it). Records the nodes' slots in the
+    cache's ``ring_ids`` first (the forward writes them there).
 
-    Traced inside the buckets' forward (tensor operations only). ``columns`` int64 ``[W]`` (slot numbers);
-    ``committed`` bool ``[1 or T, W]`` (the node's committed slots); ``slots`` int64 ``[T]`` (where the nodes'
-    keys are); ``positions`` int64 ``[1, T]``; ``bounds`` int64 ``[2, T]`` or None (as ``tree_forward`` takes
-    them): a committed slot ``s`` holds position ``s - bounds[0, i]`` (``s`` for one sequence), a tree slot the
-    position of the node written there. Other slots are masked anyway, whatever this says of them.
+    Traced inside the buckets' forward (tensor operations only). ``slots`` int64 ``[T]`` (where the nodes'
+    keys go; ``slots[0]`` is the committed length for one sequence); ``positions`` int64 ``[1, T]``;
+    ``ancestors`` bool ``[T, T]``; ``bounds`` int64 ``[2, T]`` or None (as ``tree_forward`` takes them): node
+    ``i``'s committed slots are ``bounds[0, i] <= s < bounds[1, i]``, at positions ``s - bounds[0, i]``. A
+    ``prompt`` (nothing committed before it) longer than a place's ring attends over its own keys: ``[T, T]``.
+    (A batch's forward may hold more nodes than a ring, each row's at most ``ring - window + 1``.)
     """
     query = positions[0]  # [T]
-    tree_positions = torch.zeros_like(columns).index_copy(0, slots, query)  # [W]: each node's slot, its position
-    base = torch.zeros_like(query) if bounds is None else bounds[0]  # [T]: where the node's committed slots start
-    keys = torch.where(committed, columns.unsqueeze(0) - base.unsqueeze(1), tree_positions.unsqueeze(0))  # [T, W]
-    return keys > (query - window).unsqueeze(1)
+    ring = cache.ring
+    if prompt and slots.shape[0] > ring:  # the layer attends over the prompt's own keys (_ring_update)
+        tail = slots[-ring:]
+        cache.ring_ids.index_copy_(0, cache.ring_of(tail), tail)
+        return ancestors & (query.unsqueeze(0) > (query - window).unsqueeze(1))
+    ring_slots = cache.ring_of(slots)  # [T]
+    ids = cache.ring_ids.index_copy_(0, ring_slots, slots).unsqueeze(0)  # [1, R]: the slot each ring slot holds
+    low, high = (torch.zeros_like(slots[:1]), slots[:1]) if bounds is None else (bounds[0], bounds[1])
+    committed = (ids >= low.unsqueeze(1)) & (ids < high.unsqueeze(1))  # [1 or T, R]
+    tree = torch.zeros((slots.shape[0], ids.shape[1]), dtype=torch.bool, device=slots.device)
+    tree = tree.index_copy(1, ring_slots, ancestors)  # [T, R]: the ancestors' ring slots
+    tree_positions = torch.zeros_like(ids[0]).index_copy(0, ring_slots, query)  # [R]
+    keys = torch.where(committed, ids - low.unsqueeze(1), tree_positions.unsqueeze(0))  # [T, R]: key positions
+    allowed: torch.Tensor = (committed | tree) & (keys > (query - window).unsqueeze(1))
+    return allowed
 
 
 def bucket_masks(mixed: bool, full: Any, windowed: Any) -> Any:
@@ -375,3 +418,29 @@ def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
         fresh, _ = verifier._prefill_forward(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
     state.cache = fresh
     return True
+
+
+def bucket_rewind(verifier: Any, state: Any, committed_len: int) -> None:
+    """A bucket engine's ``state`` rewinds to ``committed_len`` tokens: when its place's ring no longer holds the
+    keys the shorter sequence needs (a later forward wrote over them), its committed tokens run again through a
+    prompt forward into the same place (exact: what a fresh prefill of the shorter sequence writes)."""
+    cache = verifier.cache
+    if not cache.ring:
+        return
+    place = getattr(state, "place", 0)
+    cache.truncate(place, committed_len)
+    if committed_len == 0 or cache.sliding is None or cache.ring_keeps(place, committed_len, cache.sliding[0]):
+        return
+    tokens = cache.committed_tokens(place)
+    if len(tokens) != committed_len:
+        raise AssertionError(f"a ring's log holds {len(tokens)} of the {committed_len} committed tokens")
+    base = place * cache.span
+    input_ids = torch.tensor([tokens], dtype=torch.long, device=verifier.device)
+    bounds = None if base == 0 else torch.full((2, committed_len), base, dtype=torch.int64, device=verifier.device)
+    window, cache.window = cache.window, None  # every slot: the prompt's attention spans all its tokens
+    try:
+        with torch.inference_mode():
+            verifier._prompt_forward(input_ids, False, base, bounds)
+    finally:
+        cache.window = window
+    cache.rewritten(place, committed_len)

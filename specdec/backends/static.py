@@ -148,7 +148,7 @@ class StaticVerifier(ModelVerifier):
         self.max_tree_nodes = self.largest_bucket = buckets[-1]
         self._finalizer: weakref.finalize[Any, Any] | None = None  # gives a pooled device state back
         self._held: DeviceSet | None = self._lease(num_layers)
-        self.cache.sliding = sliding.bucket_layout(model)  # [sliding hook] the window the masks of its layers need
+        sliding.setup_buckets(self)  # [sliding hook] the sliding layers' window masks and rings
         # inductor folds the weights in as constants; False: weights stay inputs
         self.freezing = True
         # Frozen weights prepacked into oneDNN layouts (CPU GEMMs): off, since every bucket then holds its own
@@ -451,9 +451,10 @@ class StaticVerifier(ModelVerifier):
         slots = torch.arange(base, base + length, dtype=torch.int64, device=self.device)
         ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
         positions = (slots - base).unsqueeze(0)
+        self.cache.log_prompt(input_ids, base)  # [sliding hook] a ring's log of committed tokens
         return tree_forward(
-            self.model, self.cache.writer(slots), input_ids, positions, slots, ancestors, self.additive_dtype,
-            0 if keep_all else 1, self.cache_keyword, bounds,
+            self.model, self.cache.writer(slots, prompt=True), input_ids, positions, slots, ancestors,
+            self.additive_dtype, 0 if keep_all else 1, self.cache_keyword, bounds,
         )  # fmt: skip
 
     def _on_new_state(self, state: KVState) -> None:
@@ -483,6 +484,7 @@ class StaticVerifier(ModelVerifier):
     def rewind(self, state: KVState, committed_len: int) -> None:
         if not 0 <= committed_len <= state.committed_len:
             raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
+        sliding.bucket_rewind(self, state, committed_len)  # [sliding hook] a ring that lost keys runs them again
         state.committed_len = self.cache.committed_len = committed_len  # slots past it are simply overwritten
 
     @contextmanager
@@ -493,6 +495,7 @@ class StaticVerifier(ModelVerifier):
         if self.cache.allocated and committed > 0:
             assert self.cache.keys is not None and self.cache.values is not None
             kept = [t[:, :, :committed].clone() for t in (*self.cache.keys, *self.cache.values)]
+        rings = self.cache.ring_state()  # [sliding hook] the sliding layers' rings, whole
         try:
             yield
         finally:
@@ -501,5 +504,6 @@ class StaticVerifier(ModelVerifier):
                 with torch.inference_mode():  # the cache was made by inference-mode forwards
                     for tensor, saved in zip((*self.cache.keys, *self.cache.values), kept, strict=True):
                         tensor[:, :, :committed] = saved
+                    self.cache.restore_ring(rings)
             self.cache.committed_len = committed
             self._sequence = sequence

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec.backends import sliding
 from specdec.backends.bucket_runner import BucketRunner
 from specdec.backends.buckets import BUCKETS, MIN_CAPACITY, capacity_for
 from specdec.backends.static import StaticState, StaticVerifier, static_state
@@ -141,6 +142,7 @@ class RowsStaticVerifier(StaticVerifier):
                                f"got {row_nodes!r}")  # fmt: skip
         self.row_nodes = row_nodes
         self.max_tree_nodes = row_nodes  # one row's tree; the buckets hold every row's
+        sliding.setup_buckets(self)  # [sliding hook] rings sized by one row's tree (its padding goes to scratch)
 
     # -- layout ---------------------------------------------------------------------------
     def _first_capacity(self) -> int:
@@ -293,6 +295,7 @@ class RowsStaticVerifier(StaticVerifier):
     def rewind(self, state: KVState, committed_len: int) -> None:
         if not 0 <= committed_len <= state.committed_len:
             raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
+        sliding.bucket_rewind(self, state, committed_len)  # [sliding hook] a ring that lost keys runs them again
         state.committed_len = committed_len  # the region's later slots are simply overwritten
 
 
