@@ -1,6 +1,7 @@
 """KV memory of a sliding-window model after a generation of 8 windows: ``generate``'s cache against
 specdec's on ``engine="hf"`` (sliding layers trimmed to the window plus a slack) and on the bucket
-engines (a static cache that keeps every token), each run checked identical to ``generate``.
+engines (sliding layers in rings of ``window - 1 +`` the largest bucket slots, full layers a static
+cache of every token), each run checked identical to ``generate``.
 
 Run by ``specdec bench sliding-memory`` (a few seconds on a CPU; docs/usage.md, "Supported models",
 quotes its output). A random Gemma-3-shaped fp32 model: 6 layers, 5 sliding to
@@ -73,5 +74,7 @@ def main() -> None:
     static = StaticVerifier(model, mode="eager")
     run_chains(static, prompt, truth, steps)
     cache = static.cache
-    print(f"bucket engines: {cache.capacity} slots per layer for {PROMPT + steps} tokens, "
+    assert cache.keys is not None
+    slots = [int(keys.shape[2]) for keys in cache.keys]
+    print(f"bucket engines: slots per layer {slots} for {PROMPT + steps} tokens (rings of {cache.ring} slots), "
           f"KV {cache.nbytes / 2**10:.1f} KiB")  # fmt: skip
