@@ -392,6 +392,21 @@ def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch
     return logits.clone()
 
 
+def test_warm_up_keeps_a_live_sequences_rings() -> None:
+    """warm_up (and calibration) run throw-away sequences on the verifier's one cache while a sequence is live:
+    its rings are kept whole (StaticVerifier.preserving), so it goes on as if nothing had happened."""
+    verifier, state, pending, _, truth = _on_small_rings("mistral-swa", "warm-up", 4 * SMALL_RING)
+    done = 0
+    for warm in (False, True, False):
+        if warm:
+            verifier.warm_up(3 * SMALL_RING)
+        for _ in range(SMALL_RING // 8):
+            result = verifier.verify(state, DraftTree.chain(pending, truth[done + 1 : done + 8]))
+            assert list(result.accepted_tokens) == truth[done : done + 8], done
+            done += 8
+            pending = result.bonus
+
+
 @pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
 def test_bucket_logits_are_the_models_own(arch: str) -> None:
     """After a prompt longer than the ring, each node of a 40-node tree 2.5 windows deep gets from the bucket forward
