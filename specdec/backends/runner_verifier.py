@@ -54,7 +54,7 @@ CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attenti
 CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512)
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
 CPU_AVX2 = "cpu-avx2"  # specdec's CPU kernels on their AVX2 path, on a CPU whose best is AVX-512: the same bits
-AVX2_MAX_ROWS = 16  # the largest verification at which the calibration times "cpu-avx2" (cpu_kernels.AVX2_ISA)
+AVX2_MAX_ROWS = 8  # the largest verification at which the calibration times "cpu-avx2" (cpu_kernels.AVX2_ISA)
 CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
 # A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
 # (longer ones by torch's): specdec's CPU kernels prefill faster than torch's linear and SDPA up to about
@@ -137,8 +137,8 @@ class RunnerVerifier(ModelVerifier):
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
         worth timing; where ``"cpu"`` runs the AVX-512 path, also ``"cpu-blocks"`` where it computes
         otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows) and ``"cpu-avx2"`` (the AVX2 path,
-        up to :data:`AVX2_MAX_ROWS` rows: the same bits, and on some AVX-512 CPUs faster at few rows,
-        where AVX-512's wider loads do not pay). The calibration times each and keeps per size the
+        up to :data:`AVX2_MAX_ROWS` rows: the same bits, and on an AMD Zen 4 faster at 1-2 rows:
+        docs/backends.md). The calibration times each and keeps per size the
         fastest; its table is keyed by the path ``"cpu"`` runs (:meth:`kernels_build`) and names each
         size's variant, so one path's costs never plan another's."""
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
