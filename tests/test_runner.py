@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import IDENTITY_COUNTS, native_or_skip
@@ -424,3 +425,46 @@ def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_b
                 for chosen in (verifier.cpu_kernels, verifier.cpu_blocks)
             )
             assert torch.equal(streams, blocks), tree
+
+
+def test_the_avx2_variant_is_chosen_per_size_and_keyed_by_the_path(kernels: Kernels, monkeypatch: Any) -> None:
+    """``"cpu-avx2"``: offered (up to 8 rows) only where ``"cpu"`` runs AVX-512; the calibration's choice runs it
+    at the sizes it won and ``"cpu"`` at the others, with the logits of ``"cpu"`` bit for bit; the calibration's
+    identity names the kernel path, so a table measured on one path is never read on another."""
+    from specdec.budget.calibration import calibration_identity, choose_kernels
+
+    model = own_tiny_model("llama")
+    verifier = RunnerVerifier(model)
+    offered = cpu_kernels.cpu_isa() == "avx512"
+    for rows in (1, 4, 8):
+        assert ("cpu-avx2" in verifier.kernel_variants(rows)) == offered
+    assert "cpu-avx2" not in verifier.kernel_variants(9)
+    # Timings where AVX2 wins at 1 and 8 rows and AVX-512 at 2-4: the choice follows each size.
+    sizes = (1, 2, 4, 8, 16)
+    seconds = {"default": np.array([[9.0] * 5]), "cpu": np.array([[3.0, 3.0, 3.0, 5.0, 6.0]]),
+               "cpu-avx2": np.array([[2.0, 4.0, 4.0, 4.0, 7.0]])}  # fmt: skip
+    choice = choose_kernels(sizes, seconds)
+    assert [choice.variant_for(n) for n in sizes] == ["cpu-avx2", "cpu", "cpu", "cpu-avx2", "cpu"]
+    verifier.use_kernels(choice)
+    avx2 = verifier._kernels_for(1)
+    assert verifier._kernels_for(2) is verifier.cpu_kernels and verifier._kernels_for(8) is avx2
+    assert (avx2 is not verifier.cpu_kernels) == offered  # off AVX-512 "cpu" already is the AVX2 (or portable) path
+    runner = DecoderRunner(model)
+    prompt = list(range(3, 25))
+    with torch.inference_mode():
+        for tree in (DraftTree.single(5), DraftTree((5, 6, 7, 8), (-1, 0, 0, 1))):
+            base, other = (
+                runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], chosen)[0]
+                for chosen in (verifier.cpu_kernels, avx2)
+            )
+            assert torch.equal(base, other), tree
+    # The key: the path "cpu" runs is part of the calibration's identity (every path this CPU runs: x86-64 has 2+).
+    identities = {}
+    try:
+        for isa in cpu_kernels.supported_isas():
+            monkeypatch.setenv(cpu_kernels.ISA_ENV, isa)
+            identities[isa] = calibration_identity(verifier)["kernels_build"]
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load()  # auto back to what it ran before
+    assert len(set(identities.values())) == len(cpu_kernels.supported_isas())

@@ -77,6 +77,10 @@ ISAS = ("auto", "avx512", "avx512-blocks", "avx2", "portable")
 # rows (``csrc/skinny_linear.cpp``; the same bits). Which is faster depends on the CPU's memory
 # system: the calibration times both (the ``"cpu-blocks"`` kernel variant of the native verifier).
 BLOCKS_ISA = "avx512-blocks"
+# The AVX2 path, which the calibration also times on CPUs with AVX-512 (the ``"cpu-avx2"`` kernel variant
+# of the native verifier): the same bits, and on some (an AMD Zen 4, whose AVX-512 units split each
+# 512-bit operation in two) faster at few rows.
+AVX2_ISA = "avx2"
 # The environment variable that forces one kernel path for the whole process: what ``isa="auto"``
 # runs in every op, so ``run``, the demo, ``specdec bench`` and the tests all take that path.
 ISA_ENV = "SPECDEC_CPU_ISA"

@@ -7,7 +7,7 @@ budget (grown if it must), written in place at the tree's slots and compacted in
 No compilation and no warm-up: the first step of the first call is as fast as any later
 one.
 
-**Kernels**: four variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
+**Kernels**: five variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
 kernels (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention), the
 choice for forwards of up to :data:`CPU_KERNEL_MAX_ROWS` rows from the start, where they are
 available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_product_attention``
@@ -16,7 +16,9 @@ specdec's tree attention, for the sizes where a GEMM library's blocked products 
 skinny kernels (many rows; bfloat16 GEMMs with AVX512_BF16) but SDPA's masked attention costs
 twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3 rows):
 ``"cpu"`` with the few-row products blocked as larger ones are rather than streamed, the same
-bits, faster on some CPUs than the streams (docs/budget.md). The calibration times every
+bits, faster on some CPUs than the streams (docs/budget.md); ``"cpu-avx2"`` (CPUs with AVX-512,
+forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on its AVX2 path, the same bits, faster
+than AVX-512 at few rows on some CPUs (an AMD Zen 4). The calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on. While the
 CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
 same token verified alone (their contracts), so speculative output is plain decoding's exactly.
@@ -51,6 +53,8 @@ CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
 CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
 CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512)
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
+CPU_AVX2 = "cpu-avx2"  # specdec's CPU kernels on their AVX2 path, on a CPU whose best is AVX-512: the same bits
+AVX2_MAX_ROWS = 8  # the largest verification at which the calibration times "cpu-avx2" (cpu_kernels.AVX2_ISA)
 CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
 # A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
 # (longer ones by torch's): specdec's CPU kernels prefill faster than torch's linear and SDPA up to about
@@ -59,6 +63,7 @@ CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the k
 PREFILL_MAX_ROWS = 1024
 
 
+@functools.cache
 def _forced_kernels(isa: str) -> Kernels:
     """Specdec's CPU kernels with every op forced to ``isa`` (:data:`~specdec.backends.cpu_kernels.ISAS`)."""
     return Kernels(
@@ -77,7 +82,7 @@ class RunnerVerifier(ModelVerifier):
     (:func:`specdec.backends.cpu_kernels.supports`); :meth:`use_kernels` changes that.
     """
 
-    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS)
+    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS, CPU_AVX2)
 
     def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
         super().__init__(model, ops, chooser)
@@ -130,12 +135,19 @@ class RunnerVerifier(ModelVerifier):
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
-        worth timing, and ``"cpu-blocks"`` where it computes otherwise than ``"cpu"`` (AVX-512, up to
-        :data:`BLOCKS_MAX_ROWS` rows)."""
+        worth timing; where ``"cpu"`` runs the AVX-512 path, also ``"cpu-blocks"`` where it computes
+        otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows) and ``"cpu-avx2"`` (the AVX2 path,
+        up to :data:`AVX2_MAX_ROWS` rows: the same bits, and on an AMD Zen 4 faster at 1-2 rows:
+        docs/backends.md). The calibration times each and keeps per size the
+        fastest; its table is keyed by the path ``"cpu"`` runs (:meth:`kernels_build`) and names each
+        size's variant, so one path's costs never plan another's."""
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
+            variants: tuple[str, ...] = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION)
             if self.cpu_blocks is not None and rows <= BLOCKS_MAX_ROWS:
-                return self.KERNELS
-            return (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION)
+                variants += (CPU_BLOCKS,)
+            if self.cpu_blocks is not None and rows <= AVX2_MAX_ROWS:  # cpu_blocks: "cpu" runs AVX-512
+                variants += (CPU_AVX2,)
+            return variants
         return (DEFAULT_KERNEL,)
 
     def _kernels_for(self, rows: int) -> Kernels:
@@ -147,6 +159,8 @@ class RunnerVerifier(ModelVerifier):
                 return self.cpu_attention
             if variant == CPU_BLOCKS:
                 return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
+            if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: the same bits
+                return self.cpu_kernels if self.cpu_blocks is None else _forced_kernels(cpu_kernels.AVX2_ISA)
         return PLAIN
 
     # -- the model-side hooks of ModelVerifier -----------------------------------------------

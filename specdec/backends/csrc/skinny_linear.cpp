@@ -35,7 +35,9 @@ namespace portable {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
+#define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "skinny_portable.inc"
+#undef SPECDEC_X86_FMA
 }  // namespace avx2
 #pragma GCC pop_options
 

@@ -44,7 +44,9 @@ namespace portable_rows {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2_rows {
+#define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "tree_attention_portable.inc"
+#undef SPECDEC_X86_FMA
 }  // namespace avx2_rows
 #pragma GCC pop_options
 #endif
