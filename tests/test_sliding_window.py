@@ -210,7 +210,7 @@ def test_rewind_to_nothing_is_an_empty_cache() -> None:
     verifier = ModelVerifier(model)
     state, _, _ = verifier.prefill(prompt)
     verifier.rewind(state, 0)
-    fresh = KVState(verifier._new_cache(), 0)
+    fresh = KVState(verifier.forward.new_cache(), 0)
     chain = DraftTree.chain(prompt[0], prompt[1 : 2 * WINDOW])
     assert verifier.verify(state, chain) == verifier.verify(fresh, chain)
     assert state.committed_len == fresh.committed_len > 0
@@ -280,7 +280,7 @@ def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch
     verifier = StaticVerifier(model, mode="eager")
     state, _, _ = verifier.prefill(prompt)
     with torch.inference_mode():
-        logits, _ = verifier._tree_forward(state, tree)
+        logits, _ = verifier.forward.tree(state, tree)
     return logits.clone()
 
 

@@ -372,6 +372,6 @@ def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
     tokens = cache.tokens[:committed_len]
     input_ids = torch.tensor([tokens], dtype=torch.long, device=verifier.device)
     with torch.inference_mode():
-        fresh, _ = verifier._prefill_forward(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
+        fresh, _ = verifier.prefill(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
     state.cache = fresh
     return True

@@ -82,7 +82,7 @@ def verifiers(model: Any) -> dict[str, Any]:
         return found
     native.use_kernels(KernelChoice.uniform(DEFAULT_KERNEL))
     found["specdec"] = native
-    if isinstance(native, RunnerVerifier) and native.kernels_available:
+    if isinstance(native, RunnerVerifier) and native.forward.kernels_available:
         with_kernels = make_verifier(model, "specdec", tree_ops="torch")
         with_kernels.use_kernels(KernelChoice.uniform(CPU_KERNEL))
         found["specdec+cpu"] = with_kernels

@@ -72,6 +72,6 @@ def main() -> None:
     print(f"engine='hf'   : tokens per layer {tokens}, KV {kv_bytes(state.cache.layers) / 2**10:.1f} KiB")
     static = StaticVerifier(model, mode="eager")
     run_chains(static, prompt, truth, steps)
-    cache = static.cache
+    cache = static.forward.cache
     print(f"bucket engines: {cache.capacity} slots per layer for {PROMPT + steps} tokens, "
           f"KV {cache.nbytes / 2**10:.1f} KiB")  # fmt: skip
