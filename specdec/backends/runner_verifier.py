@@ -39,10 +39,12 @@ import torch
 
 from specdec.backends import cpu_kernels
 from specdec.backends.buckets import capacity_for
+from specdec.backends.forward import KVState, Target
 from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
-from specdec.backends.verifier import KVState, ModelVerifier, Target, TreeOps
+from specdec.backends.tree_ops import TreeOps
+from specdec.backends.verifier import ModelVerifier
 from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser
 
 # The most nodes one verification may hold: the engine's own cap on tree size.

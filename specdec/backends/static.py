@@ -78,9 +78,11 @@ from specdec.backends.buckets import (
 )
 from specdec.backends.device_set import DeviceSet, release
 from specdec.backends.dynamo import CODE_TAGS, compile_forward, fresh_code
+from specdec.backends.forward import KVState, ModelKernels, Target
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
-from specdec.backends.verifier import KVState, ModelKernels, ModelVerifier, Target, TreeOps
+from specdec.backends.tree_ops import TreeOps
+from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, UnsupportedModelError
 from specdec.types import DraftTree, KernelChoice, TokenChooser
 

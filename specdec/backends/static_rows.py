@@ -53,9 +53,11 @@ import torch
 
 from specdec.backends.bucket_runner import BucketHost, BucketRunner
 from specdec.backends.buckets import BUCKETS, MIN_CAPACITY, capacity_for
+from specdec.backends.forward import KVState, Target, kv_bytes_per_token
 from specdec.backends.static import BucketForward
 from specdec.backends.tree import ancestor_matrix
-from specdec.backends.verifier import KVState, ModelVerifier, Target, TreeOps, kv_bytes_per_token
+from specdec.backends.tree_ops import TreeOps
+from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, TokenChooser
 
