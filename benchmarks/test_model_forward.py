@@ -67,11 +67,11 @@ def kernels_for(verifier: Any, path: str) -> None:
     if path == "default":
         verifier.use_kernels(KernelChoice.uniform(DEFAULT_KERNEL))
         return
-    if not verifier.kernels_available:
+    if not verifier.forward.kernels_available:
         pytest.skip("specdec's CPU kernels do not build here or do not serve the default model")
     if path not in cpu_kernels.supported_isas():
         pytest.skip(f"this CPU cannot run the {path} kernel path (it runs {', '.join(cpu_kernels.supported_isas())})")
-    verifier.cpu_kernels = _forced_kernels(path)
+    verifier.forward.cpu_kernels = _forced_kernels(path)
     verifier.use_kernels(KernelChoice.uniform(CPU_KERNEL))
 
 

@@ -359,10 +359,11 @@ class Generator:
             return verifier
         rows = self._rows.get(batch_size)
         if rows is None:
-            extra = tuple(b for b in ROWS_BUCKETS if b > verifier.buckets[-1])  # every row's tree in one forward
+            alone = verifier.forward  # its forward: the buckets of one sequence
+            extra = tuple(b for b in ROWS_BUCKETS if b > alone.buckets[-1])  # every row's tree in one forward
             rows = self._rows[batch_size] = RowsStaticVerifier(
-                self.model, verifier.ops, verifier.chooser, places=batch_size, mode=verifier.mode,
-                buckets=(*verifier.buckets, *extra), row_nodes=verifier.largest_bucket,
+                self.model, verifier.ops, verifier.chooser, places=batch_size, mode=alone.mode,
+                buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket,
             )  # fmt: skip
         return rows
 

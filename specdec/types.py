@@ -431,8 +431,9 @@ class Verifier(Protocol[StateT]):
             result = verifier.verify(state, tree, topk)             # one forward, walk, keep the accepted KV
         verifier.release(state)                                     # the sequence is over
 
-    Implemented by :class:`~specdec.backends.verifier.ModelVerifier` and the verifiers built on
-    it, and by the replayed :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is
+    Implemented by :class:`~specdec.backends.verifier.ModelVerifier` (every engine: one class
+    composed of a forward, tree ops and a token chooser), and by the replayed
+    :class:`~specdec.bench.stream_replay.ReplayVerifier`; ``StateT`` is
     each one's per-sequence state. :attr:`description` says what it is
     (:class:`VerifierDescription`); calibration and the planner's memory need more of it
     (:class:`TunableVerifier`).

@@ -503,7 +503,7 @@ def test_changed_kernels_are_calibrated_again(
     from specdec.backends.runner_verifier import RunnerVerifier
 
     verifier = make_verifier(tiny_model("llama"))
-    assert isinstance(verifier, RunnerVerifier) and verifier.kernels_available
+    assert isinstance(verifier, RunnerVerifier) and verifier.forward.kernels_available
     identity = calibration_identity(verifier)
     # The build's key and the kernel path "auto" runs: costs measured on one path never plan another's.
     assert identity["kernels_build"] == f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}"
@@ -518,7 +518,7 @@ def test_changed_kernels_are_calibrated_again(
     assert cpu_kernels.build_key() != identity["kernels_build"].split("/")[0]
     assert calibration_path(calibration_identity(verifier)) != calibration_path(identity)
     # A verifier without the kernels (the model's own forward) has none in its identity.
-    verifier.kernels_available = False
+    verifier.forward.kernels_available = False
     assert calibration_identity(verifier)["kernels_build"] == "-"
 
 

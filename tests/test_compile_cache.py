@@ -146,7 +146,7 @@ def test_a_compile_that_fails_on_the_folder_empties_it_and_compiles_again(
     assert generator.generate(prompt, max_new_tokens=10).tokens == hf_greedy(model, prompt, 10)
     (message,) = messages(recwarn)  # no fallback to eager: the retry compiled
     assert "failed (RuntimeError: could not load" in message and "compiling again" in message
-    assert len(built) == 2 and generator.verifier._runners[1].mode == "inductor"
+    assert len(built) == 2 and generator.verifier.forward._runners[1].mode == "inductor"
     assert sorted(p.name for p in path.iterdir()) == [compile_cache.KEY_FILE]
     # Once per process: a second failure falls back to eager forwards (the warning says so).
     monkeypatch.setattr(static, "compile_forward", fails_once()[0])

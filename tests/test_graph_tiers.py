@@ -75,7 +75,7 @@ def graph_verifier(model: Any) -> StaticVerifier:
     """A static verifier in the ``cudagraphs`` mode on a CPU model (its constructor refuses that mode off
     CUDA, so it is made eager and switched before its first forward; nothing was captured yet)."""
     verifier = StaticVerifier(model, mode="eager")
-    verifier.mode = "cudagraphs"
+    verifier.forward.mode = "cudagraphs"
     return verifier
 
 
@@ -99,15 +99,15 @@ def test_a_short_sequence_after_a_long_one_replays_graphs_of_its_own_tier(captur
     assert verifier.identity()["graph_widths"] == "tiers"  # cost tables measured on whole-cache graphs are not read
     assert "graph_widths" not in StaticVerifier(model, mode="eager").identity()
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(700)], 20, seed=1)
-    assert verifier.cache.capacity == 1024  # 700 + 20 + the largest bucket (128)
+    assert verifier.forward.cache.capacity == 1024  # 700 + 20 + the largest bucket (128)
     long_widths = {width for _, width in captured}
     assert long_widths == {1024}  # past 512 slots: the whole cache
     captured.clear()
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(30)], 40, seed=2)
-    assert verifier.cache.capacity == 1024  # the cache never shrinks ...
+    assert verifier.forward.cache.capacity == 1024  # the cache never shrinks ...
     assert captured and {width for _, width in captured} == {256}  # ... but the short sequence attends over 256
     assert len(captured) == len(set(captured))  # one graph per bucket and tier
-    for runner in verifier.held.runners.values():
+    for runner in verifier.forward.held.runners.values():
         assert set(runner.captured_widths) <= {256, 1024}
     second = set(captured)
     captured.clear()
@@ -134,7 +134,7 @@ def test_each_tier_is_checked_at_its_first_replay(captured: list[tuple[int, int]
     verifier = graph_verifier(model)
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(700)], 20, seed=5)  # capacity 1024
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(20)], 30, seed=6)  # width 256
-    assert verifier.fallback_reason is None and verifier.cache.capacity == 1024
+    assert verifier.fallback_reason is None and verifier.forward.cache.capacity == 1024
     checked_before = {size for size, _ in captured}
     CORRUPT_WIDTHS.add(512)
     captured.clear()

@@ -165,11 +165,11 @@ def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels:
             verifier = generator.verifier
             assert isinstance(verifier, RunnerVerifier)
             verifier.use_kernels(KernelChoice.uniform(variant))
-            expected = {"cpu": verifier.cpu_kernels, "cpu-attention": verifier.cpu_attention,
-                        "cpu-blocks": verifier.cpu_blocks}.get(variant, PLAIN)  # fmt: skip
-            assert expected is not None and all(verifier._kernels_for(rows) is expected for rows in (1, 7, 40))
+            expected = {"cpu": verifier.forward.cpu_kernels, "cpu-attention": verifier.forward.cpu_attention,
+                        "cpu-blocks": verifier.forward.cpu_blocks}.get(variant, PLAIN)  # fmt: skip
+            assert expected is not None and all(verifier.forward._kernels_for(rows) is expected for rows in (1, 7, 40))
             if variant == "cpu-blocks":  # computes otherwise than "cpu", not a second run of it
-                assert verifier.cpu_blocks is not verifier.cpu_kernels
+                assert verifier.forward.cpu_blocks is not verifier.forward.cpu_kernels
             result = generator.generate(prompt, max_new_tokens=40)
             assert result.tokens == truth, f"{arch}/{drafter}: prompt {prompt}"
             names = {"cpu": "cpu-kernels", "cpu-attention": "torch-linear+tree-attention",
@@ -347,16 +347,16 @@ def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
     verifier = RunnerVerifier(model)
     verifier.use_kernels(KernelChoice.uniform("cpu"))
     used: list[Kernels] = []
-    inner = verifier.runner.forward
+    inner = verifier.forward.runner.forward
 
     def forward(segments: list[Segment], kernels: Kernels) -> list[torch.Tensor]:
         used.append(kernels)
         return inner(segments, kernels)
 
-    monkeypatch.setattr(verifier.runner, "forward", forward)
+    monkeypatch.setattr(verifier.forward.runner, "forward", forward)
     prompt = [random.Random(5).randrange(2, VOCAB) for _ in range(runner_verifier.CPU_KERNEL_MAX_ROWS + 20)]
     verifier.prefill(prompt)
-    assert used == [verifier.cpu_kernels]
+    assert used == [verifier.forward.cpu_kernels]
     monkeypatch.setattr(runner_verifier, "PREFILL_MAX_ROWS", len(prompt) - 1)
     verifier.prefill(prompt)
     assert used[-1] is PLAIN
@@ -410,7 +410,7 @@ def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_b
     model = own_tiny_model("llama").to(dtype)
     verifier = RunnerVerifier(model)
     blocked = cpu_kernels.cpu_isa() == "avx512"
-    assert (verifier.cpu_blocks is not None) == blocked
+    assert (verifier.forward.cpu_blocks is not None) == blocked
     for rows in (1, 3):
         assert ("cpu-blocks" in verifier.kernel_variants(rows)) == blocked
     assert "cpu-blocks" not in verifier.kernel_variants(4)
@@ -422,7 +422,7 @@ def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_b
         for tree in (DraftTree.single(5), DraftTree((5, 6), (-1, 0)), DraftTree((5, 6, 7), (-1, 0, 0))):
             streams, blocks = (
                 runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], chosen)[0]
-                for chosen in (verifier.cpu_kernels, verifier.cpu_blocks)
+                for chosen in (verifier.forward.cpu_kernels, verifier.forward.cpu_blocks)
             )
             assert torch.equal(streams, blocks), tree
 
@@ -446,16 +446,17 @@ def test_the_avx2_variant_is_chosen_per_size_and_keyed_by_the_path(kernels: Kern
     choice = choose_kernels(sizes, seconds)
     assert [choice.variant_for(n) for n in sizes] == ["cpu-avx2", "cpu", "cpu", "cpu-avx2", "cpu"]
     verifier.use_kernels(choice)
-    avx2 = verifier._kernels_for(1)
-    assert verifier._kernels_for(2) is verifier.cpu_kernels and verifier._kernels_for(8) is avx2
-    assert (avx2 is not verifier.cpu_kernels) == offered  # off AVX-512 "cpu" already is the AVX2 (or portable) path
+    forward = verifier.forward
+    avx2 = forward._kernels_for(1)
+    assert forward._kernels_for(2) is forward.cpu_kernels and forward._kernels_for(8) is avx2
+    assert (avx2 is not forward.cpu_kernels) == offered  # off AVX-512 "cpu" already is the AVX2 (or portable) path
     runner = DecoderRunner(model)
     prompt = list(range(3, 25))
     with torch.inference_mode():
         for tree in (DraftTree.single(5), DraftTree((5, 6, 7, 8), (-1, 0, 0, 1))):
             base, other = (
                 runner.forward([tree_segment(prefill(runner, prompt), len(prompt), tree)], chosen)[0]
-                for chosen in (verifier.cpu_kernels, avx2)
+                for chosen in (forward.cpu_kernels, avx2)
             )
             assert torch.equal(base, other), tree
     # The key: the path "cpu" runs is part of the calibration's identity (every path this CPU runs: x86-64 has 2+).

@@ -120,8 +120,13 @@ def test_trees_deeper_than_the_window(arch: str) -> None:
 def test_sampling_equals_plain_sampling(arch: str) -> None:
     model = model_of(arch)
     rng = random.Random(f"sample-{arch}")
-    for case, options in enumerate(({"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9},
-                                    {"temperature": 0.5, "top_k": 20, "repetition_penalty": 1.2})):
+    for case, options in enumerate(
+        (
+            {"temperature": 1.0},
+            {"temperature": 0.7, "top_p": 0.9},
+            {"temperature": 0.5, "top_k": 20, "repetition_penalty": 1.2},
+        )
+    ):
         options = dict(options, seed=rng.randrange(2**40))
         prompt = repeating_prompt(rng, rng.randrange(3, 7), 3 * WINDOW)
         expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, engine="hf", **options).tokens
@@ -224,7 +229,7 @@ def test_rewind_to_nothing_is_an_empty_cache() -> None:
     verifier = ModelVerifier(model)
     state, _, _ = verifier.prefill(prompt)
     verifier.rewind(state, 0)
-    fresh = KVState(verifier._new_cache(), 0)
+    fresh = KVState(verifier.forward.new_cache(), 0)
     chain = DraftTree.chain(prompt[0], prompt[1 : 2 * WINDOW])
     assert verifier.verify(state, chain) == verifier.verify(fresh, chain)
     assert state.committed_len == fresh.committed_len > 0
@@ -285,7 +290,7 @@ def test_buckets_match_generate(arch: str) -> None:
         assert result.tokens == truth, f"{arch}/{name}: prompt {prompt}"
         IDENTITY_COUNTS[f"{arch}/buckets/{name}"] += 1
         accepted[name] = sum(r.accepted for r in result.stats.records)
-        cache = generator.verifier.cache
+        cache = generator.verifier.forward.cache
         assert cache.ring == RING and cache.ring_slots == RING, (cache.ring, cache.ring_slots)
         generator.close()
     # (the mixed gpt-oss's random weights barely repeat a text: pld finds nothing after this prompt)
@@ -342,9 +347,9 @@ def test_bucket_rings_are_bounded_by_the_window(arch: str) -> None:
         assert list(result.accepted_tokens) == truth[done : done + len(result.accepted_tokens)], arch
         done += len(result.accepted_tokens)
         pending = result.bonus
-        assert _sliding_slots(verifier.cache) == [ring] * len(_sliding_slots(verifier.cache)), arch
-        assert verifier.cache.capacity >= state.committed_len
-    assert verifier.cache.ring_layers.count(True) == (4 if arch == "mistral-swa" else 2)
+        assert _sliding_slots(verifier.forward.cache) == [ring] * len(_sliding_slots(verifier.forward.cache)), arch
+        assert verifier.forward.cache.capacity >= state.committed_len
+    assert verifier.forward.cache.ring_layers.count(True) == (4 if arch == "mistral-swa" else 2)
     assert state.committed_len > 9 * ring
 
 
@@ -355,7 +360,7 @@ def test_bucket_rewind_within_and_past_the_ring(arch: str) -> None:
     ring = SMALL_RING
     verifier, state, pending, prompt, truth = _on_small_rings(arch, f"rewind-{arch}", 6 * ring)
     prompts: list[int] = []
-    forward = verifier._prompt_forward
+    forward = verifier.forward.prompt_forward
 
     def counted(input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
         prompts.append(input_ids.shape[1])
@@ -364,7 +369,7 @@ def test_bucket_rewind_within_and_past_the_ring(arch: str) -> None:
     done = 0
     targets = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(verifier, "_prompt_forward", counted)
+        patch.setattr(verifier.forward, "prompt_forward", counted)
         for back in (16, 3 * ring, 5):
             while done < 4 * ring:  # chains of 16: every one is accepted whole
                 result = verifier.verify(state, DraftTree.chain(pending, truth[done + 1 : done + 16]))
@@ -388,7 +393,7 @@ def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch
     verifier = StaticVerifier(model, mode="eager")
     state, _, _ = verifier.prefill(prompt)
     with torch.inference_mode():
-        logits, _ = verifier._tree_forward(state, tree)
+        logits, _ = verifier.forward.tree(state, tree)
     return logits.clone()
 
 
@@ -448,7 +453,7 @@ def test_rows_of_a_batch_on_the_buckets_match_generate(arch: str) -> None:
     generator = specdec.Generator(model, drafter="sam+recycling", engine="buckets", budget="full")
     results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=4 * WINDOW)
     (rows,) = generator._rows.values()
-    assert rows.cache.ring == RING and _sliding_slots(rows.cache)[0] == 3 * RING + rows.scratch
+    assert rows.forward.cache.ring == RING and _sliding_slots(rows.forward.cache)[0] == 3 * RING + rows.forward.scratch
     generator.close()
     for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == hf_greedy(model, prompt, 4 * WINDOW), arch
@@ -563,13 +568,27 @@ def _hybrid(kind: str) -> Any:
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, max_position_embeddings=256)  # fmt: skip
     config = {
-        "falcon_h1": lambda: FalconH1Config(**common, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
-                                            mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16),
-        "qwen3_next": lambda: Qwen3NextConfig(**common, linear_num_value_heads=4, linear_num_key_heads=2,
-                                              linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
-                                              num_experts_per_tok=2, moe_intermediate_size=16,
-                                              shared_expert_intermediate_size=16,
-                                              layer_types=["linear_attention", "full_attention"]),
+        "falcon_h1": lambda: FalconH1Config(
+            **common,
+            mamba_d_ssm=32,
+            mamba_n_heads=4,
+            mamba_d_head=8,
+            mamba_d_state=8,
+            mamba_n_groups=1,
+            mamba_chunk_size=16,
+        ),
+        "qwen3_next": lambda: Qwen3NextConfig(
+            **common,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+            layer_types=["linear_attention", "full_attention"],
+        ),
     }[kind]()
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 

@@ -52,7 +52,7 @@ def test_static_eager_random_trees_match_plain_greedy(arch: str, attn: str) -> N
         assert generator.generate(prompt, max_new_tokens=50).tokens == truth
         IDENTITY_COUNTS[f"{arch}/oracle-tree/static-eager/{attn}"] += 1
     assert isinstance(generator.verifier, StaticVerifier)
-    assert set(generator.verifier._runners) == {1}  # plain decoding only ever used the one-node bucket
+    assert set(generator.verifier.forward._runners) == {1}  # plain decoding only ever used the one-node bucket
 
 
 @pytest.mark.parametrize("drafter", ["none", "pld", "recycling", "sam", "sam+recycling"])
@@ -81,15 +81,15 @@ def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
     verifier = generator.verifier
     assert isinstance(verifier, StaticVerifier)
     assert generator.generate(short, max_new_tokens=20).tokens == hf_greedy(model, short, 20)
-    first_capacity = verifier.cache.capacity
+    first_capacity = verifier.forward.cache.capacity
     long = [rng_token % VOCAB for rng_token in range(7, 7 + 150)]  # 150 + 100 + 128 slots: more than 256
     assert generator.generate(long, max_new_tokens=100).tokens == hf_greedy(model, long, 100)
-    assert verifier.cache.capacity > first_capacity
-    assert verifier.cache.capacity == capacity_for(verifier.cache.capacity) >= 256  # a power of two
+    assert verifier.forward.cache.capacity > first_capacity
+    assert verifier.forward.cache.capacity == capacity_for(verifier.forward.cache.capacity) >= 256  # a power of two
     # Back to a short prompt: the larger cache stays (no shrink, no new allocation).
-    capacity, generation = verifier.cache.capacity, verifier.cache.generation
+    capacity, generation = verifier.forward.cache.capacity, verifier.forward.cache.generation
     assert generator.generate(short, max_new_tokens=20).tokens == hf_greedy(model, short, 20)
-    assert (verifier.cache.capacity, verifier.cache.generation) == (capacity, generation)
+    assert (verifier.forward.cache.capacity, verifier.forward.cache.generation) == (capacity, generation)
     del calibrated
 
 
@@ -145,8 +145,8 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None
         result = decode(verifier, specdec.make_factory(drafter).create(), prompt, DecodingConfig(StopRules(30)))
         assert result.tokens == truth, drafter
         IDENTITY_COUNTS[f"llama/{drafter}/static-inductor"] += 1
-    assert set(verifier._runners) == {1, 8}
-    assert all(runner._compiled is not None for runner in verifier._runners.values())
+    assert set(verifier.forward._runners) == {1, 8}
+    assert all(runner._compiled is not None for runner in verifier.forward._runners.values())
     # Compiled once per bucket: later steps reuse it.
     prompt = random_prompt(rng)
     with torch._dynamo.config.patch(error_on_recompile=True):
@@ -172,18 +172,18 @@ def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str
     prompt = random_prompt(rng)[:20]
     result = decode(verifier, specdec.make_factory("pld").create(), prompt, DecodingConfig(StopRules(20)))
     assert result.tokens == hf_greedy(model, prompt, 20)
-    widths = sorted(verifier._windows)
-    assert widths and all(w % WINDOW_STEP == 0 and w < verifier.cache.capacity for w in widths), widths
+    widths = sorted(verifier.forward._windows)
+    assert widths and all(w % WINDOW_STEP == 0 and w < verifier.forward.cache.capacity for w in widths), widths
     prompt = random_prompt(rng)[:20]
     with torch._dynamo.config.patch(error_on_recompile=True):
         result = decode(verifier, specdec.make_factory("pld").create(), prompt, DecodingConfig(StopRules(150)))
     assert result.tokens == hf_greedy(model, prompt, 150)
     IDENTITY_COUNTS[f"qwen2/pld/static-{mode}+windows"] += 2
-    wider = sorted(set(verifier._windows) - set(widths))
+    wider = sorted(set(verifier.forward._windows) - set(widths))
     assert len(wider) >= 2, (widths, wider)  # the second sequence crossed at least two window edges
-    widest = verifier._window_for(10**6, mode)
-    assert widest is not None and widest.shape[0] == verifier.cache.capacity  # never wider than the cache
-    assert verifier._window_for(10, "cudagraphs") is None  # a captured graph has one shape: the whole cache
+    widest = verifier.forward._window_for(10**6, mode)
+    assert widest is not None and widest.shape[0] == verifier.forward.cache.capacity  # never wider than the cache
+    assert verifier.forward._window_for(10, "cudagraphs") is None  # a captured graph has one shape: the whole cache
 
 
 @pytest.mark.slow  # inductor compiles, twice
@@ -332,9 +332,9 @@ def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     # A live sequence, mid-way, survives a warm-up: its next verification is what it would have been.
     state, pending, _ = verifier.prefill(prompt[:50], reserve=20)
     generator.warm_up(max_tokens=200)
-    assert set(verifier._runners) == set(verifier.buckets)
-    assert verifier.cache.capacity >= 200 + verifier.largest_bucket
-    capacity, generation = verifier.cache.capacity, verifier.cache.generation
+    assert set(verifier.forward._runners) == set(verifier.buckets)
+    assert verifier.forward.cache.capacity >= 200 + verifier.forward.largest_bucket
+    capacity, generation = verifier.forward.cache.capacity, verifier.forward.cache.generation
     verification = verifier.verify(state, DraftTree.chain(pending, [prompt[50]]))
     fresh = make_verifier(model, engine="hf")
     fresh_state, fresh_pending, _ = fresh.prefill(prompt[:50])
@@ -342,7 +342,7 @@ def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     assert verification.accepted_tokens == expected.accepted_tokens
     # A request within the warmed length neither regrows the cache nor recompiles.
     assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
-    assert (verifier.cache.capacity, verifier.cache.generation) == (capacity, generation)
+    assert (verifier.forward.cache.capacity, verifier.forward.cache.generation) == (capacity, generation)
     with pytest.raises(SpecDecError, match="positive token count"):
         verifier.warm_up(0)
     assert specdec.Generator(model, drafter="pld", engine="hf").warm_up(64) >= 0.0  # nothing to do there

@@ -28,7 +28,7 @@ from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends.static import StaticVerifier
-from specdec.backends.static_rows import RowsStaticVerifier
+from specdec.backends.static_rows import RowsForward, RowsStaticVerifier
 from specdec.errors import SpecDecError
 from specdec.sampling import PositionKeyedSampler, SamplingParams
 from specdec.types import DraftTree
@@ -39,13 +39,13 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs nee
 def watch_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many rows each forward of every rows verifier verified (appended per forward)."""
     seen: list[int] = []
-    forward = RowsStaticVerifier._rows_forward
+    forward = RowsForward._rows_forward
 
-    def counted(self: RowsStaticVerifier, states: Sequence[Any], trees: Sequence[DraftTree]) -> Any:
+    def counted(self: RowsForward, states: Sequence[Any], trees: Sequence[DraftTree]) -> Any:
         seen.append(len(states))
         return forward(self, states, trees)
 
-    monkeypatch.setattr(RowsStaticVerifier, "_rows_forward", counted)
+    monkeypatch.setattr(RowsForward, "_rows_forward", counted)
     return seen
 
 
@@ -97,7 +97,7 @@ def test_verify_batch_on_one_static_cache_gives_each_row_its_lone_verification(b
     prompts = ragged_prompts("rows-verify", 3)
     trees = [random_tree(rng, rng.randrange(VOCAB), VOCAB, size) for size in (1, 8, 7) if size <= buckets[-1]]
     forwards = []
-    run = type(rows).runner_class.run
+    run = type(rows.forward).runner_class.run
 
     def counted(runner: Any) -> torch.Tensor:
         forwards.append(runner.filled)
@@ -110,11 +110,11 @@ def test_verify_batch_on_one_static_cache_gives_each_row_its_lone_verification(b
         states = [rows.prefill(p, reserve=40, chooser=sampler(i) if sampled else None)[0]
                   for i, p in enumerate(prompts)]  # fmt: skip
         forwards.clear()
-        type(rows).runner_class.run = counted  # type: ignore[method-assign]
+        type(rows.forward).runner_class.run = counted  # type: ignore[method-assign]
         try:
             together = rows.verify_batch(states, trees, topk)
         finally:
-            type(rows).runner_class.run = run  # type: ignore[method-assign]
+            type(rows.forward).runner_class.run = run  # type: ignore[method-assign]
         assert sum(forwards) == sum(t.size for t in trees) and len(forwards) == (1 if buckets[-1] >= 16 else 3)
         for row, (prompt, tree, a) in enumerate(zip(prompts, trees, together, strict=True)):
             state = lone.prefill(prompt, reserve=40, chooser=sampler(row) if sampled else None)[0]
@@ -133,13 +133,13 @@ def test_a_long_prompt_joining_moves_every_live_rows_region(monkeypatch: pytest.
     truth = alone(model, prompts, "hf", max_new_tokens=MAX_NEW)
     generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     spans = []
-    fit = RowsStaticVerifier._fit
+    fit = RowsForward._fit
 
-    def watched(self: RowsStaticVerifier, needed: int) -> None:
+    def watched(self: RowsForward, needed: int) -> None:
         fit(self, needed)
         spans.append(self.span)
 
-    monkeypatch.setattr(RowsStaticVerifier, "_fit", watched)
+    monkeypatch.setattr(RowsForward, "_fit", watched)
     results = generator.generate_batch(prompts, batch_size=2, max_new_tokens=MAX_NEW)
     assert [r.tokens for r in results] == truth
     assert spans[0] == 256 and max(spans) == 512  # grew once, while the other place held a live row
@@ -149,14 +149,14 @@ def test_places_are_taken_given_back_and_refused_when_full() -> None:
     _, rows = lone_and_rows(2)
     first, _, _ = rows.prefill([1, 2, 3])
     second, _, _ = rows.prefill([4, 5, 6, 7])
-    assert {first.place, second.place} == {0, 1} and rows.live_limit == 2
+    assert {first.seat, second.seat} == {0, 1} and rows.live_limit == 2
     with pytest.raises(SpecDecError, match="all 2 places"):
         rows.prefill([8, 9])
     rows.release(first)
     with pytest.raises(SpecDecError, match="released"):
         rows.verify_batch([first], [DraftTree.single(3)])
     third, _, _ = rows.prefill([8, 9])
-    assert third.place == first.place
+    assert third.seat == first.seat
     del third  # dropped without release: its place is free again
     gc.collect()
     fourth, _, _ = rows.prefill([1, 1])
@@ -167,7 +167,7 @@ def test_places_are_taken_given_back_and_refused_when_full() -> None:
     with pytest.raises(SpecDecError, match="places must be a positive int"):
         RowsStaticVerifier(tiny_model("llama"), places=0)
     wide = RowsStaticVerifier(tiny_model("llama"), places=2)  # every row's tree in one forward, each row's within 128
-    assert (wide.largest_bucket, wide.max_tree_nodes) == (512, 128)
+    assert (wide.forward.largest_bucket, wide.max_tree_nodes) == (512, 128)
     with pytest.raises(SpecDecError, match="row_nodes must be an int from 1 to the largest bucket"):
         RowsStaticVerifier(tiny_model("llama"), places=2, row_nodes=600)
 
@@ -202,7 +202,7 @@ def test_warm_up_and_calibration_leave_the_live_rows_alone() -> None:
         result = rows.verify(state, DraftTree.single(out[-1]))
         out.append(result.bonus)
     assert out == truth
-    assert [rows._owner(p) is not None for p in range(2)].count(True) == 1  # the warm-ups' rows were released
+    assert [rows.forward._owner(p) is not None for p in range(2)].count(True) == 1  # the warm-ups' rows were released
 
 
 @cuda
@@ -217,7 +217,7 @@ def test_rows_on_cuda_graphs_equal_their_lone_plain_decoding() -> None:
             assert [r.tokens for r in results] == truth
             rows = generator._batch_verifier(4)
             assert isinstance(rows, RowsStaticVerifier) and rows.fallback_reason is None
-            assert all(runner.mode == "cudagraphs" for runner in rows.held.runners.values())
+            assert all(runner.mode == "cudagraphs" for runner in rows.forward.held.runners.values())
             generator.close()
             IDENTITY_COUNTS[f"llama/static rows on cuda graphs/{drafter}"] += len(prompts)
     finally:

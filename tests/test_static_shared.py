@@ -75,7 +75,7 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
         generator = specdec.Generator(model, drafter="none", engine="compiled", budget="full")
         assert generator.generate(prompts[2], max_new_tokens=10).tokens == hf_greedy(model, prompts[2], 10)
     assert compiled_count() == first  # neither specdec nor dynamo compiled anything for the later calls
-    assert isinstance(generator.verifier, StaticVerifier) and generator.verifier._runners[1].checked
+    assert isinstance(generator.verifier, StaticVerifier) and generator.verifier.forward._runners[1].checked
     IDENTITY_COUNTS["llama/none/static-inductor (shared forwards)"] += 3
 
     # Weights updated in place: frozen constants are stale, so the next call compiles afresh.
@@ -100,20 +100,21 @@ def test_verifiers_of_other_settings_do_not_share() -> None:
     model = private_model(seed=2)
     eager = StaticVerifier(model, mode="eager", buckets=(1, 4))
     compiled = StaticVerifier(model, mode="inductor", buckets=(1, 4))
-    assert eager.shared_store() is not None and eager.shared_store() is compiled.shared_store()  # same settings
+    store = eager.forward.shared_store()
+    assert store is not None and store is compiled.forward.shared_store()  # same settings
     compiled.use_kernels(KernelChoice.uniform("default"))  # what a calibration sets: the same forwards
-    assert compiled.shared_store() is eager.shared_store()
-    compiled.weight_prepack = True  # frozen weights prepacked into oneDNN layouts: another compiled program
-    assert compiled.shared_store() is not eager.shared_store()
-    compiled.weight_prepack = False
-    assert compiled.shared_store() is eager.shared_store()
-    compiled.freezing = False  # weights as inputs: another compiled program
-    assert compiled.shared_store() is not eager.shared_store()
+    assert compiled.forward.shared_store() is eager.forward.shared_store()
+    compiled.forward.weight_prepack = True  # frozen weights prepacked into oneDNN layouts: another compiled program
+    assert compiled.forward.shared_store() is not eager.forward.shared_store()
+    compiled.forward.weight_prepack = False
+    assert compiled.forward.shared_store() is eager.forward.shared_store()
+    compiled.forward.freezing = False  # weights as inputs: another compiled program
+    assert compiled.forward.shared_store() is not eager.forward.shared_store()
     other = private_model(seed=2)
-    assert StaticVerifier(other, mode="inductor").shared_store() is not eager.shared_store()  # another model object
+    assert StaticVerifier(other, mode="inductor").forward.shared_store() is not store  # another model object
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
-    assert StaticVerifier(model, mode="inductor").shared_store() is not eager.shared_store()  # other weights
+    assert StaticVerifier(model, mode="inductor").forward.shared_store() is not store  # other weights
 
 
 def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,13 +131,13 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
         assert result.tokens == hf_greedy(model, prompt, new_tokens)
         return verifier
 
-    assert verify(short, 10).cache.capacity == 256 and len(built) == 1
-    assert verify(long, 100).cache.capacity == 512 and len(built) == 2
+    assert verify(short, 10).forward.cache.capacity == 256 and len(built) == 1
+    assert verify(long, 100).forward.cache.capacity == 512 and len(built) == 2
     (store,) = static_shared.stores_of(model).values()
     assert list(store.forwards) == [("inductor", 1, 512)]  # the 256-slot forward is gone
-    assert verify(short, 10).cache.capacity == 512 and len(built) == 2
-    assert StaticVerifier(model, mode="eager").shared_store().reserved("eager") == 0  # eager compiles nothing
-    assert verify(short, 10).cache.capacity == 512
+    assert verify(short, 10).forward.cache.capacity == 512 and len(built) == 2
+    assert StaticVerifier(model, mode="eager").forward.shared_store().reserved("eager") == 0  # eager compiles nothing
+    assert verify(short, 10).forward.cache.capacity == 512
 
 
 # -- device states lent from run to run (captured graphs) ----------------------------------
@@ -159,7 +160,7 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
 
     first = specdec.Generator(model, **options)
     assert first.generate(prompts[0], max_new_tokens=20).tokens == truths[0]
-    held = first.verifier.held
+    held = first.verifier.forward.held
     assert isinstance(first.verifier, StaticVerifier) and held.runners and static_shared.idle_count(model) == 0
     first.close()
     first.close()  # idempotent
@@ -168,10 +169,10 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
         first.generate(prompts[0], max_new_tokens=4)
 
     with specdec.Generator(model, **options) as second:  # takes the state: same cache, same runners
-        assert second.verifier.held is held and static_shared.idle_count(model) == 0
-        assert all(runner.verifier is second.verifier for runner in held.runners.values())
+        assert second.verifier.forward.held is held and static_shared.idle_count(model) == 0
+        assert all(runner.verifier is second.verifier.forward for runner in held.runners.values())
         third = specdec.Generator(model, **options)  # a live verifier's state is its own
-        assert third.verifier.held is not held
+        assert third.verifier.forward.held is not held
         assert second.generate(prompts[1], max_new_tokens=20).tokens == truths[1]
         assert third.generate(prompts[2], max_new_tokens=20).tokens == truths[2]
     assert static_shared.idle_count(model) == 1
@@ -182,7 +183,7 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
     assert specdec.run(model, prompts[3], **options, max_new_tokens=20).tokens == truths[3]
     assert static_shared.idle_count(model) == 1
     with specdec.Generator(model, **options) as fourth:
-        assert fourth.verifier.held is held
+        assert fourth.verifier.forward.held is held
     IDENTITY_COUNTS["llama/pld/static-eager (lent device state)"] += 4
 
 
@@ -192,12 +193,12 @@ def test_a_lent_state_is_rebuilt_for_new_weights_and_dies_with_the_model(pooled_
     options: dict[str, Any] = {"drafter": "pld", "engine": "buckets", "budget": "full"}
     with specdec.Generator(model, **options) as generator:
         generator.generate(prompt, max_new_tokens=12)
-        held = generator.verifier.held
+        held = generator.verifier.forward.held
     assert held.runners
     with torch.no_grad():
         next(model.parameters()).mul_(1.5)  # in place: a captured graph would still read these addresses
     with specdec.Generator(model, **options) as generator:
-        assert generator.verifier.held is held and not held.runners  # rebuilt at first use
+        assert generator.verifier.forward.held is held and not held.runners  # rebuilt at first use
         assert generator.generate(prompt, max_new_tokens=12).tokens == hf_greedy(model, prompt, 12)
     assert static_shared.idle_count(model) == 1
     alive = weakref.ref(model)
@@ -214,13 +215,13 @@ def test_a_regrown_cache_drops_its_graphs_memory_pool_with_them() -> None:
     prompt = random_prompt(random.Random(10))[:8]
     state, pending, _ = verifier.prefill(prompt, reserve=4)
     verifier.verify(state, DraftTree.chain(pending, [1, 2]))
-    assert verifier.held.runners
-    verifier.held.graph_pool = marker = object()  # what a capture leaves (graph_pool())
+    assert verifier.forward.held.runners
+    verifier.forward.held.graph_pool = marker = object()  # what a capture leaves (graph_pool())
     verifier.prefill(prompt, reserve=4)  # no growth: the graphs and their pool stay
-    assert verifier.held.graph_pool is marker and verifier.held.runners
+    assert verifier.forward.held.graph_pool is marker and verifier.forward.held.runners
     verifier.prefill(prompt, reserve=buckets.MIN_CAPACITY)  # grows: every graph and the pool go
-    assert verifier.cache.capacity > buckets.MIN_CAPACITY
-    assert verifier.held.graph_pool is None and not verifier.held.runners
+    assert verifier.forward.cache.capacity > buckets.MIN_CAPACITY
+    assert verifier.forward.held.graph_pool is None and not verifier.forward.held.runners
 
 
 def test_modes_that_rebuild_cheaply_keep_nothing_back() -> None:
@@ -269,7 +270,7 @@ def test_a_wrong_compiled_forward_warns_once_and_the_tokens_stay_plain_greedys(
     (message,) = static_warnings(record)
     assert "engine='compiled': its forwards disagree with the eager forward" in message and "bucket" in message
     assert generator.verifier.fallback_reason is not None  # the result said so (oracle_run)
-    assert all(runner.mode == "eager" for runner in generator.verifier._runners.values())
+    assert all(runner.mode == "eager" for runner in generator.verifier.forward._runners.values())
     # The model's next verifier does not compile again: it runs eagerly, with its own warning.
     compiled = len(built)
     tokens, truth, _ = oracle_run(model, seed=2)
@@ -285,7 +286,7 @@ def test_a_forward_that_agrees_within_rounding_passes(
     monkeypatch.setattr(static, "compile_forward", compile_forward)
     tokens, truth, generator = oracle_run(private_model("llama", seed=3), seed=3)
     assert tokens == truth and not static_warnings(record)
-    runners = generator.verifier._runners.values()
+    runners = generator.verifier.forward._runners.values()
     assert len(runners) > 1 and all(r.mode == "inductor" and r.checked for r in runners) and len(built) == len(runners)
 
 
@@ -367,9 +368,9 @@ def test_graphs_are_captured_again_after_the_cache_grows(record: list[warnings.W
         prompt = [rng.randrange(VOCAB) for _ in range(length // 4)] * 4
         assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
     verifier = generator.verifier
-    assert isinstance(verifier, StaticVerifier) and verifier.cache.capacity > buckets.MIN_CAPACITY
+    assert isinstance(verifier, StaticVerifier) and verifier.forward.cache.capacity > buckets.MIN_CAPACITY
     assert verifier.fallback_reason is None and not static_warnings(record)
-    assert all(runner.mode == "cudagraphs" for runner in verifier.held.runners.values())
+    assert all(runner.mode == "cudagraphs" for runner in verifier.forward.held.runners.values())
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -413,8 +414,8 @@ def test_compiled_forwards_run_under_the_verifiers_prepacking_setting(monkeypatc
     prompt = [5, 6, 7, 8, 5, 6]
     for prepack in (False, True):
         verifier = StaticVerifier(private_model("llama", seed=9 + prepack), mode="inductor", buckets=(1, 4))
-        assert verifier.weight_prepack is False  # the default
-        verifier.weight_prepack = prepack
+        assert verifier.forward.weight_prepack is False  # the default
+        verifier.forward.weight_prepack = prepack
         decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(3)))
         assert seen and set(seen) == {(True, prepack)}
         seen.clear()

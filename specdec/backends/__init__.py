@@ -31,10 +31,12 @@ import torch
 from specdec.backends import sliding
 from specdec.backends.buckets import STATIC_ENGINES
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
+from specdec.backends.forward import KVState, check_model
 from specdec.backends.runner import unsupported_reason
 from specdec.backends.runner_verifier import RunnerVerifier
 from specdec.backends.static import StaticVerifier
-from specdec.backends.verifier import KVState, ModelVerifier, TorchTreeOps, TreeOps, check_model
+from specdec.backends.tree_ops import TorchTreeOps, TreeOps
+from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, warn_deprecated
 from specdec.native import NativeBuildError
 from specdec.types import TokenChooser

@@ -33,19 +33,21 @@ verified alone.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from specdec.backends import cpu_kernels
 from specdec.backends.buckets import capacity_for
+from specdec.backends.forward import KVState, Target
 from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
-from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
-from specdec.errors import SpecDecError
-from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser, Verification
+from specdec.backends.tree_ops import TreeOps
+from specdec.backends.verifier import ModelVerifier
+from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser
 
 # The most nodes one verification may hold: the engine's own cap on tree size.
 MAX_NODES = 512
@@ -74,8 +76,9 @@ def _forced_kernels(isa: str) -> Kernels:
     )  # fmt: skip
 
 
-class RunnerVerifier(ModelVerifier):
-    """A :class:`ModelVerifier` whose forwards are a :class:`DecoderRunner` over a cache per sequence.
+class NativeForward:
+    """``engine="specdec"``: the forward of a :class:`~specdec.backends.verifier.ModelVerifier` by a
+    :class:`DecoderRunner`, over a cache per sequence (a :class:`~specdec.backends.verifier.Forward`).
 
     Kernels: module docstring. The CPU kernels serve forwards of up to
     :data:`CPU_KERNEL_MAX_ROWS` rows from construction, where they build and serve the model
@@ -83,42 +86,45 @@ class RunnerVerifier(ModelVerifier):
     """
 
     KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS, CPU_AVX2)
+    engine = "specdec"  # specdec's own forward
+    cache_kind = "native"  # in calibration keys: specdec's own forward, a cache per sequence, eager
+    fallback_reason = None
+    live_limit = None  # each sequence owns its cache
+    max_tree_nodes: int | None = MAX_NODES
+    buckets: tuple[int, ...] | None = None  # every tree size runs a forward of its own
 
-    def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
-        super().__init__(model, ops, chooser)
-        self.runner = DecoderRunner(model)
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.device = target.device
+        self.runner = DecoderRunner(target.model)
         self.cpu_kernels = Kernels(
             cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
             cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
         )  # fmt: skip
         self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
                                      cpu_kernels.write_segments)  # fmt: skip
-        self.kernels_available = cpu_kernels.supports(model) and cpu_kernels.available()
+        self.kernels_available = cpu_kernels.supports(target.model) and cpu_kernels.available()
         self.cpu_blocks: Kernels | None = None
+        self._kernels = KernelChoice()  # the default kernels everywhere, where the CPU kernels do not serve
         if self.kernels_available:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
             if cpu_kernels.cpu_isa() == "avx512":
                 self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISA)
-        self.max_tree_nodes = MAX_NODES
 
     @property
-    def cache_kind(self) -> str:
-        """``"native"`` in calibration keys: specdec's own forward, a cache per sequence, eager."""
-        return "native"
+    def kernels(self) -> KernelChoice:
+        """The kernel choice in force (set by the verifier's ``use_kernels``)."""
+        return self._kernels
 
-    @property
-    def engine(self) -> str:
-        """``"specdec"``: specdec's own forward."""
-        return "specdec"
+    @kernels.setter
+    def kernels(self, choice: KernelChoice) -> None:
+        self._kernels = choice
 
     def identity(self) -> dict[str, str]:
-        """:meth:`ModelVerifier.identity`, plus the kernel path ``auto`` runs where the CPU kernels serve the
-        model (``kernel_path``: the CPU's best, or the one ``SPECDEC_CPU_ISA`` forced): the throughput the
-        planner statistics remember differs between paths as much as between machines."""
-        identity = super().identity()
-        if self.kernels_available:
-            identity["kernel_path"] = cpu_kernels.cpu_isa()
-        return identity
+        """The kernel path ``auto`` runs where the CPU kernels serve the model (``kernel_path``: the CPU's
+        best, or the one ``SPECDEC_CPU_ISA`` forced): the throughput the planner statistics remember
+        differs between paths as much as between machines."""
+        return {"kernel_path": cpu_kernels.cpu_isa()} if self.kernels_available else {}
 
     @property
     def kernel_path(self) -> str:
@@ -163,8 +169,8 @@ class RunnerVerifier(ModelVerifier):
                 return self.cpu_kernels if self.cpu_blocks is None else _forced_kernels(cpu_kernels.AVX2_ISA)
         return PLAIN
 
-    # -- the model-side hooks of ModelVerifier -----------------------------------------------
-    def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
+    # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
         length = int(input_ids.shape[1])
         capacity = capacity_for(length + max(reserve, 0) + 1)
         cache = StaticKVCache(self.runner.num_layers, capacity, self.device)
@@ -175,7 +181,10 @@ class RunnerVerifier(ModelVerifier):
         cache.committed_len = length
         return cache, logits
 
-    def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+    def opened(self, state: KVState) -> None:
+        """Nothing to record: the state holds its own cache."""
+
+    def tree(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         segment, positions = self._segment(state, tree)
         (logits,) = self.runner.forward([segment], self._kernels_for(tree.size))
         return logits, positions
@@ -193,24 +202,19 @@ class RunnerVerifier(ModelVerifier):
         tokens = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
         return Segment(tokens, positions, cache, committed, ancestors), positions[0]
 
-    # -- batches: every row's tree in one forward ----------------------------------------------
-    def verify_batch(self, states: Sequence[KVState], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
-        """Every row's tree in one forward (one pass over the weights for ``R = sum N_b`` rows), then each
-        row's choices, walk and compaction in its own cache.
+    def rows(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's tree in one forward (one pass over the weights for ``R = sum N_b`` rows).
 
-        Each row gets exactly what :meth:`verify` gives it alone wherever the forward's kernels are
+        Each row gets exactly what a lone verification gives it wherever the forward's kernels are
         batch-invariant (specdec's CPU kernels, for ``R`` up to what the kernel choice gives them: a
         row's logits never depend on the other rows); past that, the default kernels' products
         differ from a lone row's in the last bits (the usual fp32 rounding; near-ties only).
         """
-        self._check_rows(states, trees)
-        with torch.inference_mode():
-            pairs = [self._segment(state, tree) for state, tree in zip(states, trees, strict=True)]
-            segments, positions = [s for s, _ in pairs], [p for _, p in pairs]
-            rows = sum(tree.size for tree in trees)
-            logits = self.runner.forward_rows(segments, self._kernels_for(rows))  # [R, V]
-            acceptances = self._accept(states, trees, logits, torch.cat(positions), topk)
-            return [self._commit(s, t, a) for s, t, a in zip(states, trees, acceptances, strict=True)]
+        pairs = [self._segment(state, tree) for state, tree in zip(states, trees, strict=True)]
+        segments, positions = [s for s, _ in pairs], [p for _, p in pairs]
+        rows = sum(tree.size for tree in trees)
+        logits = self.runner.forward_rows(segments, self._kernels_for(rows))  # [R, V]
+        return logits, torch.cat(positions)
 
     def row_bytes(self, tokens: int) -> int | None:
         """Peak KV-cache bytes of one sequence of up to ``tokens`` tokens: its cache's slots
@@ -218,14 +222,33 @@ class RunnerVerifier(ModelVerifier):
         values x KV heads x head size x the dtype's bytes. (A cache that must grow mid-sequence holds
         its old slots beside the new ones for the length of one copy: at most half as much again.)"""
         runner = self.runner
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        itemsize = torch.empty((), dtype=self.target.dtype).element_size()
         return capacity_for(tokens) * runner.num_layers * 2 * runner.kv_heads * runner.head_dim * itemsize
 
-    def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
+    def compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
         state.cache.compact(committed_len, tuple(path))
         state.cache.committed_len = committed_len + len(path)
 
     def rewind(self, state: KVState, committed_len: int) -> None:
-        if not 0 <= committed_len <= state.committed_len:
-            raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
-        state.committed_len = state.cache.committed_len = committed_len  # later slots are overwritten
+        state.cache.committed_len = committed_len  # later slots are overwritten
+
+    def release(self, state: KVState) -> None:
+        """Nothing to give back: the cache goes with the state."""
+
+    @contextmanager
+    def preserving(self) -> Iterator[None]:
+        """Each sequence owns its cache: nothing to keep."""
+        yield
+
+    def close(self) -> None:
+        """Nothing to give back."""
+
+
+class RunnerVerifier(ModelVerifier):
+    """``engine="specdec"``: a :class:`ModelVerifier` whose forward is a :class:`NativeForward` (a name for
+    that choice; it adds nothing to the verifier)."""
+
+    forward: NativeForward
+
+    def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
+        super().__init__(model, ops, chooser, forward=NativeForward(Target.of(model)))

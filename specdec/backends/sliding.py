@@ -415,7 +415,7 @@ def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
     tokens = cache.tokens[:committed_len]
     input_ids = torch.tensor([tokens], dtype=torch.long, device=verifier.device)
     with torch.inference_mode():
-        fresh, _ = verifier._prefill_forward(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
+        fresh, _ = verifier.prefill(input_ids, keep_all=False, reserve=0)  # records and trims (after_prefill)
     state.cache = fresh
     return True
 
@@ -427,7 +427,7 @@ def bucket_rewind(verifier: Any, state: Any, committed_len: int) -> None:
     cache = verifier.cache
     if not cache.ring:
         return
-    place = getattr(state, "place", 0)
+    place = state.seat if getattr(verifier, "places", None) else 0  # a lone sequence's seat is its number
     cache.truncate(place, committed_len)
     if committed_len == 0 or cache.sliding is None or cache.ring_keeps(place, committed_len, cache.sliding[0]):
         return
@@ -440,7 +440,7 @@ def bucket_rewind(verifier: Any, state: Any, committed_len: int) -> None:
     window, cache.window = cache.window, None  # every slot: the prompt's attention spans all its tokens
     try:
         with torch.inference_mode():
-            verifier._prompt_forward(input_ids, False, base, bounds)
+            verifier.prompt_forward(input_ids, False, base, bounds)
     finally:
         cache.window = window
     cache.rewritten(place, committed_len)

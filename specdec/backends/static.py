@@ -59,7 +59,6 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -79,54 +78,42 @@ from specdec.backends.buckets import (
 )
 from specdec.backends.device_set import DeviceSet, release
 from specdec.backends.dynamo import CODE_TAGS, compile_forward, fresh_code
+from specdec.backends.forward import KVState, ModelKernels, Target
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
-from specdec.backends.verifier import KVState, ModelVerifier, TreeOps
+from specdec.backends.tree_ops import TreeOps
+from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, UnsupportedModelError
-from specdec.types import DraftTree, TokenChooser
+from specdec.types import DraftTree, KernelChoice, TokenChooser
 
 
-@dataclass
-class StaticState(KVState):
-    """A sequence on a static cache: which prefill made it (the cache serves the latest one only) and its
-    region of a cache that a batch's rows share (:mod:`specdec.backends.static_rows`)."""
-
-    sequence: int = 0
-    place: int = 0
-
-
-def static_state(state: KVState) -> StaticState:
-    """``state`` as a static cache's state (its verifier checked it is one of its own)."""
-    assert isinstance(state, StaticState), "a static-cache verifier's own state"
-    return state
-
-
-class StaticVerifier(ModelVerifier):
-    """A :class:`ModelVerifier` on a static KV cache with one fixed-shape forward per bucket (module docstring).
+class BucketForward(ModelKernels):
+    """The forward of a :class:`ModelVerifier` on a static KV cache, one fixed-shape forward per bucket
+    (module docstring; a :class:`~specdec.backends.verifier.Forward`).
 
     ``mode``: ``"eager"``, ``"inductor"``, ``"cudagraphs"`` or ``"inductor-cudagraphs"``
     (None: :func:`default_mode` for the model's device). ``buckets``: the tree sizes that
     get a forward of their own; trees are padded up to the next one, and the largest is
     the most nodes one step may verify (:attr:`max_tree_nodes`).
 
-    One cache serves one sequence at a time: a prefill starts a new sequence and the
-    previous sequence's state can no longer be verified (a clear error says so).
+    One cache serves one sequence at a time: a prefill starts a new sequence (its state's
+    ``seat`` numbers it) and the previous sequence's state can no longer be verified (a clear
+    error says so).
     """
 
-    buckets: tuple[int, ...]
-    state_type = StaticState
     runner_class: type[BucketRunner] = BucketRunner  # what each bucket's forward is run by
 
     def __init__(
-        self,
-        model: Any,
-        ops: TreeOps | None = None,
-        chooser: TokenChooser | None = None,
-        *,
-        mode: str | None = None,
-        buckets: Sequence[int] = BUCKETS,
-    ) -> None:
-        super().__init__(model, ops, chooser)
+        self, target: Target, *, mode: str | None = None, buckets: Sequence[int] = BUCKETS,
+        first_capacity: int = MIN_CAPACITY, setting: tuple[Any, ...] = (),
+    ) -> None:  # fmt: skip
+        """``first_capacity``: the slots a new cache starts with (it grows as sequences need); ``setting``:
+        what else a pooled device state must match (a batch's layout)."""
+        self.target = target
+        model = self.model = target.model
+        self.device, self.dtype = target.device, target.dtype
+        self.additive_dtype, self.cache_keyword = target.additive_dtype, target.cache_keyword
+        self.kernels = KernelChoice()  # the default kernels everywhere (they key the shared forwards)
         mode = mode or default_mode(self.device)
         if mode not in MODES:
             raise SpecDecError(f"unknown static-cache mode {mode!r}; valid modes: {', '.join(MODES)}")
@@ -145,7 +132,9 @@ class StaticVerifier(ModelVerifier):
             )
         self.mode = mode
         self.buckets = buckets
-        self.max_tree_nodes = self.largest_bucket = buckets[-1]
+        self.largest_bucket = buckets[-1]
+        self.max_tree_nodes: int | None = self.largest_bucket
+        self.first_capacity, self.setting = first_capacity, setting
         self._finalizer: weakref.finalize[Any, Any] | None = None  # gives a pooled device state back
         self._held: DeviceSet | None = self._lease(num_layers)
         sliding.setup_buckets(self)  # [sliding hook] the sliding layers' window masks and rings
@@ -162,7 +151,8 @@ class StaticVerifier(ModelVerifier):
     # -- the device state, leased from the model's pool in POOLED_MODES ----------------------------
     def _pool_setting(self) -> tuple[Any, ...]:
         """What a pooled device state must match: the forward a captured graph replays."""
-        return (self.dtype, str(self.device), self.mode, self.buckets, self.additive_dtype, self.cache_keyword)
+        return (self.dtype, str(self.device), self.mode, self.buckets, self.additive_dtype, self.cache_keyword,
+                *self.setting)  # fmt: skip
 
     def _lease(self, num_layers: int) -> DeviceSet:
         """The model's idle device state of this setting, else a new one; in :data:`POOLED_MODES` it goes
@@ -172,7 +162,7 @@ class StaticVerifier(ModelVerifier):
         setting = self._pool_setting()
         held: DeviceSet | None = static_shared.take_idle(self.model, setting) if pooled else None
         if held is None:
-            held = DeviceSet(StaticKVCache(num_layers, self._first_capacity(), self.device), signature)
+            held = DeviceSet(StaticKVCache(num_layers, self.first_capacity, self.device), signature)
         else:
             held.cache.committed_len = 0
             held.cache.window = None
@@ -187,10 +177,6 @@ class StaticVerifier(ModelVerifier):
         if pooled:
             self._finalizer = weakref.finalize(self, release, weakref.ref(self.model), setting, held)
         return held
-
-    def _first_capacity(self) -> int:
-        """The slots a new cache starts with (it grows as sequences need)."""
-        return MIN_CAPACITY
 
     def close(self) -> None:
         """Done with this verifier: its device state (cache, captured graphs) goes back to the model's pool
@@ -250,12 +236,9 @@ class StaticVerifier(ModelVerifier):
         return None
 
     def identity(self) -> dict[str, str]:
-        """The verifier's identity (:meth:`ModelVerifier.identity`); in ``cudagraphs``, with the attention widths'
-        tiers, so a cost table measured when graphs attended over the whole cache is measured again."""
-        identity = super().identity()
-        if self.mode == "cudagraphs":
-            identity["graph_widths"] = "tiers"
-        return identity
+        """In ``cudagraphs``, the attention widths' tiers, so a cost table measured when graphs attended over
+        the whole cache is measured again."""
+        return {"graph_widths": "tiers"} if self.mode == "cudagraphs" else {}
 
     def graph_pool(self) -> Any:
         """One CUDA graph memory pool shared by every bucket's graph (they never run at once)."""
@@ -271,7 +254,9 @@ class StaticVerifier(ModelVerifier):
     def _store_setting(self) -> tuple[Any, ...]:
         """What this verifier's compiled forwards must match to be shared (the store's key)."""
         kernels = tuple(self.kernels.variant_for(bucket) for bucket in self.buckets)  # what each bucket runs
-        return (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack)
+        # A batch's forwards take the committed ranges: never a one-sequence verifier's (nor their self-check).
+        rows = self.setting[:1]
+        return (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack, *rows)
 
     def shared_forward(self, size: int, mode: str) -> SharedForward:
         """The compiled forward of the ``size``-node bucket at this cache capacity, shared by the model's
@@ -286,7 +271,8 @@ class StaticVerifier(ModelVerifier):
 
         return self.shared_store().forward(mode, size, capacity, build)
 
-    def _check_model_unchanged(self) -> None:
+    def check_model_unchanged(self) -> None:
+        """Refuse a model that moved; after an in-place weight update, compile afresh."""
         parameter = next(self.model.parameters())
         if parameter.device != self.device or parameter.dtype != self.dtype:
             raise SpecDecError(
@@ -349,7 +335,7 @@ class StaticVerifier(ModelVerifier):
             runner = self._runners[bucket] = self.runner_class(self, bucket, mode)
         return runner
 
-    def _run(self, runner: BucketRunner) -> torch.Tensor:
+    def run(self, runner: BucketRunner) -> torch.Tensor:
         """``runner.run()``, checked at its first use against the eager forward on the same inputs.
 
         A compiled or captured forward that fails to build, or whose first output disagrees
@@ -411,38 +397,19 @@ class StaticVerifier(ModelVerifier):
         for bucket in buckets:
             self._runners[bucket] = self.runner_class(self, bucket, "eager")
 
-    def warm_up(self, max_tokens: int, on_bucket: Callable[[int], None] | None = None) -> None:
-        """Compile or capture every bucket's forward for sequences of up to ``max_tokens`` tokens.
-
-        The cache is grown to the capacity those sequences need (so no later request of that
-        length regrows it and recompiles), and each bucket runs once on a throw-away
-        sequence; a live sequence is kept (:meth:`preserving`). Compiled code is cached on
-        disk by inductor (:mod:`specdec.backends.compile_cache`), so a later process pays much
-        less than the first. ``on_bucket(size)`` is called after each bucket (progress).
-        """
-        if max_tokens < 1:
-            raise SpecDecError(f"warm_up needs a positive token count, got {max_tokens}")
-        with self.preserving(), torch.inference_mode():
-            state, pending, _ = self.prefill([0], reserve=max_tokens)
-            for size in self.buckets:
-                self.verify(state, DraftTree.chain(pending, [pending] * (size - 1)))
-                self.rewind(state, 1)
-                if on_bucket is not None:
-                    on_bucket(size)
-
-    # -- the hooks of ModelVerifier ------------------------------------------------------
-    def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
+    # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
         """The prompt, eagerly (its length varies), into slots ``0 .. L-1`` of the static cache."""
-        self._check_model_unchanged()
+        self.check_model_unchanged()
         length = input_ids.shape[1]
         self._reserve(length + max(reserve, 0) + self.largest_bucket)
         self.cache.committed_len = 0
         self.cache.window = self._window_for(length, "eager")
-        logits = self._prompt_forward(input_ids, keep_all)
+        logits = self.prompt_forward(input_ids, keep_all)
         self.cache.committed_len = length
         return self.cache, logits
 
-    def _prompt_forward(
+    def prompt_forward(
         self, input_ids: torch.Tensor, keep_all: bool, base: int = 0, bounds: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The prompt ``[1, L]`` as a chain at positions ``0 .. L-1``, written at slots ``base ..`` (eager: its
@@ -457,12 +424,12 @@ class StaticVerifier(ModelVerifier):
             self.additive_dtype, 0 if keep_all else 1, self.cache_keyword, bounds,
         )  # fmt: skip
 
-    def _on_new_state(self, state: KVState) -> None:
+    def opened(self, state: KVState) -> None:
         self._sequences_made += 1
-        self._sequence = static_state(state).sequence = self._sequences_made
+        self._sequence = state.seat = self._sequences_made
 
-    def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        if state.cache is not self.cache or not isinstance(state, StaticState) or state.sequence != self._sequence:
+    def tree(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        if state.cache is not self.cache or state.seat != self._sequence:
             raise SpecDecError(
                 "this sequence's static cache was taken by a later prefill: a static-cache verifier serves one "
                 "sequence at a time (use one Generator per concurrent sequence, or engine='hf')"
@@ -474,18 +441,24 @@ class StaticVerifier(ModelVerifier):
             runner = self.runner(tree.size)
         runner.load(tree, committed)
         self.cache.window = self._window_for(committed + runner.size, runner.mode)
-        logits = self._run(runner)  # [T, V]
+        logits = self.run(runner)  # [T, V]
         return logits[: tree.size], runner.positions[0, : tree.size]
 
-    def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
+    def rows(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """None: one sequence at a time."""
+        del states, trees
+        return None
+
+    def compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
         self.cache.compact(committed_len, tuple(path))
         self.cache.committed_len = committed_len + len(path)
 
     def rewind(self, state: KVState, committed_len: int) -> None:
-        if not 0 <= committed_len <= state.committed_len:
-            raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
         sliding.bucket_rewind(self, state, committed_len)  # [sliding hook] a ring that lost keys runs them again
-        state.committed_len = self.cache.committed_len = committed_len  # slots past it are simply overwritten
+        self.cache.committed_len = committed_len  # slots past it are simply overwritten
+
+    def release(self, state: KVState) -> None:
+        """Nothing to free: the next prefill takes the cache."""
 
     @contextmanager
     def preserving(self) -> Iterator[None]:
@@ -507,3 +480,23 @@ class StaticVerifier(ModelVerifier):
                     self.cache.restore_ring(rings)
             self.cache.committed_len = committed
             self._sequence = sequence
+
+
+class StaticVerifier(ModelVerifier):
+    """The fixed-shape engines (``"compiled"``, ``"graphs"``, ``"compiled-graphs"``, ``"buckets"``): a
+    :class:`ModelVerifier` whose forward is a :class:`BucketForward` of ``mode`` and ``buckets`` (a name for
+    that choice; it adds nothing to the verifier)."""
+
+    forward: BucketForward
+
+    def __init__(
+        self,
+        model: Any,
+        ops: TreeOps | None = None,
+        chooser: TokenChooser | None = None,
+        *,
+        mode: str | None = None,
+        buckets: Sequence[int] = BUCKETS,
+    ) -> None:
+        forward = BucketForward(Target.of(model), mode=mode, buckets=buckets)
+        super().__init__(model, ops, chooser, forward=forward)

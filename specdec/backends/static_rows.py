@@ -52,13 +52,15 @@ import numpy as np
 import torch
 
 from specdec.backends import sliding
-from specdec.backends.bucket_runner import BucketRunner
+from specdec.backends.bucket_runner import BucketHost, BucketRunner
 from specdec.backends.buckets import BUCKETS, MIN_CAPACITY, capacity_for
-from specdec.backends.static import StaticState, StaticVerifier, static_state
+from specdec.backends.forward import KVState, Target, kv_bytes_per_token
+from specdec.backends.static import BucketForward
 from specdec.backends.tree import ancestor_matrix
-from specdec.backends.verifier import KVState, TreeOps, kv_bytes_per_token
+from specdec.backends.tree_ops import TreeOps
+from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError
-from specdec.types import DraftTree, TokenChooser, Verification
+from specdec.types import DraftTree, TokenChooser
 
 # A batch's buckets: the one-sequence ones, then room for every row's tree of a large batch in one forward.
 ROWS_BUCKETS = (*BUCKETS, 256, 512)
@@ -68,7 +70,7 @@ class RowsBucketRunner(BucketRunner):
     """A bucket's buffers and forward for the nodes of several rows (module docstring), with each
     node's committed range: ``bounds`` int64 ``[2, T]``."""
 
-    def __init__(self, verifier: StaticVerifier, size: int, mode: str) -> None:
+    def __init__(self, verifier: BucketHost, size: int, mode: str) -> None:
         super().__init__(verifier, size, mode)
         self.bounds = torch.zeros((2, size), dtype=torch.int64, device=verifier.device)
         self._staging_bounds = torch.zeros((2, size), dtype=torch.int64)
@@ -109,32 +111,26 @@ class RowsBucketRunner(BucketRunner):
         self.bounds.copy_(self._staging_bounds, non_blocking=self.bounds.device.type != "cpu")
 
 
-class RowsStaticVerifier(StaticVerifier):
-    """A static-cache verifier of up to ``places`` sequences at once, all rows in one forward per step
-    (module docstring). ``mode`` and ``buckets`` (by the rows' total nodes) as for
-    :class:`~specdec.backends.static.StaticVerifier`; ``row_nodes``: the most nodes one row's tree may have
-    (:attr:`max_tree_nodes`; at most the largest bucket; None: 128, or the largest bucket if smaller)."""
+class RowsForward(BucketForward):
+    """The forward of a static-cache verifier of up to ``places`` sequences at once, all rows in one forward
+    per step (module docstring). ``mode`` and ``buckets`` (by the rows' total nodes) as for
+    :class:`~specdec.backends.static.BucketForward`; ``row_nodes``: the most nodes one row's tree may have
+    (:attr:`max_tree_nodes`; at most the largest bucket; None: 128, or the largest bucket if smaller).
+    A state's ``seat`` is its place."""
 
     runner_class = RowsBucketRunner
-    regions_alike = True  # every place's region is as large as the largest (batching.check_memory counts so)
 
     def __init__(
-        self,
-        model: Any,
-        ops: TreeOps | None = None,
-        chooser: TokenChooser | None = None,
-        *,
-        places: int,
-        mode: str | None = None,
-        buckets: Sequence[int] = ROWS_BUCKETS,
+        self, target: Target, *, places: int, mode: str | None = None, buckets: Sequence[int] = ROWS_BUCKETS,
         row_nodes: int | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         if isinstance(places, bool) or not isinstance(places, int) or places < 1:
             raise SpecDecError(f"places must be a positive int, got {places!r}")
         self.places = places
         self._owners: list[weakref.ReferenceType[KVState] | None] = [None] * places
         self._opening: int | None = None  # the place the prefill in progress writes
-        super().__init__(model, ops, chooser, mode=mode, buckets=buckets)
+        first = places * MIN_CAPACITY + scratch_for(buckets)
+        super().__init__(target, mode=mode, buckets=buckets, first_capacity=first, setting=("rows", places))
         if row_nodes is None:
             row_nodes = min(BUCKETS[-1], self.largest_bucket)
         if isinstance(row_nodes, bool) or not isinstance(row_nodes, int) or not 1 <= row_nodes <= self.largest_bucket:
@@ -145,9 +141,6 @@ class RowsStaticVerifier(StaticVerifier):
         sliding.setup_buckets(self)  # [sliding hook] rings sized by one row's tree (its padding goes to scratch)
 
     # -- layout ---------------------------------------------------------------------------
-    def _first_capacity(self) -> int:
-        return self.places * MIN_CAPACITY + self.scratch
-
     @property
     def span(self) -> int:
         """Slots per place (``S``)."""
@@ -157,17 +150,10 @@ class RowsStaticVerifier(StaticVerifier):
     def scratch(self) -> int:
         """Slots for padding nodes after the regions: a tree is padded by less than the gap below its bucket.
 
-        >>> max(b - a - 1 for a, b in zip((0, *ROWS_BUCKETS), ROWS_BUCKETS))
+        >>> scratch_for(ROWS_BUCKETS)
         255
         """
-        return max(b - a - 1 for a, b in zip((0, *self.buckets), self.buckets, strict=False))
-
-    def _pool_setting(self) -> tuple[Any, ...]:
-        return (*super()._pool_setting(), "rows", self.places)
-
-    def _store_setting(self) -> tuple[Any, ...]:
-        # Its compiled forwards take the committed ranges: never a one-sequence verifier's (nor their self-check).
-        return (*super()._store_setting(), "rows")
+        return scratch_for(self.buckets)
 
     def _fit(self, needed: int) -> None:
         """Make every place hold ``needed`` slots, moving the live rows' committed slots (module docstring)."""
@@ -192,8 +178,7 @@ class RowsStaticVerifier(StaticVerifier):
     def _check_owned(self, state: KVState) -> None:
         if state.cache is None:
             raise SpecDecError("this sequence was released: it cannot be verified any more")
-        if (not isinstance(state, StaticState) or not 0 <= state.place < self.places
-                or self._owner(state.place) is not state):  # fmt: skip
+        if not 0 <= state.seat < self.places or self._owner(state.seat) is not state:
             raise SpecDecError("this sequence does not belong to this batch verifier")
 
     @property
@@ -210,10 +195,8 @@ class RowsStaticVerifier(StaticVerifier):
 
     def release(self, state: KVState) -> None:
         """The sequence is over: its place is free for the next prefill."""
-        if (state.cache is not None and isinstance(state, StaticState) and 0 <= state.place < self.places
-                and self._owner(state.place) is state):  # fmt: skip
-            self._owners[state.place] = None
-        state.cache = None
+        if state.cache is not None and 0 <= state.seat < self.places and self._owner(state.seat) is state:
+            self._owners[state.seat] = None
 
     @contextmanager
     def preserving(self) -> Iterator[None]:
@@ -226,11 +209,12 @@ class RowsStaticVerifier(StaticVerifier):
                 state = self._owner(place)
                 if state is not None and not before[place]:
                     self.release(state)
+                    state.cache = None
 
-    # -- the hooks of ModelVerifier ------------------------------------------------------
-    def _prefill_forward(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
+    # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
         """The prompt, eagerly, into the first free place's region."""
-        self._check_model_unchanged()
+        self.check_model_unchanged()
         place = next((p for p in range(self.places) if self._owner(p) is None), None)
         if place is None:
             raise SpecDecError(
@@ -241,30 +225,26 @@ class RowsStaticVerifier(StaticVerifier):
         base = place * self.span
         bounds = torch.full((2, length), base, dtype=torch.int64, device=self.device)  # nothing committed yet
         self.cache.window = None
-        logits = self._prompt_forward(input_ids, keep_all, base, bounds)
+        logits = self.prompt_forward(input_ids, keep_all, base, bounds)
         self._opening = place
         return self.cache, logits
 
-    def _on_new_state(self, state: KVState) -> None:
+    def opened(self, state: KVState) -> None:
         assert self._opening is not None, "a state without its prefill"
-        place = static_state(state).place = self._opening
+        place = state.seat = self._opening
         self._opening = None
         self._owners[place] = weakref.ref(state)
 
-    def _tree_forward(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+    def tree(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_owned(state)
         return self._rows_forward([state], [tree])
 
-    def verify_batch(self, states: Sequence[KVState], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
-        """Every row's tree in one forward (several when they add up to more than the largest bucket), then
-        each row's choices, walk and compaction in its own region."""
-        self._check_rows(states, trees)
+    def rows(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's tree in one forward (several when they add up to more than the largest bucket); the
+        verifier then decides, walks and compacts each row in its own region."""
         for state in states:
             self._check_owned(state)
-        with torch.inference_mode():
-            logits, positions = self._rows_forward(states, trees)
-            acceptances = self._accept(states, trees, logits, positions, topk)
-            return [self._commit(s, t, a) for s, t, a in zip(states, trees, acceptances, strict=True)]
+        return self._rows_forward(states, trees)
 
     def _rows_forward(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' logits ``[R, V]`` and positions int64 ``[R]``, tree after tree (``R = sum N_b``)."""
@@ -273,13 +253,13 @@ class RowsStaticVerifier(StaticVerifier):
         logits_parts, position_parts = [], []
         groups = _groups([tree.size for tree in trees], self.largest_bucket)
         for group in groups:
-            rows = [(trees[b], static_state(states[b]).place * span, states[b].committed_len) for b in group]
+            rows = [(trees[b], states[b].seat * span, states[b].committed_len) for b in group]
             total = sum(trees[b].size for b in group)
             runner = self.runner(total)
             assert isinstance(runner, RowsBucketRunner)
             runner.load_rows(rows, scratch)
             self.cache.window = None
-            logits = self._run(runner)[:total]
+            logits = self.run(runner)[:total]
             positions = runner.positions[0, :total]
             if len(groups) > 1:  # the next group may reuse this bucket's buffers (a replayed graph's output too)
                 logits, positions = logits.clone(), positions.clone()
@@ -289,14 +269,39 @@ class RowsStaticVerifier(StaticVerifier):
             return logits_parts[0], position_parts[0]
         return torch.cat(logits_parts), torch.cat(position_parts)
 
-    def _compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
-        self.cache.compact(static_state(state).place * self.span + committed_len, tuple(path))
+    def compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
+        self.cache.compact(state.seat * self.span + committed_len, tuple(path))
 
     def rewind(self, state: KVState, committed_len: int) -> None:
-        if not 0 <= committed_len <= state.committed_len:
-            raise SpecDecError(f"cannot rewind {state.committed_len} committed tokens to {committed_len}")
-        sliding.bucket_rewind(self, state, committed_len)  # [sliding hook] a ring that lost keys runs them again
-        state.committed_len = committed_len  # the region's later slots are simply overwritten
+        """The region's later slots are simply overwritten; a ring that lost keys runs them again."""
+        sliding.bucket_rewind(self, state, committed_len)  # [sliding hook]
+
+
+class RowsStaticVerifier(ModelVerifier):
+    """A static-cache verifier of up to ``places`` sequences at once: a :class:`ModelVerifier` whose forward
+    is a :class:`RowsForward` (arguments as there; a name for that choice, it adds nothing to the verifier)."""
+
+    forward: RowsForward
+    regions_alike = True  # every place's region is as large as the largest (batching.check_memory counts so)
+
+    def __init__(
+        self,
+        model: Any,
+        ops: TreeOps | None = None,
+        chooser: TokenChooser | None = None,
+        *,
+        places: int,
+        mode: str | None = None,
+        buckets: Sequence[int] = ROWS_BUCKETS,
+        row_nodes: int | None = None,
+    ) -> None:
+        forward = RowsForward(Target.of(model), places=places, mode=mode, buckets=buckets, row_nodes=row_nodes)
+        super().__init__(model, ops, chooser, forward=forward)
+
+
+def scratch_for(buckets: Sequence[int]) -> int:
+    """Slots for padding nodes after the regions: a tree is padded by less than the gap below its bucket."""
+    return max(b - a - 1 for a, b in zip((0, *buckets), buckets, strict=False))
 
 
 def _groups(sizes: Sequence[int], limit: int) -> list[list[int]]:

@@ -82,7 +82,7 @@ def verifiers(model: Any) -> dict[str, Any]:
         return found
     native.use_kernels(KernelChoice.uniform(DEFAULT_KERNEL))
     found["specdec"] = native
-    if isinstance(native, RunnerVerifier) and native.kernels_available:
+    if isinstance(native, RunnerVerifier) and native.forward.kernels_available:
         with_kernels = make_verifier(model, "specdec", tree_ops="torch")
         with_kernels.use_kernels(KernelChoice.uniform(CPU_KERNEL))
         found["specdec+cpu"] = with_kernels
@@ -114,16 +114,16 @@ def measure(model: Any, prompts: Sequence[Sequence[int]], new_tokens: int = 64, 
                     step = min(max(sizes), len(prompt) + start - committed)
                     index = committed - len(prompt)
                     with torch.inference_mode():
-                        verifier._tree_forward(state, DraftTree.chain(tokens[index], tokens[index + 1 : index + step]))
-                    verifier._compact(state, committed, list(range(step)))
+                        verifier.forward.tree(state, DraftTree.chain(tokens[index], tokens[index + 1 : index + step]))
+                    verifier.forward.compact(state, committed, list(range(step)))
                     committed += step
                     state.committed_len = committed
                 for size in sizes:
                     k = min(size, new_tokens - 1 - start)  # node j's row decides token start + j + 1
                     chain = DraftTree.chain(tokens[start], tokens[start + 1 : start + k])
                     with torch.inference_mode():
-                        logits, _ = verifier._tree_forward(state, chain)
-                    verifier._compact(state, committed, ())  # the chain's keys and values dropped
+                        logits, _ = verifier.forward.tree(state, chain)
+                    verifier.forward.compact(state, committed, ())  # the chain's keys and values dropped
                     difference = float((logits.float() - reference[start + 1 : start + k + 1]).abs().max())
                     report.worst[name][size] = max(report.worst[name][size], difference)
                     report.rows[name] += k

@@ -224,7 +224,7 @@ class ForwardMeter:
         """
         if not isinstance(verifier, RunnerVerifier):  # a static cache's `runner` is a method: its forwards are
             return  # the model's own, which the hooks count already
-        runner: Any = verifier.runner  # wrapped in place below (specdec's object, not the user's)
+        runner: Any = verifier.forward.runner  # wrapped in place below (specdec's object, not the user's)
         if getattr(runner, "metered", False):
             return
         inner = runner.forward_rows  # every runner forward (a lone sequence's, a batch's) goes through it

@@ -73,7 +73,7 @@ def main() -> None:
     print(f"engine='hf'   : tokens per layer {tokens}, KV {kv_bytes(state.cache.layers) / 2**10:.1f} KiB")
     static = StaticVerifier(model, mode="eager")
     run_chains(static, prompt, truth, steps)
-    cache = static.cache
+    cache = static.forward.cache
     assert cache.keys is not None
     slots = [int(keys.shape[2]) for keys in cache.keys]
     print(f"bucket engines: slots per layer {slots} for {PROMPT + steps} tokens (rings of {cache.ring} slots), "

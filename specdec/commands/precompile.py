@@ -49,18 +49,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
     verifier = generator.verifier
     if isinstance(verifier, RunnerVerifier):  # engine="specdec" (module docstring)
         spent = generator.warm_up(args.max_tokens)
-        print(f"engine {verifier.engine!r} (specdec's own forward) here: its kernels ({verifier.kernels_build()}) "
+        built = verifier.forward.kernels_build()
+        print(f"engine {verifier.engine!r} (specdec's own forward) here: its kernels ({built}) "
               f"are built, loaded and calibrated ({spent:.1f} s); nothing else to compile "
               "(--engine compiled compiles inductor's buckets)")
         return 0
     if not isinstance(verifier, StaticVerifier):
         raise SpecDecError(f"engine {verifier.engine!r} compiles nothing (--engine compiled: inductor's buckets)")
-    if "inductor" not in verifier.mode:
+    buckets = verifier.forward  # the fixed-shape forwards this command compiles
+    if "inductor" not in buckets.mode:
         print(f"engine {verifier.engine!r}: nothing is compiled ahead of time (graphs are captured per process)")
         return 0
     folder = compile_cache.activate()
     started = time.perf_counter()
-    with tqdm(total=len(verifier.buckets), desc="compiling buckets", unit="bucket", disable=args.quiet) as bar:
+    with tqdm(total=len(buckets.buckets), desc="compiling buckets", unit="bucket", disable=args.quiet) as bar:
 
         def done(size: int) -> None:
             bar.set_postfix(nodes=size)
@@ -72,8 +74,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print("the compiled forwards fell back to eager ones (see the warning above): nothing useful was stored")
         return 1
     where = folder if folder is not None else f"inductor's own cache ({compile_cache.INDUCTOR_ENV})"
-    print(f"compiled {len(verifier.buckets)} buckets ({', '.join(map(str, verifier.buckets))} nodes) for "
-          f"{verifier.cache.capacity}-slot caches in {seconds:.1f} s; peak memory {peak_rss_gb():.2f} GB")
+    print(f"compiled {len(buckets.buckets)} buckets ({', '.join(map(str, buckets.buckets))} nodes) for "
+          f"{buckets.cache.capacity}-slot caches in {seconds:.1f} s; peak memory {peak_rss_gb():.2f} GB")
     print(f"stored in {where}")
     return 0
 

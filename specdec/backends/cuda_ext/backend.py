@@ -38,7 +38,7 @@ import torch
 
 from specdec.backends.cuda_ext import ops
 from specdec.backends.cuda_ext.build import BackendUnavailableError, load
-from specdec.backends.verifier import Acceptance, accept_each
+from specdec.backends.tree_ops import Acceptance, accept_each
 from specdec.sampling import Greedy
 from specdec.types import DraftTree, TokenChooser
 
