@@ -195,7 +195,7 @@ def new_cache(config: Any, slack: int = DEFAULT_SLACK) -> Any:
             f"sliding-window models need a transformers whose sliding cache layers can record the past "
             f"(DynamicSlidingWindowLayer.activate_past_recording, in 5.24; not in 5.0.0), so that a rejected draft "
             f"can be taken back; this is transformers {transformers.__version__} (engine='buckets' runs these models "
-            "on it: a static cache that keeps every token)"
+            "on it: a static cache whose sliding layers keep a ring of the window plus the largest tree)"
         )
     types, window = found
     return WindowedCache(config, types, window, min(max(slack, 0), window))
