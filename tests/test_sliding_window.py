@@ -120,13 +120,8 @@ def test_trees_deeper_than_the_window(arch: str) -> None:
 def test_sampling_equals_plain_sampling(arch: str) -> None:
     model = model_of(arch)
     rng = random.Random(f"sample-{arch}")
-    for case, options in enumerate(
-        (
-            {"temperature": 1.0},
-            {"temperature": 0.7, "top_p": 0.9},
-            {"temperature": 0.5, "top_k": 20, "repetition_penalty": 1.2},
-        )
-    ):
+    for case, options in enumerate(({"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9},
+                                    {"temperature": 0.5, "top_k": 20, "repetition_penalty": 1.2})):
         options = dict(options, seed=rng.randrange(2**40))
         prompt = repeating_prompt(rng, rng.randrange(3, 7), 3 * WINDOW)
         expected = specdec.run(model, prompt, "none", max_new_tokens=5 * WINDOW, engine="hf", **options).tokens
@@ -568,27 +563,13 @@ def _hybrid(kind: str) -> Any:
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, max_position_embeddings=256)  # fmt: skip
     config = {
-        "falcon_h1": lambda: FalconH1Config(
-            **common,
-            mamba_d_ssm=32,
-            mamba_n_heads=4,
-            mamba_d_head=8,
-            mamba_d_state=8,
-            mamba_n_groups=1,
-            mamba_chunk_size=16,
-        ),
-        "qwen3_next": lambda: Qwen3NextConfig(
-            **common,
-            linear_num_value_heads=4,
-            linear_num_key_heads=2,
-            linear_key_head_dim=8,
-            linear_value_head_dim=8,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=16,
-            layer_types=["linear_attention", "full_attention"],
-        ),
+        "falcon_h1": lambda: FalconH1Config(**common, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                                            mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16),
+        "qwen3_next": lambda: Qwen3NextConfig(**common, linear_num_value_heads=4, linear_num_key_heads=2,
+                                              linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+                                              num_experts_per_tok=2, moe_intermediate_size=16,
+                                              shared_expert_intermediate_size=16,
+                                              layer_types=["linear_attention", "full_attention"]),
     }[kind]()
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 
