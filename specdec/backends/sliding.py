@@ -420,14 +420,14 @@ def rewind(verifier: Any, state: Any, committed_len: int) -> bool:
     return True
 
 
-def bucket_rewind(verifier: Any, state: Any, committed_len: int) -> None:
-    """A bucket engine's ``state`` rewinds to ``committed_len`` tokens: when its place's ring no longer holds the
-    keys the shorter sequence needs (a later forward wrote over them), its committed tokens run again through a
-    prompt forward into the same place (exact: what a fresh prefill of the shorter sequence writes)."""
+def bucket_rewind(verifier: Any, place: int, committed_len: int) -> None:
+    """The sequence at ``place`` (0 for a lone sequence; a batch row's seat) of a bucket engine's ``verifier``
+    rewinds to ``committed_len`` tokens: when its place's ring no longer holds the keys the shorter sequence
+    needs (a later forward wrote over them), its committed tokens run again through a prompt forward into the
+    same place (exact: what a fresh prefill of the shorter sequence writes)."""
     cache = verifier.cache
     if not cache.ring:
         return
-    place = state.seat if getattr(verifier, "places", None) else 0  # a lone sequence's seat is its number
     cache.truncate(place, committed_len)
     if committed_len == 0 or cache.sliding is None or cache.ring_keeps(place, committed_len, cache.sliding[0]):
         return

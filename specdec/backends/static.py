@@ -454,7 +454,7 @@ class BucketForward(ModelKernels):
         self.cache.committed_len = committed_len + len(path)
 
     def rewind(self, state: KVState, committed_len: int) -> None:
-        sliding.bucket_rewind(self, state, committed_len)  # [sliding hook] a ring that lost keys runs them again
+        sliding.bucket_rewind(self, 0, committed_len)  # [sliding hook] a ring that lost keys runs them again
         self.cache.committed_len = committed_len  # slots past it are simply overwritten
 
     def release(self, state: KVState) -> None:

@@ -274,7 +274,7 @@ class RowsForward(BucketForward):
 
     def rewind(self, state: KVState, committed_len: int) -> None:
         """The region's later slots are simply overwritten; a ring that lost keys runs them again."""
-        sliding.bucket_rewind(self, state, committed_len)  # [sliding hook]
+        sliding.bucket_rewind(self, state.seat, committed_len)  # [sliding hook]
 
 
 class RowsStaticVerifier(ModelVerifier):
