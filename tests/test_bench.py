@@ -804,6 +804,14 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
         2 * sum(p.numel() for p in model.parameters()) / 1e9, 4)
     floor_3 = max(report["weight_read_ms"], report["gflop_per_node"] * 3 / report["gemm_peak_gflops"] * 1e3)
     assert f"3: {floor_3:.1f} ms (arithmetic: {report['gflop_per_node']} GFLOP per node" in table
+    config = model.config  # the attention's arithmetic at context 8: 2 matmuls of heads x head dim x 8 per layer
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    attention = round(4 * config.num_hidden_layers * config.num_attention_heads * head_dim * 8 / 1e9, 4)
+    assert report["attention_gflop_per_node"] == {"8": attention}
+    with_attention = max(report["weight_read_ms"],
+                         (report["gflop_per_node"] + attention) * 3 / report["gemm_peak_gflops"] * 1e3)
+    assert (f"With the attention's arithmetic at context 8 ({attention} GFLOP per node more): "
+            f"1: ") in table and f", 3: {with_attention:.1f} ms." in table
     from specdec.backends import cpu_kernels
 
     if cpu_kernels.available():  # the path kernels=cpu ran: SPECDEC_CPU_ISA's, or the best this CPU has
