@@ -199,7 +199,7 @@ def attention_gflop(model: Any, context: int) -> float | None:
     head_dim = getattr(config, "head_dim", None) or (hidden // heads if hidden and heads else None)
     if not (layers and heads and head_dim):
         return None
-    return round(4 * layers * heads * head_dim * context / 1e9, 4)
+    return round(float(4 * layers * heads * head_dim * context) / 1e9, 4)
 
 
 def first_call_line(report: dict[str, Any]) -> str:
