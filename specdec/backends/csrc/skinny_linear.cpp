@@ -300,8 +300,8 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
   // 16-row units (so the AVX-512 blocks tile each share), its rows consecutive (the prefetches run ahead
   // within them). Tasks of a fixed grain dealt out in order left one thread with a task more: a
   // 576-row weight in 64-row tasks went 5 to 4. Measured (default model, verification after 1,024
-  // tokens, 2 threads, AMD Zen 4, one process alternating): 1 node 17.5 -> 16.6 ms on the AVX2 path,
-  // 23.0 -> 22.3 on AVX-512; 2 to 16 nodes within 1%.
+  // tokens, 2 threads, AMD Zen 4): in one process alternating, 1 node 17.5 -> 16.6 ms on the AVX2 path,
+  // 23.0 -> 22.3 on AVX-512, 2 to 16 nodes within 1%; in separate processes in turn, within the noise.
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
