@@ -116,7 +116,7 @@ def test_the_demo_runs_on_the_default_model(default_model: Any, capsys: pytest.C
     assert "Model and verifiers ready in" in out.err and "One-time costs paid in" in out.err  # what took how long
     assert "Speculation" in out.out
     for method in ("none", "pld", "sam+recycling"):
-        assert f"{method}" in out.err and "4/4" in out.err  # a progress line per method
+        assert f"{method} " in out.err and "4/4" in out.err  # the progress line names every method
     assert "engine 'specdec' (auto: a CPU and a Llama-family model" in out.err  # which path, and why
 
 

@@ -164,21 +164,22 @@ def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[li
 
 
 def _timed_runs(generators: dict[str, Any], prompts: list[DemoPrompt]) -> dict[str, list[GenerationResult]]:
-    """Every method over every prompt, a progress line per method (plain decoding first: the baseline)."""
-    results: dict[str, list[GenerationResult]] = {}
-    for name, generator in generators.items():
-        done: list[GenerationResult] = []
-        bar = tqdm(prompts, desc=f"{name:<16}", unit="prompt", file=sys.stderr, leave=True)
-        for prompt in bar:
-            done.append(generator.generate(prompt.prompt, max_new_tokens=prompt.max_new_tokens))
-            tokens_per_s = sum(r.stats.tokens_per_s for r in done) / len(done)
-            if name == "none":
-                bar.set_postfix_str(f"{tokens_per_s:.1f} tokens/s")
-            else:
-                base = sum(r.stats.tokens_per_s for r in results["none"][: len(done)]) / len(done)
-                bar.set_postfix_str(f"{tokens_per_s:.1f} tokens/s, {tokens_per_s / base:.2f}x")
-        bar.close()
-        results[name] = done
+    """Every method over every prompt, the methods in turn on each prompt (plain decoding first: the baseline),
+    one progress line. In turn, not one method over all prompts and then the next: this machine's memory
+    bandwidth drifts by a third between minutes, and a prompt's speedup compares two runs seconds apart
+    only when they are timed next to each other."""
+    results: dict[str, list[GenerationResult]] = {name: [] for name in generators}
+    bar = tqdm(prompts, desc="timing", unit="prompt", file=sys.stderr, leave=True)
+    for prompt in bar:
+        for name, generator in generators.items():
+            results[name].append(generator.generate(prompt.prompt, max_new_tokens=prompt.max_new_tokens))
+        done = len(results["none"])
+        base = sum(r.stats.tokens_per_s for r in results["none"]) / done
+        parts = [f"none {base:.1f} tokens/s"] + [
+            f"{name} {sum(r.stats.tokens_per_s for r in runs) / done / base:.2f}x"
+            for name, runs in results.items() if name != "none"]
+        bar.set_postfix_str(", ".join(parts))
+    bar.close()
     return results
 
 
