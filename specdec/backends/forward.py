@@ -41,8 +41,10 @@ class KVState:
     seat: int = 0
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
-    """Bytes of keys and values one token holds in every layer, from the model's config; None if it does not say."""
+def attention_shape(config: Any) -> tuple[int, int | None, int, int] | None:
+    """``(layers, query heads, KV heads, head dim)`` from a model's config (the head dim, where the config
+    does not give it, is the hidden size over the query heads); None where it does not say the layers, the
+    KV heads or the head dim. The query heads are None where only the KV heads are given."""
     layers = getattr(config, "num_hidden_layers", None)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -52,6 +54,15 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
         head_dim = hidden // heads
     if not (isinstance(layers, int) and isinstance(kv_heads, int) and isinstance(head_dim, int)):
         return None
+    return layers, heads if isinstance(heads, int) else None, kv_heads, head_dim
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
+    """Bytes of keys and values one token holds in every layer, from the model's config; None if it does not say."""
+    shape = attention_shape(config)
+    if shape is None:
+        return None
+    layers, _, kv_heads, head_dim = shape
     itemsize = torch.empty((), dtype=dtype).element_size()
     return max(layers, 0) * 2 * max(kv_heads, 0) * max(head_dim, 0) * itemsize
 

@@ -40,6 +40,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.backends import make_verifier
+from specdec.backends.forward import attention_shape
 from specdec.bench.methods import parse_methods
 from specdec.bench.report import markdown_table
 from specdec.bench.results import write_json_atomic
@@ -192,11 +193,10 @@ def attention_gflop(model: Any, context: int) -> float | None:
     heads score ``context`` keys and weigh as many values of ``head_dim`` each (2 flops per multiply-add,
     twice). The weight floor leaves it out; at a context of 1,024 it adds a quarter to the default
     model's 0.27 GFLOP per node. None where the config does not say the shapes."""
-    config = getattr(model, "config", None)
-    layers = getattr(config, "num_hidden_layers", None)
-    heads = getattr(config, "num_attention_heads", None)
-    hidden = getattr(config, "hidden_size", None)
-    head_dim = getattr(config, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    shape = attention_shape(getattr(model, "config", None))
+    if shape is None:
+        return None
+    layers, heads, _, head_dim = shape
     if not (layers and heads and head_dim):
         return None
     return round(float(4 * layers * heads * head_dim * context) / 1e9, 4)

@@ -165,9 +165,9 @@ def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[li
 
 def _timed_runs(generators: dict[str, Any], prompts: list[DemoPrompt]) -> dict[str, list[GenerationResult]]:
     """Every method over every prompt, the methods in turn on each prompt (plain decoding first: the baseline),
-    one progress line. In turn, not one method over all prompts and then the next: this machine's memory
-    bandwidth drifts by a third between minutes, and a prompt's speedup compares two runs seconds apart
-    only when they are timed next to each other."""
+    one progress line. In turn, not one method over all prompts and then the next: a machine's memory
+    bandwidth can drift between minutes (by a third on a shared cloud VM), and a prompt's speedup compares
+    two runs seconds apart only when they are timed next to each other."""
     results: dict[str, list[GenerationResult]] = {name: [] for name in generators}
     bar = tqdm(prompts, desc="timing", unit="prompt", file=sys.stderr, leave=True)
     for prompt in bar:

@@ -6,8 +6,9 @@
 //   portable the portable kernels for the baseline target (any x86-64, or another architecture).
 // double always takes a portable path (tests on fp64 models; nobody serves fp64).
 //
-// Work split: at::parallel_for hands each of torch's threads one share of every weight (whole 16-row units), so each
-// thread streams its own contiguous part of W (no second thread pool: a private OpenMP runtime would fight torch's).
+// Work split: at::parallel_for hands each of torch's threads one share of every weight (whole 16-row
+// units), so each thread streams its own contiguous part of W (no second thread pool: a private OpenMP
+// runtime would fight torch's).
 // Inside a block, the weight rows' vectors are loaded once per k step and applied to every x row
 // of the block's group (register blocking: 16 accumulators, RO weight rows x RM x rows), and the
 // lines of the next blocks are prefetched a few per k step while this one computes, so the stream
@@ -180,9 +181,10 @@ inline void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t
     // rows, and the arithmetic of all its passes is what can hide the next blocks' memory latency:
     // the lines of the next block (into L1) and of the block three ahead (into L2) are prefetched a
     // share per pass, spread over the pass's k steps, past the end of the task (a thread's share of
-    // the weight, linears()) into the next rows, not past the weight's last row. Measured (default model, all 211 weights, fp32, 2 threads): 16
-    // rows 23.1 -> 18.0 ms, 8 rows 16.8 -> 12.9 (prefetching only the next block, in the first
-    // pass, within the task, as before). Prefetches never fault and change no result.
+    // the weight, linears()) into the next rows, not past the weight's last row. Measured (default
+    // model, all 211 weights, fp32, 2 threads): 16 rows 23.1 -> 18.0 ms, 8 rows 16.8 -> 12.9 (against
+    // prefetching only the next block, in the first pass, within the task). Prefetches never fault and
+    // change no result.
     constexpr int64_t kNear = 1, kFar = 3;  // blocks ahead
     const int64_t lines = (4 * K * static_cast<int64_t>(sizeof(weight_t)) + 63) / 64;
     const int64_t passes = (M + 3) / 4, steps = (K + 15) / 16;
@@ -248,8 +250,9 @@ void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::opti
 }
 
 // y_i = x @ W_i^T (+ b_i) for every weight of the group, all in one parallel pass: each thread takes
-// its share of every weight, so the threads meet once per group (not once per weight). Each output is computed as skinny_linear alone
-// computes it (the same kernel over the same rows): the group changes only who computes what when.
+// its share of every weight, so the threads meet once per group (not once per weight). Each output is
+// computed as skinny_linear alone computes it (the same kernel over the same rows): the group changes
+// only who computes what when.
 std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
                                 const std::vector<std::optional<at::Tensor>>& biases, Isa isa) {
   const at::Tensor& first = weights[0];
