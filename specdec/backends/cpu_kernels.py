@@ -57,11 +57,13 @@ from specdec.native import NativeBuildError, extension_key, load_extension, regi
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
-    CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "tree_attention.cpp", CSRC / "decoder_layers.cpp",
+    CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "tree_attention.cpp", CSRC / "tree_attention_avx2.cpp",
+    CSRC / "tree_attention_baseline.cpp", CSRC / "decoder_layers.cpp",
 )
 HEADERS = (
     CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
-    CSRC / "tree_attention_portable.inc", CSRC / "lane_sums_avx512.inc", CSRC / "portable_vectors.inc",
+    CSRC / "tree_attention_portable.inc", CSRC / "tree_attention_rows.h", CSRC / "lane_sums_avx512.inc",
+    CSRC / "portable_vectors.inc",
 )
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
 # -fopenmp: at::parallel_for is a header whose OpenMP loop compiles to a serial one without it (the
@@ -94,7 +96,7 @@ _BUILD_KEY: str | None = None
 def load() -> ModuleType:
     """The built extension (the ops registered as ``torch.ops.specdec_cpu.*``).
 
-    Built once per machine (~110 s on 2 cores), then loaded from the cache in milliseconds. A
+    Built once per machine (about 70 s on 2 cores), then loaded from the cache in milliseconds. A
     failed build raises :class:`~specdec.native.NativeBuildError` with the compiler's output,
     and is remembered for the rest of the process.
     """

@@ -20,24 +20,15 @@
 
 #include "cpu_kernels.h"
 #include "tree_attention.h"
+#include "tree_attention_rows.h"
 
 namespace specdec_cpu_kernels {
 
-// Where row i's visible slots are: the committed slots [0, start), then `tree` (absolute slots).
-struct Visible {
-  int64_t start;
-  std::vector<int64_t> tree;
-  int64_t size() const { return start + static_cast<int64_t>(tree.size()); }
-  int64_t slot(int64_t v) const { return v < start ? v : tree[v - start]; }
-};
-
-// The query vectors of one KV head that one task serves: rows x query heads of the group.
-struct Vectors {
-  int64_t first, count;  // vector j = row * group + (query head - kv head * group), for j in [first, first + count)
-};
-
+// The portable kernels: their definitions for the helpers below, their instances compiled elsewhere
+// (tree_attention_baseline.cpp, tree_attention_avx2.cpp: tree_attention_rows.h says why).
 namespace portable_rows {
 #include "tree_attention_portable.inc"
+SPECDEC_ROW_KERNELS(extern)
 }  // namespace portable_rows
 
 #if SPECDEC_X86
@@ -47,6 +38,7 @@ namespace avx2_rows {
 #define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "tree_attention_portable.inc"
 #undef SPECDEC_X86_FMA
+SPECDEC_ROW_KERNELS(extern)
 }  // namespace avx2_rows
 #pragma GCC pop_options
 #endif
