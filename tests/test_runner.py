@@ -29,7 +29,13 @@ import specdec
 from specdec.backends import cpu_kernels
 from specdec.backends.runner import ARCHITECTURES as RUNNER_ARCHITECTURES
 from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, unsupported_reason
-from specdec.backends.runner_verifier import RunnerVerifier
+from specdec.backends.runner_verifier import (
+    CPU_KERNEL_MAX_ROWS,
+    PLAIN_TRIAL_STEPS,
+    NativeForward,
+    PlainStepTrial,
+    RunnerVerifier,
+)
 from specdec.backends.static_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
 from specdec.models import cache_keyword
@@ -469,3 +475,47 @@ def test_the_avx2_variant_is_chosen_per_size_and_keyed_by_the_path(kernels: Kern
         monkeypatch.undo()
         cpu_kernels.load()  # auto back to what it ran before
     assert len(set(identities.values())) == len(cpu_kernels.supported_isas())
+
+
+def test_a_plain_step_trial_keeps_the_variant_whose_quickest_step_was_quickest() -> None:
+    """The candidates take turns; one slow first step (a process's first pays one-time costs) does not lose a
+    variant the trial; no verdict before every candidate has run its steps."""
+    trial = PlainStepTrial(("cpu", "cpu-blocks", "cpu-avx2"), steps=2)
+    times = {"cpu": [0.024, 0.023], "cpu-blocks": [0.025, 0.024], "cpu-avx2": [0.090, 0.020]}
+    verdicts = []
+    for _ in range(6):
+        variant = trial.next_variant()
+        verdicts.append(trial.record(variant, times[variant].pop(0)))
+    assert verdicts == [None] * 5 + ["cpu-avx2"]
+
+
+def test_plain_steps_time_their_variants_until_a_kernel_choice_is_set(kernels: Kernels, monkeypatch: Any) -> None:
+    """Where ``"cpu"`` runs AVX-512 and no calibration chose (a generator that never drafts never calibrates), the
+    first plain steps take the one-token variants in turn and the fastest runs every later one, with plain greedy
+    decoding's output throughout (the variants' bits are the same); a kernel choice set from outside ends the
+    trial unused. Off AVX-512 one-token forwards have one variant: no trial."""
+    from specdec.budget import calibration_cache
+
+    monkeypatch.setattr(calibration_cache, "cached_table", lambda verifier: None)  # as on a fresh machine
+    model = own_tiny_model("llama")
+    prompt = list(range(3, 25))
+    truth = hf_greedy(model, prompt, 24)
+    generator = specdec.Generator(model, drafter="none", engine="specdec")
+    forward = generator.verifier.forward
+    assert isinstance(forward, NativeForward)
+    if cpu_kernels.cpu_isa() != "avx512":
+        assert forward.plain_trial is None and forward.kernels == KernelChoice(((CPU_KERNEL_MAX_ROWS, "cpu"),))
+        pytest.skip(f"kernel path {cpu_kernels.cpu_isa()!r}: one variant for one token, nothing to time")
+    trial = forward.plain_trial
+    assert trial is not None and trial.candidates == ("cpu", "cpu-blocks", "cpu-avx2")
+    assert generator.generate(prompt, max_new_tokens=24).tokens == truth
+    assert forward.plain_trial is None
+    assert all(len(trial.seconds[name]) == PLAIN_TRIAL_STEPS for name in trial.candidates)
+    winner = min(trial.candidates, key=lambda name: min(trial.seconds[name]))
+    assert forward.kernels.variant_for(1) == winner and forward.kernels.variant_for(2) == "cpu"
+    assert generator.generate(prompt, max_new_tokens=24).tokens == truth  # on the winner alone
+    chosen = specdec.Generator(model, drafter="none", engine="specdec")
+    chosen.verifier.use_kernels(KernelChoice.uniform("cpu"))
+    assert chosen.verifier.forward.plain_trial is None
+    assert chosen.generate(prompt, max_new_tokens=24).tokens == truth
+    assert chosen.verifier.forward.kernels == KernelChoice.uniform("cpu")

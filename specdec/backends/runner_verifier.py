@@ -19,7 +19,9 @@ twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3
 bits, faster on some CPUs than the streams (docs/budget.md); ``"cpu-avx2"`` (CPUs with AVX-512,
 forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on its AVX2 path, the same bits, faster
 than AVX-512 at few rows on some CPUs (an AMD Zen 4). The calibration times every
-variant at every tree size and the :class:`~specdec.Generator` passes its verdict on. While the
+variant at every tree size and the :class:`~specdec.Generator` passes its verdict on; where
+none is cached (a generator that never drafts never calibrates), the first plain steps of an
+AVX-512 CPU time the one-token variants in turn and keep the fastest (:class:`PlainStepTrial`). While the
 CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
 same token verified alone (their contracts), so speculative output is plain decoding's exactly.
 
@@ -33,6 +35,7 @@ verified alone.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -63,6 +66,44 @@ CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the k
 # there (docs/budget.md); where the calibration found torch's kernels faster at 64 rows, the prefill keeps
 # them too.
 PREFILL_MAX_ROWS = 1024
+# Plain steps each kernel variant of a one-token forward times, interleaved, before the fastest takes the
+# rest, where no calibration chose (PlainStepTrial).
+PLAIN_TRIAL_STEPS = 3
+
+
+class PlainStepTrial:
+    """Which kernel variant a one-token forward runs on a CPU with AVX-512, where no calibration chose
+    one: the candidates take turns over the first plain steps, each timed, and the fastest (its
+    quickest step: a process's first pays one-time costs) then runs every later one.
+
+    Why: the variants compute the same bits, but which is fastest depends on the CPU (on an AMD Zen 4
+    the AVX2 stream beats AVX-512 at one row: docs/benchmarks.md), and a generator that never drafts
+    (``drafter="none"``) never calibrates. Timing real steps costs no extra forward: at most the
+    trial's few steps run a slower variant.
+
+    >>> trial = PlainStepTrial(("cpu", "cpu-avx2"), steps=2)
+    >>> [trial.record(trial.next_variant(), s) for s in (0.024, 0.021, 0.023, 0.020)]
+    [None, None, None, 'cpu-avx2']
+    """
+
+    def __init__(self, candidates: Sequence[str], steps: int = PLAIN_TRIAL_STEPS) -> None:
+        self.candidates = tuple(candidates)
+        self.steps = steps
+        self.seconds: dict[str, list[float]] = {name: [] for name in self.candidates}
+        self._turn = 0
+
+    def next_variant(self) -> str:
+        """The variant the next plain step runs (the candidates in turn)."""
+        return self.candidates[self._turn % len(self.candidates)]
+
+    def record(self, variant: str, seconds: float) -> str | None:
+        """Note a plain step's time; the winner once every candidate has run its steps, else None."""
+        self.seconds[variant].append(seconds)
+        self._turn += 1
+        if self._turn < self.steps * len(self.candidates):
+            return None
+        return min(self.candidates, key=lambda name: min(self.seconds[name]))
+
 
 
 @functools.cache
@@ -110,6 +151,12 @@ class NativeForward:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
             if cpu_kernels.cpu_isa() == "avx512":
                 self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISA)
+        # Where one-token forwards have other variants than "cpu" (AVX-512 CPUs), the first plain steps time
+        # them until a kernel choice is set (use_kernels: a calibration's, or a caller's) or they decide.
+        self.plain_trial: PlainStepTrial | None = None
+        if self.cpu_blocks is not None:
+            skipped = (DEFAULT_KERNEL, CPU_ATTENTION)  # torch's linear layers: slower for one token than "cpu"
+            self.plain_trial = PlainStepTrial([v for v in self.kernel_variants(1) if v not in skipped])
 
     @property
     def kernels(self) -> KernelChoice:
@@ -119,6 +166,7 @@ class NativeForward:
     @kernels.setter
     def kernels(self, choice: KernelChoice) -> None:
         self._kernels = choice
+        self.plain_trial = None  # a choice set from outside (a calibration's table, a caller's) is kept as it is
 
     def identity(self) -> dict[str, str]:
         """The kernel path ``auto`` runs where the CPU kernels serve the model (``kernel_path``: the CPU's
@@ -158,15 +206,19 @@ class NativeForward:
 
     def _kernels_for(self, rows: int) -> Kernels:
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
-            variant = self._kernels.variant_for(rows)
-            if variant == CPU_KERNEL:
-                return self.cpu_kernels
-            if variant == CPU_ATTENTION:
-                return self.cpu_attention
-            if variant == CPU_BLOCKS:
-                return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
-            if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: the same bits
-                return self.cpu_kernels if self.cpu_blocks is None else _forced_kernels(cpu_kernels.AVX2_ISA)
+            return self._variant_kernels(self._kernels.variant_for(rows))
+        return PLAIN
+
+    def _variant_kernels(self, variant: str) -> Kernels:
+        """The kernels of ``variant`` where the CPU kernels serve the model (the caller checked)."""
+        if variant == CPU_KERNEL:
+            return self.cpu_kernels
+        if variant == CPU_ATTENTION:
+            return self.cpu_attention
+        if variant == CPU_BLOCKS:
+            return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
+        if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: the same bits
+            return self.cpu_kernels if self.cpu_blocks is None else _forced_kernels(cpu_kernels.AVX2_ISA)
         return PLAIN
 
     # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------
@@ -186,7 +238,18 @@ class NativeForward:
 
     def tree(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         segment, positions = self._segment(state, tree)
-        (logits,) = self.runner.forward([segment], self._kernels_for(tree.size))
+        trial = self.plain_trial
+        if trial is None or tree.size != 1:
+            (logits,) = self.runner.forward([segment], self._kernels_for(tree.size))
+            return logits, positions
+        variant = trial.next_variant()  # a plain step of the trial (PlainStepTrial): the same bits on every variant
+        started = time.perf_counter()
+        (logits,) = self.runner.forward([segment], self._variant_kernels(variant))
+        winner = trial.record(variant, time.perf_counter() - started)  # the logits are on the CPU: the forward is done
+        if winner is not None:
+            self.plain_trial = None
+            if winner != CPU_KERNEL:
+                self._kernels = KernelChoice(((1, winner), (CPU_KERNEL_MAX_ROWS, CPU_KERNEL)))
         return logits, positions
 
     def _segment(self, state: KVState, tree: DraftTree) -> tuple[Segment, torch.Tensor]:
