@@ -10,6 +10,7 @@ an oracle drafter.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -825,6 +826,49 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     assert "| step | cpu    | 64    | 1K | 2000       | 500           | 4.0x    |" in ratio_table(bench)
     with pytest.raises(SpecDecError, match="no tree-op benchmarks"):
         ratio_table({"benchmarks": []})
+
+
+def test_linears_bench_times_every_kernel_path_streamed_and_resident(tmp_path: Path) -> None:
+    from specdec.backends import cpu_kernels
+    from specdec.bench.linears import default_paths, measure, weight_runs, write
+
+    if not cpu_kernels.available():
+        pytest.skip("specdec's CPU kernels do not build here")
+    model = tiny_model("llama")
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    runs = weight_runs(model)  # every linear weight once, in order, cut where the in-features change
+    assert [w.data_ptr() for run in runs for w in run] == [w.data_ptr() for w in linears]
+    assert all(len({w.shape[1] for w in run}) == 1 for run in runs)
+    assert all(a[-1].shape[1] != b[0].shape[1] for a, b in itertools.pairwise(runs))
+    report = measure(model, (1, 5), None, 1)
+    supported = cpu_kernels.supported_isas()
+    assert report["paths"] == [*default_paths(), "torch"] and set(default_paths()) <= set(supported)
+    assert "portable" not in default_paths() or supported == ["portable"]
+    assert report["modes"] == ["streamed", "resident"] and report["layers"] == model.config.num_hidden_layers
+    first_layer = sum(m.weight.numel() * m.weight.element_size() for m in model.model.layers[0].modules()
+                      if isinstance(m, torch.nn.Linear))
+    assert report["resident_mb"] == round(first_layer / 1e6, 1)
+    assert report["weight_mb"] == round(sum(w.numel() * w.element_size() for w in linears) / 1e6, 1)
+    for path in report["paths"]:
+        for mode in report["modes"]:
+            assert len(report["ms"][path][mode]) == 2 and all(v > 0 for v in report["gflops_per_thread"][path][mode])
+    table = write(report, str(tmp_path / "linears"))
+    assert all(f"| {path}" in table for path in report["paths"]) and "GFLOP/s per thread" in table
+    assert (tmp_path / "linears" / "linears.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "linears" / "linears.json").read_text())["rows"] == [1, 5]
+    with pytest.raises(SpecDecError, match="kernel path 'avx1024': this CPU runs"):
+        measure(model, (1,), ["avx1024"], 1)
+    with pytest.raises(SpecDecError, match="row counts must be positive"):
+        measure(model, (0,), None, 1)
+    assert main(["bench", "linears", "--paths", "avx1024"]) == 2  # refused before any model loads
+
+
+def test_linears_command_names_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "linears", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(option in out for option in ("--rows", "--paths", "--repeats", "--out"))
 
 
 def test_judge_command_refuses_what_it_cannot_judge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -33,7 +33,6 @@ import inspect
 import random
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,8 +41,8 @@ from tqdm import tqdm
 from specdec.backends import make_verifier
 from specdec.backends.forward import attention_shape
 from specdec.bench.methods import parse_methods
+from specdec.bench.plot import write_with_plot
 from specdec.bench.report import markdown_table
-from specdec.bench.results import write_json_atomic
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree, KernelChoice
 
@@ -256,16 +255,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 def write(report: dict[str, Any], out: str | None) -> str:
     """The markdown table; with ``out``, also ``curves.json``, ``curves.md`` and ``curves.png`` there."""
-    table = markdown(report)
-    if out is None:
-        return table
-    from specdec.bench.plot import pyplot
+    return write_with_plot(report, markdown(report), out, "curves", lambda plt: _draw(plt, report))
 
-    plt = pyplot()
 
-    directory = Path(out)
-    write_json_atomic(directory / "curves.json", report)
-    (directory / "curves.md").write_text(table + "\n", encoding="utf-8")
+def _draw(plt: Any, report: dict[str, Any]) -> Any:
+    """The curves' figure: ms by tree size per variant, one panel per context, with the floors."""
     contexts = report["contexts"]
     figure, axes = plt.subplots(1, len(contexts), figsize=(5.0 * len(contexts), 3.8), squeeze=False)
     for axis, context in zip(axes[0], contexts, strict=True):
@@ -282,10 +276,7 @@ def write(report: dict[str, Any], out: str | None) -> str:
                       label=f"arithmetic at {report['gemm_peak_gflops']} GFLOP/s")
         axis.set_title(f"context {context}, {report['device']}, {report['threads']} threads", fontsize=8)
         axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(directory / "curves.png", dpi=130)
-    plt.close(figure)
-    return table
+    return figure
 
 
 def ratio_table(results: dict[str, Any]) -> str:

@@ -8,10 +8,12 @@ Drawn with matplotlib's Agg backend (files only, no display), so it works on a s
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from specdec.bench.report import summarize
+from specdec.bench.results import write_json_atomic
 
 
 def pyplot() -> Any:
@@ -29,6 +31,23 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def write_with_plot(report: dict[str, Any], table: str, out: str | None, stem: str,
+                    draw: Callable[[Any], Any], dpi: int = 130) -> str:
+    """``table``; with ``out``, also ``{stem}.json`` (the report), ``{stem}.md`` (the table) and
+    ``{stem}.png`` (the figure ``draw(pyplot)`` returns) there: how the measuring subcommands save a run."""
+    if out is None:
+        return table
+    plt = pyplot()
+    directory = Path(out)
+    write_json_atomic(directory / f"{stem}.json", report)
+    (directory / f"{stem}.md").write_text(table + "\n", encoding="utf-8")
+    figure = draw(plt)
+    figure.tight_layout()
+    figure.savefig(directory / f"{stem}.png", dpi=dpi)
+    plt.close(figure)
+    return table
 
 
 def plot_speedup(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:

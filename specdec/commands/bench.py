@@ -39,6 +39,9 @@ from specdec.bench.curves import ratio_table
 from specdec.bench.curves import write as write_curves
 from specdec.bench.datastore_costs import measure as measure_costs
 from specdec.bench.judge import judge_sampled
+from specdec.bench.linears import check_paths as check_linear_paths
+from specdec.bench.linears import measure as measure_linears
+from specdec.bench.linears import write as write_linears
 from specdec.bench.methods import ForwardMeter, SpecdecMethod, build_methods, parse_method, parse_methods
 from specdec.bench.plot import plot_speedup
 from specdec.bench.questions import DEFAULT_QUESTIONS, load_questions, select_questions
@@ -249,6 +252,17 @@ def cmd_curves(args: argparse.Namespace) -> int:
     report = measure_curves(model, args.variants, sizes, contexts, args.repeats)
     report["command"] = _command_line()
     print(write_curves(report, args.out))
+    return 0
+
+
+def cmd_linears(args: argparse.Namespace) -> int:
+    rows = tuple(int(r) for r in args.rows.split(","))
+    paths = [p.strip() for p in args.paths.split(",")] if args.paths else None
+    check_linear_paths(paths or [])  # a path this CPU cannot run fails before the model loads
+    model, _ = load(args)
+    report = measure_linears(model, rows, paths, args.repeats)
+    report["command"] = _command_line()
+    print(write_linears(report, args.out))
     return 0
 
 
@@ -487,6 +501,17 @@ def register(sub: Any) -> None:
     curves.add_argument("--repeats", type=int, default=5)
     curves.add_argument("--out", default=None, metavar="DIR", help="write curves.json, curves.md, curves.png here")
     curves.set_defaults(func=cmd_curves)
+
+    linears = commands.add_parser("linears", help="the CPU kernels' linear layers alone: ms and GFLOP/s per "
+                                  "thread by kernel path and row count, weights streamed and cache-resident")
+    _model_options(linears, sub=True)
+    linears.add_argument("--rows", default="1,8,16", help="row counts (default: %(default)s)")
+    linears.add_argument("--paths", default=None, metavar="PATHS",
+                         help="comma-separated kernel paths (avx512, avx512-blocks, avx2, portable; default: those "
+                         "this CPU runs but portable); torch's linear is always timed beside them")
+    linears.add_argument("--repeats", type=int, default=5)
+    linears.add_argument("--out", default=None, metavar="DIR", help="write linears.json, linears.md, linears.png here")
+    linears.set_defaults(func=cmd_linears)
 
     one = commands.add_parser("oneoff", help="what a user gets: specdec.run with default arguments, one call per "
                               "held-out prompt (or one fresh process per prompt), against HF greedy generate")
