@@ -105,7 +105,6 @@ class PlainStepTrial:
         return min(self.candidates, key=lambda name: min(self.seconds[name]))
 
 
-
 @functools.cache
 def _forced_kernels(isa: str) -> Kernels:
     """Specdec's CPU kernels with every op forced to ``isa`` (:data:`~specdec.backends.cpu_kernels.ISAS`)."""

@@ -25,7 +25,7 @@ GFLOP/s per thread: 2 x rows x parameters / seconds / torch's threads.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,6 @@ from specdec.bench.report import markdown_table
 from specdec.errors import SpecDecError
 
 TORCH_PATH = "torch"
-MODES = ("streamed", "resident")
 
 
 def weight_runs(module: torch.nn.Module) -> list[list[torch.Tensor]]:
@@ -76,22 +75,18 @@ def check_paths(paths: Sequence[str]) -> None:
             raise SpecDecError(f"kernel path {path!r}: this CPU runs {', '.join(supported)} (or {TORCH_PATH!r})")
 
 
-def _pass(path: str, runs: list[list[torch.Tensor]], inputs: dict[int, torch.Tensor],
-          repeat: int) -> Callable[[], None]:
+def _one_pass(path: str, runs: list[list[torch.Tensor]], inputs: dict[int, torch.Tensor], repeat: int) -> None:
     """One timed pass: every run's weights against the rows, ``repeat`` times over."""
     from specdec.backends import cpu_kernels
 
-    def run() -> None:
-        for _ in range(repeat):
-            for weights in runs:
-                x = inputs[weights[0].shape[1]]
-                if path == TORCH_PATH:
-                    for weight in weights:
-                        torch.nn.functional.linear(x, weight)
-                else:
-                    cpu_kernels.skinny_linears(x, [(weight, None) for weight in weights], isa=path)
-
-    return run
+    for _ in range(repeat):
+        for weights in runs:
+            x = inputs[weights[0].shape[1]]
+            if path == TORCH_PATH:
+                for weight in weights:
+                    torch.nn.functional.linear(x, weight)
+            else:
+                cpu_kernels.skinny_linears(x, [(weight, None) for weight in weights], isa=path)
 
 
 def measure(model: Any, rows: Sequence[int], paths: Sequence[str] | None, repeats: int) -> dict[str, Any]:
@@ -110,8 +105,9 @@ def measure(model: Any, rows: Sequence[int], paths: Sequence[str] | None, repeat
     streamed = weight_runs(model)
     layers = _layers(model)
     resident = weight_runs(layers[0]) if layers else []
-    modes = {"streamed": (streamed, 1), "resident": (resident, len(layers))} if resident else {
-        "streamed": (streamed, 1)}
+    modes = {"streamed": (streamed, 1)}
+    if resident:
+        modes["resident"] = (resident, len(layers))
     flop = {mode: 2 * sum(w.numel() for run in runs for w in run) * repeat for mode, (runs, repeat) in modes.items()}
     generator = torch.Generator().manual_seed(0)
     features = {w.shape[1] for run in streamed for w in run}
@@ -123,9 +119,8 @@ def measure(model: Any, rows: Sequence[int], paths: Sequence[str] | None, repeat
                 inputs = {k: torch.randn(count, k, generator=generator).to(parameter.dtype) for k in features}
                 for path in chosen:
                     for mode, (runs, repeat) in modes.items():
-                        one_pass = _pass(path, runs, inputs, repeat)
                         started = time.perf_counter()
-                        one_pass()
+                        _one_pass(path, runs, inputs, repeat)
                         elapsed = time.perf_counter() - started
                         if round_:
                             key = (path, mode, count)
