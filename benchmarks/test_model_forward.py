@@ -3,8 +3,8 @@
 - ``test_verify_forward``: one verification of a chain of 1, 8 and 16 nodes after a fixed
   1,024-token context on ``engine="specdec"`` (rewound between calls, as
   :func:`specdec.bench.curves.measure` does), with every op of specdec's CPU kernels forced
-  to one kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``portable``: a path this CPU
-  lacks is a skip naming what it runs), and with torch's kernels (``default``);
+  to one kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``avx2-lanes16``, ``portable``: a
+  path this CPU lacks is a skip naming what it runs), and with torch's kernels (``default``);
 - ``test_generate``: one greedy generation of a fixed prompt, a fixed number of new tokens,
   plain (``drafter="none"``) and speculative (``sam+recycling``, a fixed budget of 16 nodes,
   so no calibration runs); tokens/s and steps in
@@ -28,7 +28,7 @@ import pytest
 
 CONTEXT = 1024  # committed tokens before every verification
 NODES = (1, 8, 16)
-ISAS = ("avx512", "avx512-blocks", "avx2", "portable")
+ISAS = ("avx512", "avx512-blocks", "avx2", "avx2-lanes16", "portable")
 ROUNDS = 5
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."
 NEW_TOKENS = 64

@@ -2,18 +2,20 @@
 
 Skinny linear: the op against ``torch.nn.functional.linear`` computed in float64 (random shapes
 and leading dimensions, tails of every length, with and without bias, float32 / bfloat16 /
-float64); the contract of ``csrc/skinny_linear.h``: every kernel path this CPU can run (AVX-512,
-AVX2, portable) gives bitwise the same result, and a row's result is bitwise the same whatever
-other rows come with it (batch invariance). Tree attention: against
+float64); the contract of ``csrc/skinny_linear.h``: every kernel path this CPU can run gives
+bitwise its contract's result, computed exactly in torch (``linear_contract``: 16 lanes on the
+AVX-512, ``avx2-lanes16`` and portable paths, which therefore agree bitwise; 8 on the AVX2 path),
+and a row's result is bitwise the same whatever other rows come with it (batch invariance). Tree attention: against
 ``scaled_dot_product_attention`` in float64 under the tree mask (random trees, contexts, head
 shapes), every path the same bits, and a tree row bitwise equal to the same query attending
 alone after its ancestors were committed (the contract of ``csrc/tree_attention.h``). Bad input
 raises naming the value; both ops trace into compiled graphs.
 
-Per path by name (the ``isa`` fixture: avx512, avx512-blocks, avx2, portable): a path this CPU
-cannot run is a visible skip, or a failure where ``SPECDEC_REQUIRE_ISAS`` names it; each is held to
-torch and to the portable path across parallel tasks and thread counts, for batch invariance, head
-dims up to 300 and non-finite inputs (one rule on every path: a NaN score makes the row NaN).
+Per path by name (the ``isa`` fixture: avx512, avx512-blocks, avx2, avx2-lanes16, portable): a path
+this CPU cannot run is a visible skip, or a failure where ``SPECDEC_REQUIRE_ISAS`` names it; each is
+held to torch and to its contract (the skinny linear) or to the portable path (the attention) across
+parallel tasks and thread counts, for batch invariance, head dims up to 300 and non-finite inputs (one
+rule on every path: a NaN score makes the row NaN).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch
 from conftest import native_or_skip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from linear_contract import LANES, fma32
+from linear_contract import skinny_linear as contract_linear
 
 from specdec.backends import cpu_kernels as skinny
 from specdec.backends.tree import ancestor_matrix
@@ -38,10 +42,28 @@ def extension() -> Iterator[Any]:
 
 def runnable_isas() -> list[str]:
     """The kernel paths this CPU can run (the portable one always; AVX2 and AVX-512 where present)."""
-    order = ("portable", "avx2", "avx512")
-    best = skinny.cpu_isa()
-    isas = list(order[: order.index(best) + 1])
-    return [*isas, skinny.BLOCKS_ISA] if best == "avx512" else isas  # AVX-512 with its few rows blocked
+    return skinny.supported_isas()
+
+
+def contract_result(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str) -> torch.Tensor:
+    """What ``isa``'s skinny linear must give bit for bit: its contract computed exactly (float32, bfloat16),
+    or the portable path's result (float64: 8 lanes on every path, and no exact emulation of a float64 fma)."""
+    if x.dtype == torch.float64:
+        return skinny.skinny_linear(x, weight, bias, "portable")
+    return contract_linear(x, weight, bias, LANES[isa])
+
+
+def test_the_contract_emulation_rounds_a_fused_multiply_add_once() -> None:
+    """1 + a * b with a * b = 2^-24 (1 + 2^-36): the exact sum lies just above the midpoint between 1 and
+    1 + 2^-23, so one rounding gives 1 + 2^-23; rounding to float64 first lands on the midpoint itself
+    (2^-60 is below its precision) and then to even, 1. The emulation must give the former."""
+    a = torch.tensor([1 + 2**-12], dtype=torch.float32)
+    b = torch.tensor([(1 - 2**-12 + 2**-24) * 2**-24], dtype=torch.float32)
+    one = torch.ones(1, dtype=torch.float32)
+    assert (a.double() * b.double() + one.double()).float().item() == 1.0  # the double rounding
+    assert fma32(a, b, one).item() == 1 + 2**-23
+    assert fma32(-a, b, -one).item() == -(1 + 2**-23)
+    assert fma32(a, b, -one).item() == float(torch.tensor(-1 + 2**-24 + 2**-60, dtype=torch.float64).float())
 
 
 # Relative error bound against a float64 reference: float32 and float64 accumulate in their own
@@ -59,7 +81,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float64: 1e-13}
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
     seed=st.integers(0, 2**31),
 )
-def test_skinny_linear_is_linear_and_every_path_gives_the_same_bits(
+def test_skinny_linear_is_linear_and_every_path_gives_its_contract_s_bits(
     rows: int, lead: tuple[int, ...], fan_in: int, fan_out: int, bias: bool, dtype: torch.dtype, seed: int
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
@@ -68,13 +90,14 @@ def test_skinny_linear_is_linear_and_every_path_gives_the_same_bits(
     b = torch.randn(fan_out, generator=generator, dtype=torch.float64).to(dtype) if bias else None
     expected = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
     results = {isa: skinny.skinny_linear(x, weight, b, isa) for isa in runnable_isas()}
-    first = results["portable"]
-    assert first.shape == (*lead, rows, fan_out) and first.dtype == dtype
     scale = expected.abs().max().item() + 1e-30
-    error = (first.double() - expected).abs().max().item() / scale
-    assert error < TOLERANCE[dtype], f"{dtype}: relative error {error:.3e}"
     for isa, result in results.items():
-        assert torch.equal(result, first), f"isa {isa!r} differs from the portable path"
+        assert result.shape == (*lead, rows, fan_out) and result.dtype == dtype
+        error = (result.double() - expected).abs().max().item() / scale
+        assert error < TOLERANCE[dtype], f"{isa}, {dtype}: relative error {error:.3e}"
+        assert torch.equal(result, contract_result(x, weight, b, isa)), f"isa {isa!r} breaks its contract"
+        if LANES[isa] == 16 or dtype == torch.float64:
+            assert torch.equal(result, results["portable"]), f"isa {isa!r} differs from the portable path"
 
 
 @settings(max_examples=40, deadline=None)
@@ -384,7 +407,7 @@ def test_tree_attention_refuses_bad_input_naming_the_value(change: dict[str, Any
 
 # ---- every kernel path by name: skipped visibly where this CPU cannot run it ------------------------
 
-ALL_ISAS = ("avx512", "avx512-blocks", "avx2", "portable")
+ALL_ISAS = ("avx512", "avx512-blocks", "avx2", "avx2-lanes16", "portable")
 REQUIRE_ENV = "SPECDEC_REQUIRE_ISAS"  # comma-separated paths that must run here (CI on a known machine)
 
 
@@ -424,7 +447,7 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**31),
 )
-def test_each_path_is_linear_across_tasks_and_threads_and_equals_the_portable_one(
+def test_each_path_is_linear_across_tasks_and_threads_and_keeps_its_contract(
     isa: str, threads: int, rows: int, fan_in: int, fan_out: int, dtype: torch.dtype, seed: int
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
@@ -436,7 +459,7 @@ def test_each_path_is_linear_across_tasks_and_threads_and_equals_the_portable_on
     if rows:
         error = (got.double() - expected).abs().max().item() / (expected.abs().max().item() + 1e-30)
         assert error < TOLERANCE[dtype], f"{isa}, {dtype}: relative error {error:.3e}"
-    assert torch.equal(got, skinny.skinny_linear(x, weight, None, "portable")), f"{isa} differs from portable"
+    assert torch.equal(got, contract_result(x, weight, None, isa)), f"{isa} breaks its contract"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -452,7 +475,7 @@ def test_each_path_gives_a_row_the_same_bits_whatever_rows_come_with_it(isa: str
 
 
 def test_each_path_keeps_non_finite_weights_where_they_are(isa: str) -> None:
-    """An inf or NaN in a weight row gives NaN/inf in that output column on every path alike."""
+    """An inf or NaN in a weight row gives NaN/inf in that output column on every path, where its contract has them."""
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(5, 100, generator=generator)
     weight = torch.randn(70, 100, generator=generator)
@@ -460,7 +483,7 @@ def test_each_path_keeps_non_finite_weights_where_they_are(isa: str) -> None:
     weight[40, 99] = float("inf")
     x[2, 0] = float("-inf")
     got = skinny.skinny_linear(x, weight, None, isa)
-    assert _bits_equal(got, skinny.skinny_linear(x, weight, None, "portable")), isa
+    assert _bits_equal(got, contract_result(x, weight, None, isa)), isa
     assert got[:, 3].isnan().all() and got[2].isnan().any()
 
 

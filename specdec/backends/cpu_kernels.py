@@ -12,15 +12,18 @@ once in its stored layout (no copy, no repacking: the model's own tensors) and a
 all rows while it sits in registers; the calibration (:mod:`specdec.budget`) measures them
 against ``linear`` per tree size and the verifier runs whichever was faster.
 
-**Exact and batch-invariant.** Every kernel path (hand-written AVX-512, the portable code
-compiled for AVX2, the portable code for any CPU) computes each output with one fixed
-order of fused multiply-adds and one fixed summation tree (the contract in
-``csrc/skinny_linear.h``). So the three paths give bitwise the same result, and a row's
-result never depends on the other rows: a tree node's logits through these layers equal
-the same token's logits verified alone, bit for bit, which is what makes speculative output
-identical to plain decoding through the same kernels rather than "identical except at
-near-ties". They are not bitwise equal to MKL's ``linear`` (another summation order: the
-usual ~1e-7 relative in fp32).
+**Exact and batch-invariant.** Every kernel path computes each output with one fixed order of
+fused multiply-adds in ``L`` lanes and one fixed summation tree (the contract in
+``csrc/skinny_linear.h``), so a row's result never depends on the other rows: a tree node's
+logits through these layers equal the same token's logits verified alone, bit for bit, which is
+what makes speculative output identical to plain decoding through the same kernels rather than
+"identical except at near-ties". The hand-written AVX-512 kernels, the portable code compiled for
+AVX2 (``"avx2-lanes16"``) and the portable code for any CPU take 16 lanes and give bitwise the
+same result. The AVX2 path a CPU without AVX-512 runs (``"avx2"``, hand-written) takes 8, one
+AVX2 register per accumulator, which makes it 1.2-1.3x faster from 8 rows on than 16 lanes did;
+its last bits differ from the others'. A process runs one path (``"auto"``: the best the CPU
+has). None is bitwise equal to MKL's ``linear`` (another summation order: the usual ~1e-7
+relative in fp32).
 
 **Tree attention** (:func:`tree_attention`): the attention of a few query rows (a draft tree
 or a plain step) over a KV cache, each row by one fixed sequence of operations over the slots
@@ -34,8 +37,9 @@ output through them, not "equal up to near-ties". It reads the grouped KV heads 
 dtypes: float32, bfloat16 (widened to float exactly, float accumulation, results rounded to
 bfloat16 as torch rounds them) and float64 (the tests' tiny models; portable code). The ops
 are ``torch.ops.specdec_cpu.*`` with fake implementations, so they trace into
-``torch.compile`` graphs as opaque calls. Every kernel path (AVX-512, AVX2, portable) gives
-the same bits; ``isa=`` forces one (the tests check each against the others).
+``torch.compile`` graphs as opaque calls. ``isa=`` forces a kernel path (the tests check each
+against the others, and the AVX2 path's skinny linear against an exact emulation of its 8-lane
+contract).
 ``"avx512-blocks"`` is the AVX-512 path with the skinny linear's few-row products blocked as
 larger ones are, not streamed: equally exact, faster on some CPUs (:data:`BLOCKS_ISA`).
 """
@@ -57,8 +61,8 @@ from specdec.native import NativeBuildError, extension_key, load_extension, regi
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (
-    CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "tree_attention.cpp", CSRC / "tree_attention_avx2.cpp",
-    CSRC / "tree_attention_baseline.cpp", CSRC / "decoder_layers.cpp",
+    CSRC / "cpu_kernels.cpp", CSRC / "skinny_linear.cpp", CSRC / "skinny_linear_avx2.cpp", CSRC / "tree_attention.cpp",
+    CSRC / "tree_attention_avx2.cpp", CSRC / "tree_attention_baseline.cpp", CSRC / "decoder_layers.cpp",
 )
 HEADERS = (
     CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
@@ -74,15 +78,17 @@ HEADERS = (
 CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fno-gcse-after-reload")
 LDFLAGS = ("-fopenmp",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
-ISAS = ("auto", "avx512", "avx512-blocks", "avx2", "portable")
+ISAS = ("auto", "avx512", "avx512-blocks", "avx2", "avx2-lanes16", "portable")
 # The AVX-512 kernels with register blocks at every row count: the skinny linear's other way with 1-3
 # rows (``csrc/skinny_linear.cpp``; the same bits). Which is faster depends on the CPU's memory
 # system: the calibration times both (the ``"cpu-blocks"`` kernel variant of the native verifier).
 BLOCKS_ISA = "avx512-blocks"
-# The AVX2 path, which the calibration also times on CPUs with AVX-512 (the ``"cpu-avx2"`` kernel variant
-# of the native verifier): the same bits, and on some (an AMD Zen 4, whose AVX-512 units split each
-# 512-bit operation in two) faster at few rows.
-AVX2_ISA = "avx2"
+# The AVX2 kernels with the AVX-512 path's bits, which the calibration also times on CPUs with AVX-512
+# (the ``"cpu-avx2"`` kernel variant of the native verifier): on some (an AMD Zen 4, whose AVX-512 units
+# split each 512-bit operation in two) faster at few rows. Not ``"avx2"``, the path a CPU without AVX-512
+# runs: its skinny linear keeps an 8-lane contract of its own (``csrc/skinny_linear.h``), faster from
+# 4 rows on, whose last bits differ, so it may not mix with the AVX-512 kernels in one generation.
+AVX2_ISA = "avx2-lanes16"
 # The environment variable that forces one kernel path for the whole process: what ``isa="auto"``
 # runs in every op, so ``run``, the demo, ``specdec bench`` and the tests all take that path.
 ISA_ENV = "SPECDEC_CPU_ISA"
@@ -373,8 +379,8 @@ def skinny_linear(
 
     ``x`` ``[..., K]`` and ``weight`` ``[N, K]`` (contiguous) of one dtype in
     :data:`DTYPES`, on the CPU; ``bias`` ``[N]`` or None -> ``[..., N]``. ``isa`` forces a
-    kernel path (:data:`ISAS`; all give the same bits); one the CPU lacks raises. Call
-    :func:`load` first.
+    kernel path (:data:`ISAS`; all but ``"avx2"`` give the same bits); one the CPU lacks raises.
+    Call :func:`load` first.
     """
     out: torch.Tensor = torch.ops.specdec_cpu.skinny_linear(x, weight, bias, isa)
     return out

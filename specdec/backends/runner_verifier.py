@@ -17,8 +17,9 @@ skinny kernels (many rows; bfloat16 GEMMs with AVX512_BF16) but SDPA's masked at
 twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3 rows):
 ``"cpu"`` with the few-row products blocked as larger ones are rather than streamed, the same
 bits, faster on some CPUs than the streams (docs/budget.md); ``"cpu-avx2"`` (CPUs with AVX-512,
-forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on its AVX2 path, the same bits, faster
-than AVX-512 at few rows on some CPUs (an AMD Zen 4). The calibration times every
+forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on AVX2 kernels that keep the AVX-512 path's
+bits (:data:`~specdec.backends.cpu_kernels.AVX2_ISA`), faster than AVX-512 at few rows on some CPUs (an
+AMD Zen 4). The calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on; where
 none is cached (a generator that never drafts never calibrates), the first plain steps of an
 AVX-512 CPU time the one-token variants in turn and keep the fastest (:class:`PlainStepTrial`). While the
@@ -58,7 +59,7 @@ CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
 CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
 CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512)
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
-CPU_AVX2 = "cpu-avx2"  # specdec's CPU kernels on their AVX2 path, on a CPU whose best is AVX-512: the same bits
+CPU_AVX2 = "cpu-avx2"  # specdec's CPU kernels on AVX2 with AVX-512's bits, on a CPU whose best is AVX-512
 AVX2_MAX_ROWS = 8  # the largest verification at which the calibration times "cpu-avx2" (cpu_kernels.AVX2_ISA)
 CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
 # A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
@@ -189,8 +190,8 @@ class NativeForward:
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
         worth timing; where ``"cpu"`` runs the AVX-512 path, also ``"cpu-blocks"`` where it computes
-        otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows) and ``"cpu-avx2"`` (the AVX2 path,
-        up to :data:`AVX2_MAX_ROWS` rows: the same bits, and on an AMD Zen 4 faster at 1-2 rows:
+        otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows) and ``"cpu-avx2"`` (AVX2 kernels
+        with the AVX-512 path's bits, up to :data:`AVX2_MAX_ROWS` rows: on an AMD Zen 4 faster at 1-2 rows:
         docs/backends.md). The calibration times each and keeps per size the
         fastest; its table is keyed by the path ``"cpu"`` runs (:meth:`kernels_build`) and names each
         size's variant, so one path's costs never plan another's."""
@@ -216,7 +217,7 @@ class NativeForward:
             return self.cpu_attention
         if variant == CPU_BLOCKS:
             return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
-        if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: the same bits
+        if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: "cpu" itself
             return self.cpu_kernels if self.cpu_blocks is None else _forced_kernels(cpu_kernels.AVX2_ISA)
         return PLAIN
 

@@ -19,7 +19,7 @@ bool cpu_has(Isa isa) {
   if (avx512_family(isa))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2_family(isa)) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return isa == Isa::kPortable;
 }
@@ -42,6 +42,8 @@ std::string isa_name(Isa isa) {
       return "avx512-blocks";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvx2Lanes16:
+      return "avx2-lanes16";
     default:
       return "portable";
   }
@@ -49,7 +51,7 @@ std::string isa_name(Isa isa) {
 
 std::string supported_isas() {
   std::string names;
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Blocks, Isa::kAvx2, Isa::kPortable})
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Blocks, Isa::kAvx2, Isa::kAvx2Lanes16, Isa::kPortable})
     if (cpu_has(isa)) names += (names.empty() ? "'" : ", '") + isa_name(isa) + "'";
   return names;
 }
@@ -71,11 +73,13 @@ Isa parse_isa(const std::string& name, const char* op) {
     isa = Isa::kAvx512Blocks;
   } else if (name == "avx2") {
     isa = Isa::kAvx2;
+  } else if (name == "avx2-lanes16") {
+    isa = Isa::kAvx2Lanes16;
   } else if (name == "portable") {
     isa = Isa::kPortable;
   } else {
     TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name,
-                "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'portable'");
+                "''; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'avx2-lanes16', 'portable'");
   }
   TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU (it runs ",
               supported_isas(), ")");

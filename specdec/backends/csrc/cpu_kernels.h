@@ -9,7 +9,8 @@
 //   decoder_layers  a Llama-family decoder's layer loop over the ops above (decoder_layers.cpp)
 // Each has a hand-written AVX-512 path and a portable path; an `isa` argument forces one
 // ('auto': the best this CPU has), and every path computes the same bits (the contracts), which the
-// tests check by forcing each. The whole extension is compiled with -ffp-contract=off: a compiler
+// tests check by forcing each, except the skinny linear's AVX2 path ('avx2'), which keeps an 8-lane
+// contract of its own ('avx2-lanes16' runs the AVX2 kernels with the others' bits). The whole extension is compiled with -ffp-contract=off: a compiler
 // that fused a multiply and an add on its own would break the contracts; fused multiply-adds are
 // written out where the contracts have them (std::fma, _mm512_fmadd_ps).
 #pragma once
@@ -35,13 +36,20 @@ namespace specdec_cpu_kernels {
 // where kAvx512 streams the weight rows for up to 3 x rows (skinny_linear.cpp, rows()). The same
 // bits (the contract); which is faster depends on the CPU's memory system, so the calibration
 // times both (the "cpu-blocks" kernel variant, specdec/backends/runner_verifier.py).
-enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Blocks = 3 };
+// kAvx2Lanes16: the AVX2 kernels keeping the AVX-512 path's contract, where kAvx2's skinny linear keeps
+// an 8-lane one of its own (skinny_linear.h, skinny_linear_avx2.cpp): what a CPU with AVX-512 times
+// beside its AVX-512 kernels per tree size (the "cpu-avx2" kernel variant), which may mix the two
+// paths within one generation only because they give the same bits.
+enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Blocks = 3, kAvx2Lanes16 = 4 };
 
 // Whether `isa` runs the AVX-512 kernels (either way of blocking the skinny linear's few rows).
 inline bool avx512_family(Isa isa) { return isa == Isa::kAvx512 || isa == Isa::kAvx512Blocks; }
 
+// Whether `isa` runs AVX2 kernels (the tree attention's are the same for both; the skinny linear's differ).
+inline bool avx2_family(Isa isa) { return isa == Isa::kAvx2 || isa == Isa::kAvx2Lanes16; }
+
 // Whether this CPU runs `isa`; the best one it runs; `name` ('auto', 'avx512', 'avx512-blocks',
-// 'avx2', 'portable') parsed and checked against the CPU (an unknown or unsupported name raises,
+// 'avx2', 'avx2-lanes16', 'portable') parsed and checked against the CPU (an unknown or unsupported name raises,
 // naming `op`).
 // auto_isa: what 'auto' runs: the best, or the path set_auto_isa forced for the whole process
 // (SPECDEC_CPU_ISA, read by specdec/backends/cpu_kernels.py).

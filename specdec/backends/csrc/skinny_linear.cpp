@@ -1,9 +1,12 @@
 // specdec skinny linear: the kernels of torch.ops.specdec_cpu.skinny_linear (registered in cpu_kernels.cpp).
 //
-// What and why: skinny_linear.h (the contract every path keeps). Three paths, picked at run time:
-//   avx512   hand-written AVX-512 kernels (float and bfloat16 weights), the fast path;
-//   avx2     the portable kernels compiled for AVX2+FMA;
-//   portable the portable kernels for the baseline target (any x86-64, or another architecture).
+// What and why: skinny_linear.h (the contract). Four paths, picked at run time:
+//   avx512        hand-written AVX-512 kernels (float and bfloat16 weights), the fast path;
+//   avx2          hand-written AVX2+FMA kernels with the 8-lane contract (skinny_linear_avx2.cpp): what a
+//                 CPU without AVX-512 runs;
+//   avx2-lanes16  the portable kernels compiled for AVX2+FMA: the 16-lane contract, AVX-512's bits (the
+//                 "cpu-avx2" variant a CPU with AVX-512 may mix with its AVX-512 kernels per tree size);
+//   portable      the portable kernels for the baseline target (any x86-64, or another architecture).
 // double always takes a portable path (tests on fp64 models; nobody serves fp64).
 //
 // Work split: at::parallel_for hands each of torch's threads one share of every weight (whole 16-row
@@ -41,6 +44,14 @@ namespace avx2 {
 #undef SPECDEC_X86_FMA
 }  // namespace avx2
 #pragma GCC pop_options
+
+// The AVX2 path's own kernels, with the 8-lane contract (skinny_linear_avx2.cpp).
+namespace avx2_lanes8 {
+void rows_f32(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
+              int64_t o_end);
+void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
+               int64_t o_end);
+}  // namespace avx2_lanes8
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
@@ -288,14 +299,16 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
       const float* wp = weights[task.weight].const_data_ptr<float>();
 #if SPECDEC_X86
       if (avx512_family(isa)) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx512);
-      if (isa == Isa::kAvx2) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
+      if (isa == Isa::kAvx2) return avx2_lanes8::rows_f32(xp, wp, yp, M, K, N, b, e);
+      if (isa == Isa::kAvx2Lanes16) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
 #endif
       return portable::rows_f32(xp, wp, yp, M, K, N, b, e);
     }
     const auto* wp = reinterpret_cast<const uint16_t*>(weights[task.weight].const_data_ptr<at::BFloat16>());
 #if SPECDEC_X86
     if (avx512_family(isa)) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx512);
-    if (isa == Isa::kAvx2) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
+    if (isa == Isa::kAvx2) return avx2_lanes8::rows_bf16(xp, wp, yp, M, K, N, b, e);
+    if (isa == Isa::kAvx2Lanes16) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
 #endif
     portable::rows_bf16(xp, wp, yp, M, K, N, b, e);
   };

@@ -7,11 +7,12 @@
 // one row and repacks them for every call from two rows on. The kernels here read each weight
 // row once in its stored layout and apply it to all N rows while it sits in registers.
 //
-// THE CONTRACT every path of this extension keeps (AVX-512, AVX2 and the portable one), so that
-// they give bitwise the same result, and so that a row's result never depends on the other rows
-// (batch invariance: a tree row equals the same token verified alone):
+// THE CONTRACT every path of this extension keeps, so that a row's result never depends on the other
+// rows (batch invariance: a tree row equals the same token verified alone), and so that paths with
+// the same L give bitwise the same result:
 //
-//   For output (m, o) with L lanes (L = 16 for float and bfloat16, 8 for double):
+//   For output (m, o) with L lanes (L = 16 for float and bfloat16 on the AVX-512, 'avx2-lanes16' and
+//   portable paths, 8 for them on the AVX2 path ('avx2'), 8 for double on every path):
 //     acc[l] = 0 for l < L
 //     for k0 = 0, L, 2L, ... < K:            // in increasing k0
 //       for l < L:  acc[l] = fma(w[o, k0 + l], x[m, k0 + l], acc[l])   // 0 past K
@@ -22,6 +23,12 @@
 //   fma is one rounding (a fused multiply-add); bfloat16 inputs are widened to float exactly,
 //   accumulated in float, and the sum is rounded to bfloat16 (round to nearest even) at the end.
 //   A bias, when given, is added to the rounded-to-float sum afterwards (in the output dtype).
+//
+// Why the AVX2 path has L = 8: one AVX2 register holds 8 floats, and AVX2 has 16 registers where
+// AVX-512 has 32, so under L = 16 the AVX2 kernel could hold only 12 half accumulators and spent its
+// time parking them (skinny_linear_avx2.cpp). With L = 8 its results differ from the other paths' in
+// the last bits; a process runs one path ('auto': the best the CPU has, or SPECDEC_CPU_ISA), and a
+// CPU with AVX-512 that mixes AVX2 kernels with its AVX-512 ones per tree size takes 'avx2-lanes16'.
 //
 // Layouts: x [M, K] and w [N, K] row-major and contiguous; y [M, N] row-major.
 #pragma once

@@ -336,7 +336,7 @@ void attend(const at::Tensor& query, const std::vector<Part>& parts, double scal
           totals.resize(static_cast<size_t>(vectors.count));
           query_scratch.resize(static_cast<size_t>(vectors.count * 256));
 #if SPECDEC_X86
-          if (isa == Isa::kAvx2) {
+          if (avx2_family(isa)) {
             avx2_rows::head_blocked_any<scalar_t>(qp, q_head, q_row, head_keys, head_values, D, start, T, group,
                                                   kv_head, part.tree_slots, static_cast<float>(scale), vectors,
                                                   scores.data(), outs.data(), totals.data(), query_scratch.data());
@@ -359,7 +359,7 @@ void attend(const at::Tensor& query, const std::vector<Part>& parts, double scal
         seen.tree = part.tree_slots[row];
         const scalar_t* q = qp + head * q_head + row * q_row;
 #if SPECDEC_X86
-        if (isa == Isa::kAvx2) {
+        if (avx2_family(isa)) {
           avx2_rows::row_portable<scalar_t, acc_t>(q, head_keys, head_values, D, seen, static_cast<acc_t>(scale),
                                                    scores.data(), outs.data());
         } else
