@@ -10,9 +10,10 @@
 // Each has a hand-written AVX-512 path and a portable path; an `isa` argument forces one
 // ('auto': the best this CPU has), and every path computes the same bits (the contracts), which the
 // tests check by forcing each, except the skinny linear's AVX2 path ('avx2'), which keeps an 8-lane
-// contract of its own ('avx2-lanes16' runs the AVX2 kernels with the others' bits). The whole extension is compiled with -ffp-contract=off: a compiler
-// that fused a multiply and an add on its own would break the contracts; fused multiply-adds are
-// written out where the contracts have them (std::fma, _mm512_fmadd_ps).
+// contract of its own ('avx2-lanes16' runs the AVX2 kernels with the others' bits). The whole
+// extension is compiled with -ffp-contract=off: a compiler that fused a multiply and an add on its own
+// would break the contracts; fused multiply-adds are written out where the contracts have them
+// (std::fma, _mm512_fmadd_ps, _mm256_fmadd_ps).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -16,12 +16,10 @@
 // it bitwise to an exact emulation of the 8-lane contract.
 //
 // Structure (the AVX-512 kernel's, skinny_linear.cpp): blocks of 4 weight rows; per block, passes over
-// the x rows in groups of 3 (a remainder as groups of 2, or one row alone), each pass over all of K.
-// Up to 3 x rows a block is one pass: 4 sequential streams from memory. Past that the first pass reads
+// the x rows in groups of 3 (a remainder as groups of 2), each pass over all of K. The first pass reads
 // the block from memory and the others find it in L1/L2, and the lines of the next block (into L1) and
 // of the block three ahead (into L2) are prefetched a share per pass, spread over the pass's k steps.
-#include <ATen/ATen.h>
-
+// One or two x rows take one weight row at a time instead (rows()).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -84,7 +82,8 @@ struct Prefetch {
 // register per output; the sums go to y[c * N + r].
 template <int RO, int RM, int LINES, typename weight_t>
 inline void block(const float* x_rows, const weight_t* w_rows, float* y, int64_t K, int64_t N, Prefetch ahead) {
-  static_assert(RM >= 1 && RM <= 3 && (RO == 1 || RO == 4), "4 x 3 accumulators, 3 x vectors and a weight vector: 16 registers");
+  static_assert(RM >= 1 && RM <= 3 && (RO == 1 || RO == 4),
+                "at most 4 x 3 accumulators, 3 x vectors and a weight vector: AVX2's 16 registers");
   __m256 acc[RO][RM];
   SPECDEC_UNROLL for (int r = 0; r < RO; ++r)
     SPECDEC_UNROLL for (int c = 0; c < RM; ++c) acc[r][c] = _mm256_setzero_ps();
