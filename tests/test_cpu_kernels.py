@@ -40,11 +40,6 @@ def extension() -> Iterator[Any]:
     yield native_or_skip("cpu_kernels", skinny.load)
 
 
-def runnable_isas() -> list[str]:
-    """The kernel paths this CPU can run (the portable one always; AVX2 and AVX-512 where present)."""
-    return skinny.supported_isas()
-
-
 def contract_result(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str) -> torch.Tensor:
     """What ``isa``'s skinny linear must give bit for bit: its contract computed exactly (float32, bfloat16),
     or the portable path's result (float64: 8 lanes on every path, and no exact emulation of a float64 fma)."""
@@ -89,7 +84,7 @@ def test_skinny_linear_is_linear_and_every_path_gives_its_contract_s_bits(
     weight = torch.randn(fan_out, fan_in, generator=generator, dtype=torch.float64).to(dtype)
     b = torch.randn(fan_out, generator=generator, dtype=torch.float64).to(dtype) if bias else None
     expected = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
-    results = {isa: skinny.skinny_linear(x, weight, b, isa) for isa in runnable_isas()}
+    results = {isa: skinny.skinny_linear(x, weight, b, isa) for isa in skinny.supported_isas()}
     scale = expected.abs().max().item() + 1e-30
     for isa, result in results.items():
         assert result.shape == (*lead, rows, fan_out) and result.dtype == dtype
@@ -119,7 +114,7 @@ def test_a_group_of_weights_gives_each_weight_s_own_bits(
     for n, b in zip(fan_outs, biases, strict=False):
         weight = torch.randn(n, fan_in, generator=generator).to(dtype)
         layers.append((weight, torch.randn(n, generator=generator).to(dtype) if b else None))
-    for isa in runnable_isas():
+    for isa in skinny.supported_isas():
         together = skinny.skinny_linears(x, layers, isa)
         assert len(together) == len(layers)
         for (weight, bias), got in zip(layers, together, strict=True):
@@ -187,7 +182,7 @@ def test_bad_input_is_refused_naming_the_value(make: Any, message: str) -> None:
 
 def test_an_unknown_or_missing_instruction_set_is_refused() -> None:
     x, weight = torch.randn(2, 4), torch.randn(3, 4)
-    with pytest.raises(RuntimeError, match="unknown isa 'sse9'"):
+    with pytest.raises(RuntimeError, match="unknown isa 'sse9'; valid: 'auto', "):
         skinny.skinny_linear(x, weight, None, "sse9")
     supported = skinny.supported_isas()  # the CPU's, whatever SPECDEC_CPU_ISA forces
     missing = [isa for isa in ("avx2", "avx512", skinny.BLOCKS_ISA) if isa not in supported]
@@ -254,7 +249,8 @@ def test_tree_attention_is_masked_attention_and_every_path_gives_the_same_bits(
     ancestors = None if causal else torch.from_numpy(ancestor_matrix(parents))
     visible = torch.ones(rows, rows, dtype=torch.bool).tril() if ancestors is None else ancestors
     scale = head_dim**-0.5
-    results = {isa: skinny.tree_attention(query, keys, values, start, ancestors, scale, isa) for isa in runnable_isas()}
+    results = {isa: skinny.tree_attention(query, keys, values, start, ancestors, scale, isa)
+               for isa in skinny.supported_isas()}  # fmt: skip
     first = results["portable"]
     assert first.shape == (1, rows, query_heads * head_dim) and first.dtype == dtype
     expected = sdpa_reference(query, keys, values, start, visible, scale)
@@ -292,7 +288,7 @@ def test_segments_in_one_call_give_each_segment_s_own_bits(
         segments.append((keys, values, start, rows, ancestors))
         queries.append(torch.randn(1, rows, query_heads, head_dim, generator=generator).to(dtype))
     query = torch.cat(queries, dim=1).transpose(1, 2)  # [1, Hq, R, D], as the runner hands it over
-    for isa in runnable_isas():
+    for isa in skinny.supported_isas():
         together = skinny.tree_attention_segments(query, segments, 0.125, isa)
         first = 0
         for (keys, values, start, rows, ancestors), alone_query in zip(segments, queries, strict=True):
@@ -407,7 +403,7 @@ def test_tree_attention_refuses_bad_input_naming_the_value(change: dict[str, Any
 
 # ---- every kernel path by name: skipped visibly where this CPU cannot run it ------------------------
 
-ALL_ISAS = ("avx512", "avx512-blocks", "avx2", "avx2-lanes16", "portable")
+ALL_ISAS = skinny.ISAS[1:]  # every path by name ("auto" is one of them)
 REQUIRE_ENV = "SPECDEC_REQUIRE_ISAS"  # comma-separated paths that must run here (CI on a known machine)
 
 

@@ -79,7 +79,7 @@ Isa parse_isa(const std::string& name, const char* op) {
     isa = Isa::kPortable;
   } else {
     TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name,
-                "''; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'avx2-lanes16', 'portable'");
+                "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'avx2-lanes16', 'portable'");
   }
   TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU (it runs ",
               supported_isas(), ")");
