@@ -3,7 +3,7 @@
 - ``test_verify_forward``: one verification of a chain of 1, 8 and 16 nodes after a fixed
   1,024-token context on ``engine="specdec"`` (rewound between calls, as
   :func:`specdec.bench.curves.measure` does), with every op of specdec's CPU kernels forced
-  to one kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``avx2-lanes16``, ``portable``: a
+  to one kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``avx2-blocks``, ``avx2-lanes16``, ``portable``: a
   path this CPU lacks is a skip naming what it runs), and with torch's kernels (``default``);
 - ``test_generate``: one greedy generation of a fixed prompt, a fixed number of new tokens,
   plain (``drafter="none"``) and speculative (``sam+recycling``, a fixed budget of 16 nodes,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 # Lanes of the contract per kernel path for float32 and bfloat16 (float64: 8 on every path).
-LANES = {"avx512": 16, "avx512-blocks": 16, "avx2-lanes16": 16, "portable": 16, "avx2": 8}
+LANES = {"avx512": 16, "avx512-blocks": 16, "avx2-lanes16": 16, "portable": 16, "avx2": 8, "avx2-blocks": 8}
 
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ shapes), every path the same bits, and a tree row bitwise equal to the same quer
 alone after its ancestors were committed (the contract of ``csrc/tree_attention.h``). Bad input
 raises naming the value; both ops trace into compiled graphs.
 
-Per path by name (the ``isa`` fixture: avx512, avx512-blocks, avx2, avx2-lanes16, portable): a path
+Per path by name (the ``isa`` fixture: avx512, avx512-blocks, avx2, avx2-blocks, avx2-lanes16, portable): a path
 this CPU cannot run is a visible skip, or a failure where ``SPECDEC_REQUIRE_ISAS`` names it; each is
 held to torch and to its contract (the skinny linear) or to the portable path (the attention) across
 parallel tasks and thread counts, for batch invariance, head dims up to 300 and non-finite inputs (one
@@ -185,7 +185,7 @@ def test_an_unknown_or_missing_instruction_set_is_refused() -> None:
     with pytest.raises(RuntimeError, match="unknown isa 'sse9'; valid: 'auto', "):
         skinny.skinny_linear(x, weight, None, "sse9")
     supported = skinny.supported_isas()  # the CPU's, whatever SPECDEC_CPU_ISA forces
-    missing = [isa for isa in ("avx2", "avx512", skinny.BLOCKS_ISA) if isa not in supported]
+    missing = [isa for isa in skinny.ISAS[1:] if isa not in supported]
     for isa in missing:  # on a CPU without it, forcing it must fail, not run a wrong kernel
         with pytest.raises(RuntimeError, match="not supported by this CPU"):
             skinny.skinny_linear(x, weight, None, isa)

@@ -160,8 +160,8 @@ def test_a_tree_nodes_logits_are_a_plain_steps_bits(arch: str, dtype: torch.dtyp
 @pytest.mark.parametrize("variant", ["default", "cpu", "cpu-attention", "cpu-blocks"])
 def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels: Kernels) -> None:
     model = tiny_model(arch)
-    if variant == "cpu-blocks" and cpu_kernels.cpu_isa() != "avx512":
-        pytest.skip(f"kernel path {cpu_kernels.cpu_isa()!r}: without AVX-512 'cpu-blocks' runs 'cpu' (tested as 'cpu')")
+    if variant == "cpu-blocks" and cpu_kernels.cpu_isa() not in cpu_kernels.BLOCKS_ISAS:
+        pytest.skip(f"kernel path {cpu_kernels.cpu_isa()!r}: 'cpu-blocks' runs 'cpu' there (tested as 'cpu')")
     rng = random.Random(f"native-{arch}-{variant}")
     for seed in range(3):
         prompt = random_prompt(rng)
@@ -388,8 +388,8 @@ def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(is
     16-lane path this CPU has. The kernels' paths compute the same bits, and the op adds only ATen
     operations. ``isa="auto"`` runs :func:`~specdec.backends.cpu_kernels.cpu_isa`'s path, one of these, so
     it is no path of its own.
-    The AVX2 path (``"avx2"``), whose skinny linear keeps an 8-lane contract of its own, is held instead to
-    the loop written out in Python with its own kernels: logits and caches bit for bit."""
+    The AVX2 paths (``"avx2"``, ``"avx2-blocks"``), whose skinny linear keeps an 8-lane contract of its own, are
+    held instead to the loop written out in Python with their own kernels: logits and caches bit for bit."""
     best = cpu_kernels.cpu_isa()
     if isa not in cpu_kernels.supported_isas():
         pytest.skip(f"this CPU has no {isa}")
@@ -399,7 +399,7 @@ def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(is
     rng = random.Random(isa)
     prompts = [[rng.randrange(VOCAB) for _ in range(12)], [rng.randrange(VOCAB) for _ in range(20)]]
     trees = [_random_tree(rng, 6), _random_tree(rng, 3)]
-    if isa == "avx2":
+    if isa in ("avx2", "avx2-blocks"):
         forced = _forced_kernels(isa)
         assert runner.layers_in_one_call(forced)
         _assert_one_call_is_the_loop(runner, forced, prompts, trees)
@@ -430,16 +430,17 @@ def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_b
     dtype: torch.dtype, kernels: Kernels
 ) -> None:
     """``"cpu-blocks"``: timed by the calibration only for 1-3 rows (where it computes otherwise than ``"cpu"``) and
-    only with AVX-512; a forward of 1, 2 and 3 rows through it gives ``"cpu"``'s logits bit for bit."""
+    only on the AVX-512 and AVX2 paths (each blocks its own kernels: ``cpu_kernels.BLOCKS_ISAS``); a forward of 1, 2
+    and 3 rows through it gives ``"cpu"``'s logits bit for bit."""
     model = own_tiny_model("llama").to(dtype)
     verifier = RunnerVerifier(model)
-    blocked = cpu_kernels.cpu_isa() == "avx512"
+    blocked = cpu_kernels.cpu_isa() in cpu_kernels.BLOCKS_ISAS
     assert (verifier.forward.cpu_blocks is not None) == blocked
     for rows in (1, 3):
         assert ("cpu-blocks" in verifier.kernel_variants(rows)) == blocked
     assert "cpu-blocks" not in verifier.kernel_variants(4)
     if not blocked:
-        pytest.skip("this CPU has no AVX-512: the blocked variant is the plain one")
+        pytest.skip(f"kernel path {cpu_kernels.cpu_isa()!r}: the blocked variant is the plain one")
     runner = DecoderRunner(model)
     prompt = list(range(3, 25))
     with torch.inference_mode():
@@ -511,7 +512,8 @@ def test_plain_steps_time_their_variants_until_a_kernel_choice_is_set(kernels: K
     """Where ``"cpu"`` runs AVX-512 and no calibration chose (a generator that never drafts never calibrates), the
     first plain steps take the one-token variants in turn and the fastest runs every later one, with plain greedy
     decoding's output throughout (the variants' bits are the same); a kernel choice set from outside ends the
-    trial unused. Off AVX-512 one-token forwards have one variant: no trial."""
+    trial unused. On the AVX2 path the candidates are the stream and the blocks; on the portable path one-token
+    forwards have one variant: no trial."""
     from specdec.budget import calibration_cache
 
     monkeypatch.setattr(calibration_cache, "cached_table", lambda verifier: None)  # as on a fresh machine
@@ -521,11 +523,12 @@ def test_plain_steps_time_their_variants_until_a_kernel_choice_is_set(kernels: K
     generator = specdec.Generator(model, drafter="none", engine="specdec")
     forward = generator.verifier.forward
     assert isinstance(forward, NativeForward)
-    if cpu_kernels.cpu_isa() != "avx512":
+    candidates = {"avx512": ("cpu", "cpu-blocks", "cpu-avx2"), "avx2": ("cpu", "cpu-blocks")}.get(cpu_kernels.cpu_isa())
+    if candidates is None:
         assert forward.plain_trial is None and forward.kernels == KernelChoice(((CPU_KERNEL_MAX_ROWS, "cpu"),))
         pytest.skip(f"kernel path {cpu_kernels.cpu_isa()!r}: one variant for one token, nothing to time")
     trial = forward.plain_trial
-    assert trial is not None and trial.candidates == ("cpu", "cpu-blocks", "cpu-avx2")
+    assert trial is not None and trial.candidates == candidates
     assert generator.generate(prompt, max_new_tokens=24).tokens == truth
     assert forward.plain_trial is None
     assert all(len(trial.seconds[name]) == PLAIN_TRIAL_STEPS for name in trial.candidates)

@@ -40,8 +40,9 @@ are ``torch.ops.specdec_cpu.*`` with fake implementations, so they trace into
 ``torch.compile`` graphs as opaque calls. ``isa=`` forces a kernel path (the tests check each
 against the others, and the AVX2 path's skinny linear against an exact emulation of its 8-lane
 contract).
-``"avx512-blocks"`` is the AVX-512 path with the skinny linear's few-row products blocked as
-larger ones are, not streamed: equally exact, faster on some CPUs (:data:`BLOCKS_ISA`).
+``"avx512-blocks"`` and ``"avx2-blocks"`` are the AVX-512 and AVX2 paths with the skinny linear's
+few-row products blocked as larger ones are, not streamed: equally exact, faster on some CPUs
+(:data:`BLOCKS_ISAS`).
 """
 
 from __future__ import annotations
@@ -78,11 +79,13 @@ HEADERS = (
 CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fno-gcse-after-reload")
 LDFLAGS = ("-fopenmp",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
-ISAS = ("auto", "avx512", "avx512-blocks", "avx2", "avx2-lanes16", "portable")
-# The AVX-512 kernels with register blocks at every row count: the skinny linear's other way with 1-3
-# rows (``csrc/skinny_linear.cpp``; the same bits). Which is faster depends on the CPU's memory
-# system: the calibration times both (the ``"cpu-blocks"`` kernel variant of the native verifier).
-BLOCKS_ISA = "avx512-blocks"
+ISAS = ("auto", "avx512", "avx512-blocks", "avx2", "avx2-blocks", "avx2-lanes16", "portable")
+# Per path, its kernels with register blocks at every row count: the skinny linear's other way with few
+# rows (AVX-512: 1-3, ``csrc/skinny_linear.cpp``; AVX2: 1-2, ``csrc/skinny_linear_avx2.cpp``; the same
+# bits as the path's own). Which is faster depends on the CPU's memory system (an AMD Zen 4 streams
+# faster, an Intel Xeon blocks faster): the calibration times both (the ``"cpu-blocks"`` kernel variant of
+# the native verifier).
+BLOCKS_ISAS = {"avx512": "avx512-blocks", "avx2": "avx2-blocks"}
 # The AVX2 kernels with the AVX-512 path's bits, which the calibration also times on CPUs with AVX-512
 # (the ``"cpu-avx2"`` kernel variant of the native verifier): on some (an AMD Zen 4, whose AVX-512 units
 # split each 512-bit operation in two) faster at few rows. Not ``"avx2"``, the path a CPU without AVX-512
@@ -159,7 +162,8 @@ def best_isa() -> str:
 
 
 def supported_isas() -> list[str]:
-    """The kernel paths this CPU runs, best first (``avx512``, ``avx512-blocks``, ``avx2``, ``portable``)."""
+    """The kernel paths this CPU runs, best first (``avx512``, ``avx512-blocks``, ``avx2``, ``avx2-blocks``,
+    ``avx2-lanes16``, ``portable``)."""
     return [name.strip(" '") for name in str(load().supported_isas()).split(",")]
 
 

@@ -14,15 +14,16 @@ available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_produc
 (what the prompt's hundreds of rows take); ``"cpu-attention"``: torch's linear layers with
 specdec's tree attention, for the sizes where a GEMM library's blocked products beat the
 skinny kernels (many rows; bfloat16 GEMMs with AVX512_BF16) but SDPA's masked attention costs
-twice the tree attention's; ``"cpu-blocks"`` (CPUs with AVX-512, forwards of 1-3 rows):
-``"cpu"`` with the few-row products blocked as larger ones are rather than streamed, the same
-bits, faster on some CPUs than the streams (docs/budget.md); ``"cpu-avx2"`` (CPUs with AVX-512,
+twice the tree attention's; ``"cpu-blocks"`` (where ``"cpu"`` runs the AVX-512 or the AVX2 path,
+forwards of 1-3 rows): ``"cpu"`` with the few-row products blocked as larger ones are rather than
+streamed, the same bits, faster on some CPUs than the streams (an Intel Xeon's; docs/budget.md);
+``"cpu-avx2"`` (CPUs with AVX-512,
 forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on AVX2 kernels that keep the AVX-512 path's
 bits (:data:`~specdec.backends.cpu_kernels.AVX2_ISA`), faster than AVX-512 at few rows on some CPUs (an
 AMD Zen 4). The calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on; where
-none is cached (a generator that never drafts never calibrates), the first plain steps of an
-AVX-512 CPU time the one-token variants in turn and keep the fastest (:class:`PlainStepTrial`). While the
+none is cached (a generator that never drafts never calibrates), the first plain steps time the
+one-token variants in turn, where there are several, and keep the fastest (:class:`PlainStepTrial`). While the
 CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
 same token verified alone (their contracts), so speculative output is plain decoding's exactly.
 
@@ -57,7 +58,7 @@ from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser
 MAX_NODES = 512
 CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
 CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
-CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512)
+CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512, AVX2)
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
 CPU_AVX2 = "cpu-avx2"  # specdec's CPU kernels on AVX2 with AVX-512's bits, on a CPU whose best is AVX-512
 AVX2_MAX_ROWS = 8  # the largest verification at which the calibration times "cpu-avx2" (cpu_kernels.AVX2_ISA)
@@ -73,12 +74,14 @@ PLAIN_TRIAL_STEPS = 3
 
 
 class PlainStepTrial:
-    """Which kernel variant a one-token forward runs on a CPU with AVX-512, where no calibration chose
-    one: the candidates take turns over the first plain steps, each timed, and the fastest (its
-    quickest step: a process's first pays one-time costs) then runs every later one.
+    """Which kernel variant a one-token forward runs where there are several (the AVX-512 and AVX2
+    paths) and no calibration chose one: the candidates take turns over the first plain steps, each
+    timed, and the fastest (its quickest step: a process's first pays one-time costs) then runs every
+    later one.
 
     Why: the variants compute the same bits, but which is fastest depends on the CPU (on an AMD Zen 4
-    the AVX2 stream beats AVX-512 at one row: docs/benchmarks.md), and a generator that never drafts
+    the AVX2 stream beats AVX-512 at one row, on an Intel Xeon blocks beat streams: docs/benchmarks.md),
+    and a generator that never drafts
     (``drafter="none"``) never calibrates. Timing real steps costs no extra forward: at most the
     trial's few steps run a slower variant.
 
@@ -146,13 +149,17 @@ class NativeForward:
                                      cpu_kernels.write_segments)  # fmt: skip
         self.kernels_available = cpu_kernels.supports(target.model) and cpu_kernels.available()
         self.cpu_blocks: Kernels | None = None
+        self.runs_avx512 = False  # "cpu" runs the AVX-512 path (which "cpu-avx2" may stand in for)
         self._kernels = KernelChoice()  # the default kernels everywhere, where the CPU kernels do not serve
         if self.kernels_available:
             self._kernels = KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
-            if cpu_kernels.cpu_isa() == "avx512":
-                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISA)
-        # Where one-token forwards have other variants than "cpu" (AVX-512 CPUs), the first plain steps time
-        # them until a kernel choice is set (use_kernels: a calibration's, or a caller's) or they decide.
+            path = cpu_kernels.cpu_isa()
+            self.runs_avx512 = path == "avx512"
+            if path in cpu_kernels.BLOCKS_ISAS:
+                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISAS[path])
+        # Where one-token forwards have other variants than "cpu" (the AVX-512 and AVX2 paths), the first plain
+        # steps time them until a kernel choice is set (use_kernels: a calibration's, or a caller's) or they
+        # decide.
         self.plain_trial: PlainStepTrial | None = None
         if self.cpu_blocks is not None:
             skipped = (DEFAULT_KERNEL, CPU_ATTENTION)  # torch's linear layers: slower for one token than "cpu"
@@ -189,17 +196,17 @@ class NativeForward:
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
-        worth timing; where ``"cpu"`` runs the AVX-512 path, also ``"cpu-blocks"`` where it computes
-        otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows) and ``"cpu-avx2"`` (AVX2 kernels
-        with the AVX-512 path's bits, up to :data:`AVX2_MAX_ROWS` rows: on an AMD Zen 4 faster at 1-2 rows:
-        docs/backends.md). The calibration times each and keeps per size the
+        worth timing; where ``"cpu"`` runs the AVX-512 or the AVX2 path, also ``"cpu-blocks"`` where it
+        computes otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows); on AVX-512 also
+        ``"cpu-avx2"`` (AVX2 kernels with the AVX-512 path's bits, up to :data:`AVX2_MAX_ROWS` rows: on an
+        AMD Zen 4 faster at 1-2 rows: docs/backends.md). The calibration times each and keeps per size the
         fastest; its table is keyed by the path ``"cpu"`` runs (:meth:`kernels_build`) and names each
         size's variant, so one path's costs never plan another's."""
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
             variants: tuple[str, ...] = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION)
             if self.cpu_blocks is not None and rows <= BLOCKS_MAX_ROWS:
                 variants += (CPU_BLOCKS,)
-            if self.cpu_blocks is not None and rows <= AVX2_MAX_ROWS:  # cpu_blocks: "cpu" runs AVX-512
+            if self.runs_avx512 and rows <= AVX2_MAX_ROWS:
                 variants += (CPU_AVX2,)
             return variants
         return (DEFAULT_KERNEL,)
@@ -218,7 +225,7 @@ class NativeForward:
         if variant == CPU_BLOCKS:
             return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
         if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: "cpu" itself
-            return self.cpu_kernels if self.cpu_blocks is None else _forced_kernels(cpu_kernels.AVX2_ISA)
+            return _forced_kernels(cpu_kernels.AVX2_ISA) if self.runs_avx512 else self.cpu_kernels
         return PLAIN
 
     # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------

@@ -129,9 +129,12 @@ def kernel_path() -> dict[str, str]:
     blocking = {
         "avx512": "hand-written AVX-512: 1-3 rows stream 8 weight rows each, more rows take 4x4 register blocks",
         "avx512-blocks": "hand-written AVX-512: 4 weight rows x 4 rows register blocks at every row count",
-        "avx2": "hand-written AVX2+FMA, 8-lane contract: 1-2 rows stream one weight row each, more rows take 4 "
+        "avx2": "hand-written AVX2+FMA, 8-lane contract: 1-2 rows stream one weight row each (the next rows "
+                "prefetched), more rows take 4 "
                 "weight rows x 3 rows register blocks over all of k, the next block prefetched into L1 and the "
                 "one three ahead into L2",
+        "avx2-blocks": "hand-written AVX2+FMA, 8-lane contract: 4 weight rows x up to 3 rows register blocks at every "
+                       "row count, the next block prefetched into L1 and the one three ahead into L2",
     }.get(isa, f"portable kernels compiled for {'AVX2+FMA' if isa == 'avx2-lanes16' else 'the baseline target'}: "
           "1-4 rows (1-2 past 1024 in-features) stream one weight row each, more rows take 4 weight rows x 3 "
           "rows register blocks over tiles of k, the weight prefetched two blocks ahead into L2 and a tile ahead "

@@ -7,7 +7,7 @@ is slow with its weights resident as well as streamed, its kernel is the limit (
 the kernel feeds it from L2); if only streamed, the memory is. The numbers are per thread, so CPUs
 with different core counts compare.
 
-Per kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``avx2-lanes16``, ``portable``; default:
+Per kernel path (``avx512``, ``avx512-blocks``, ``avx2``, ``avx2-blocks``, ``avx2-lanes16``, ``portable``; default:
 those this CPU runs but ``portable``, unless it is the only one) and per row count, two modes:
 
 - ``streamed``: every linear weight of the model (the layers' and the LM head), once each, in the

@@ -507,8 +507,9 @@ def register(sub: Any) -> None:
     _model_options(linears, sub=True)
     linears.add_argument("--rows", default="1,8,16", help="row counts (default: %(default)s)")
     linears.add_argument("--paths", default=None, metavar="PATHS",
-                         help="comma-separated kernel paths (avx512, avx512-blocks, avx2, avx2-lanes16, portable; "
-                         "default: those this CPU runs but portable); torch's linear is always timed beside them")
+                         help="comma-separated kernel paths (avx512, avx512-blocks, avx2, avx2-blocks, avx2-lanes16, "
+                         "portable; default: those this CPU runs but portable); torch's linear is always timed "
+                         "beside them")
     linears.add_argument("--repeats", type=int, default=5)
     linears.add_argument("--out", default=None, metavar="DIR", help="write linears.json, linears.md, linears.png here")
     linears.set_defaults(func=cmd_linears)

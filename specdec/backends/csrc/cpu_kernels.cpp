@@ -42,6 +42,8 @@ std::string isa_name(Isa isa) {
       return "avx512-blocks";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvx2Blocks:
+      return "avx2-blocks";
     case Isa::kAvx2Lanes16:
       return "avx2-lanes16";
     default:
@@ -51,7 +53,7 @@ std::string isa_name(Isa isa) {
 
 std::string supported_isas() {
   std::string names;
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Blocks, Isa::kAvx2, Isa::kAvx2Lanes16, Isa::kPortable})
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Blocks, Isa::kAvx2, Isa::kAvx2Blocks, Isa::kAvx2Lanes16, Isa::kPortable})
     if (cpu_has(isa)) names += (names.empty() ? "'" : ", '") + isa_name(isa) + "'";
   return names;
 }
@@ -73,13 +75,15 @@ Isa parse_isa(const std::string& name, const char* op) {
     isa = Isa::kAvx512Blocks;
   } else if (name == "avx2") {
     isa = Isa::kAvx2;
+  } else if (name == "avx2-blocks") {
+    isa = Isa::kAvx2Blocks;
   } else if (name == "avx2-lanes16") {
     isa = Isa::kAvx2Lanes16;
   } else if (name == "portable") {
     isa = Isa::kPortable;
   } else {
     TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name,
-                "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'avx2-lanes16', 'portable'");
+                "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'avx2-blocks', 'avx2-lanes16', 'portable'");
   }
   TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU (it runs ",
               supported_isas(), ")");
@@ -92,7 +96,7 @@ std::string cpu_isa() { return isa_name(auto_isa()); }
 
 TORCH_LIBRARY(specdec_cpu, m) {
   // x [..., K] and weight [N, K] of one dtype (float32, bfloat16, float64), bias [N] or None ->
-  // [..., N]. isa: 'auto' (the best this CPU has), 'avx512', 'avx2' or 'portable' (the same bits).
+  // [..., N]. isa: 'auto' (the best this CPU has) or a path of parse_isa (bits: skinny_linear.h).
   m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, str isa='auto') -> Tensor");
   // skinny_linear of one x by each weight (same in-features, one dtype), biases one per weight
   // (None or [N_i]): the outputs bitwise skinny_linear's, computed in one parallel pass.

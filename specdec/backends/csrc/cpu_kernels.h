@@ -41,17 +41,27 @@ namespace specdec_cpu_kernels {
 // an 8-lane one of its own (skinny_linear.h, skinny_linear_avx2.cpp): what a CPU with AVX-512 times
 // beside its AVX-512 kernels per tree size (the "cpu-avx2" kernel variant), which may mix the two
 // paths within one generation only because they give the same bits.
-enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Blocks = 3, kAvx2Lanes16 = 4 };
+// kAvx2Blocks: kAvx2 with the skinny linear's 1-2 x rows in register blocks of 4 weight rows, where kAvx2
+// streams one weight row at a time; the same bits (the 8-lane contract), and as with kAvx512Blocks the
+// faster depends on the CPU's memory system (skinny_linear_avx2.cpp, rows()), so the calibration of a
+// CPU whose path is AVX2 times both (its "cpu-blocks" kernel variant).
+enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Blocks = 3, kAvx2Lanes16 = 4, kAvx2Blocks = 5 };
 
 // Whether `isa` runs the AVX-512 kernels (either way of blocking the skinny linear's few rows).
 inline bool avx512_family(Isa isa) { return isa == Isa::kAvx512 || isa == Isa::kAvx512Blocks; }
 
 // Whether `isa` runs AVX2 kernels (the tree attention's are the same for both; the skinny linear's differ).
-inline bool avx2_family(Isa isa) { return isa == Isa::kAvx2 || isa == Isa::kAvx2Lanes16; }
+inline bool avx2_family(Isa isa) {
+  return isa == Isa::kAvx2 || isa == Isa::kAvx2Blocks || isa == Isa::kAvx2Lanes16;
+}
+
+// Whether `isa` runs the skinny linear's 8-lane AVX2 kernels (skinny_linear_avx2.cpp; either way of
+// blocking its few rows).
+inline bool avx2_lanes8_family(Isa isa) { return isa == Isa::kAvx2 || isa == Isa::kAvx2Blocks; }
 
 // Whether this CPU runs `isa`; the best one it runs; `name` ('auto', 'avx512', 'avx512-blocks',
-// 'avx2', 'avx2-lanes16', 'portable') parsed and checked against the CPU (an unknown or unsupported name raises,
-// naming `op`).
+// 'avx2', 'avx2-blocks', 'avx2-lanes16', 'portable') parsed and checked against the CPU (an unknown or
+// unsupported name raises, naming `op`).
 // auto_isa: what 'auto' runs: the best, or the path set_auto_isa forced for the whole process
 // (SPECDEC_CPU_ISA, read by specdec/backends/cpu_kernels.py).
 bool cpu_has(Isa isa);

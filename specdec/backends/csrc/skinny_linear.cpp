@@ -45,12 +45,13 @@ namespace avx2 {
 }  // namespace avx2
 #pragma GCC pop_options
 
-// The AVX2 path's own kernels, with the 8-lane contract (skinny_linear_avx2.cpp).
+// The AVX2 path's own kernels, with the 8-lane contract (skinny_linear_avx2.cpp); `stream_few`: 1-2 x rows
+// stream one weight row at a time (Isa::kAvx2), else they take register blocks (Isa::kAvx2Blocks).
 namespace avx2_lanes8 {
 void rows_f32(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-              int64_t o_end);
+              int64_t o_end, bool stream_few);
 void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-               int64_t o_end);
+               int64_t o_end, bool stream_few);
 }  // namespace avx2_lanes8
 
 #pragma GCC push_options
@@ -299,7 +300,7 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
       const float* wp = weights[task.weight].const_data_ptr<float>();
 #if SPECDEC_X86
       if (avx512_family(isa)) return avx512::rows_f32(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx512);
-      if (isa == Isa::kAvx2) return avx2_lanes8::rows_f32(xp, wp, yp, M, K, N, b, e);
+      if (avx2_lanes8_family(isa)) return avx2_lanes8::rows_f32(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx2);
       if (isa == Isa::kAvx2Lanes16) return avx2::rows_f32(xp, wp, yp, M, K, N, b, e);
 #endif
       return portable::rows_f32(xp, wp, yp, M, K, N, b, e);
@@ -307,7 +308,7 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
     const auto* wp = reinterpret_cast<const uint16_t*>(weights[task.weight].const_data_ptr<at::BFloat16>());
 #if SPECDEC_X86
     if (avx512_family(isa)) return avx512::rows_bf16(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx512);
-    if (isa == Isa::kAvx2) return avx2_lanes8::rows_bf16(xp, wp, yp, M, K, N, b, e);
+    if (avx2_lanes8_family(isa)) return avx2_lanes8::rows_bf16(xp, wp, yp, M, K, N, b, e, isa == Isa::kAvx2);
     if (isa == Isa::kAvx2Lanes16) return avx2::rows_bf16(xp, wp, yp, M, K, N, b, e);
 #endif
     portable::rows_bf16(xp, wp, yp, M, K, N, b, e);

@@ -12,7 +12,7 @@
 // the same L give bitwise the same result:
 //
 //   For output (m, o) with L lanes (L = 16 for float and bfloat16 on the AVX-512, 'avx2-lanes16' and
-//   portable paths, 8 for them on the AVX2 path ('avx2'), 8 for double on every path):
+//   portable paths, 8 for them on the AVX2 path ('avx2', 'avx2-blocks'), 8 for double on every path):
 //     acc[l] = 0 for l < L
 //     for k0 = 0, L, 2L, ... < K:            // in increasing k0
 //       for l < L:  acc[l] = fma(w[o, k0 + l], x[m, k0 + l], acc[l])   // 0 past K

@@ -1,4 +1,4 @@
-// The skinny linear's AVX2 path (Isa::kAvx2): hand-written AVX2+FMA kernels for float and bfloat16
+// The skinny linear's AVX2 path (Isa::kAvx2, Isa::kAvx2Blocks): hand-written AVX2+FMA kernels for float and bfloat16
 // weights that keep the 8-lane contract of skinny_linear.h (L = 8), not the 16-lane one of the
 // AVX-512 and portable paths. Called by skinny_linear.cpp.
 //
@@ -19,7 +19,7 @@
 // the x rows in groups of 3 (a remainder as groups of 2), each pass over all of K. The first pass reads
 // the block from memory and the others find it in L1/L2, and the lines of the next block (into L1) and
 // of the block three ahead (into L2) are prefetched a share per pass, spread over the pass's k steps.
-// One or two x rows take one weight row at a time instead (rows()).
+// One or two x rows take one weight row at a time instead, or blocks too (Isa::kAvx2Blocks; rows()).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -69,13 +69,14 @@ inline __m128 lane_sums4(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 
 // Lines of the weight to prefetch during a pass: from byte `near` into L1 and from byte `far` into L2,
-// LINES of each per k step. The offsets are clamped to `near_last` / `far_last` (the last line of the
-// block ahead, inside the weight), so an address is formed only inside the weight and no branch sits in
-// the loop (a clamped line is asked for again: a prefetch of a line in cache costs a load slot). Prefetches
+// LINES of each per k step, each `stride` bytes on from the one before (at most a line: a stride under 64
+// asks for a line again, which costs a load slot, and spreads a block's lines over all of its passes).
+// The offsets are clamped to `near_last` / `far_last` (the last line of the block ahead, inside the
+// weight), so an address is formed only inside the weight and no branch sits in the loop. Prefetches
 // never fault and change no result.
 struct Prefetch {
   const char* base = nullptr;
-  int64_t near = 0, far = 0, near_last = 0, far_last = 0;
+  int64_t near = 0, far = 0, near_last = 0, far_last = 0, stride = 64;
 };
 
 // RO weight rows (w_rows, stride K) against RM x rows (x_rows, stride K), all of K, one accumulator
@@ -92,8 +93,8 @@ inline void block(const float* x_rows, const weight_t* w_rows, float* y, int64_t
     SPECDEC_UNROLL for (int j = 0; j < LINES; ++j) {
       _mm_prefetch(ahead.base + std::min(ahead.near, ahead.near_last), _MM_HINT_T0);
       _mm_prefetch(ahead.base + std::min(ahead.far, ahead.far_last), _MM_HINT_T1);
-      ahead.near += 64;
-      ahead.far += 64;
+      ahead.near += ahead.stride;
+      ahead.far += ahead.stride;
     }
     // The x vectors are named values pinned to registers, and so is each weight vector: as an array, or
     // unpinned, GCC stored the x vectors to the stack at every step, or folded a vector into each of its
@@ -136,12 +137,20 @@ inline void block(const float* x_rows, const weight_t* w_rows, float* y, int64_t
 
 // The weight rows [o, o + RO) (w_rows) against all M x rows: groups of 3 x rows, the rest as groups of 2
 // (a remainder of one row after threes becomes two twos), one row alone only when M is 1. The passes
-// prefetch LINES lines per k step each (Prefetch), each on from where the one before stopped, until the
-// block ahead is in; the passes after that prefetch nothing.
+// prefetch LINES lines per k step each (Prefetch), each on from where the one before stopped, the block
+// ahead spread evenly over all of them (but no more often than every half line: past that the repeated
+// requests cost more load slots than the spread gained), and a pass that starts with the block ahead in
+// prefetches nothing.
 template <int RO, int LINES, typename weight_t>
 inline void passes(const float* x, const weight_t* w_rows, float* y, int64_t M, int64_t K, int64_t N,
                    Prefetch ahead) {
-  const int64_t advance = LINES * 64 * (K / 8);
+  const int64_t threes = M % 3 == 1 ? (M - 4) / 3 : M / 3;
+  if constexpr (LINES > 0) {
+    const int64_t requests = (M == 1 ? 1 : threes + (M - 3 * threes + 1) / 2) * std::max<int64_t>(1, K / 8) * LINES;
+    const int64_t block_bytes = RO * K * static_cast<int64_t>(sizeof(weight_t));
+    ahead.stride = std::clamp<int64_t>((block_bytes + requests - 1) / requests, 32, 64);
+  }
+  const int64_t advance = LINES * ahead.stride * (K / 8);
   auto pass = [&](auto rm, int64_t m) {
     constexpr int RM = decltype(rm)::value;
     if (LINES > 0 && ahead.near <= ahead.near_last) {
@@ -153,7 +162,6 @@ inline void passes(const float* x, const weight_t* w_rows, float* y, int64_t M, 
     ahead.far += advance;
   };
   if (M == 1) return pass(std::integral_constant<int, 1>{}, 0);
-  const int64_t threes = M % 3 == 1 ? (M - 4) / 3 : M / 3;
   int64_t m = 0;
   for (; m < 3 * threes; m += 3) pass(std::integral_constant<int, 3>{}, m);
   for (; m < M; m += 2) pass(std::integral_constant<int, 2>{}, m);
@@ -183,31 +191,38 @@ void rows_in_blocks(const float* x, const weight_t* w, float* y, int64_t M, int6
   for (; o < o_end; ++o) passes<1, 0>(x, w + o * K, y + o, M, K, N, Prefetch{});
 }
 
-// One or two x rows (a plain step, a two-node tree): one weight row at a time, start to end, without
-// software prefetch: a single stream, which the hardware prefetchers follow best. Three x rows: blocks of
-// 4 weight rows in one pass, 2 lines of the blocks ahead per k step (one pass must bring a whole block
-// in). More: blocks of 4 weight rows in passes of 3 x rows, 1 line per step. Measured in turn (all of the
-// default model's linear weights, fp32, 2 threads, Zen 4), ms for 1 / 2 / 3 / 4 rows: these choices
-// 12.8 / 13.7 / 15.5 / 13.8; weight rows one at a time up to 3 or 4 rows: 13.2 / 13.9 / 17.3 / 21.5;
-// blocks of 4 with 2 lines from 2 rows: 16.2 at 2 rows.
+// One or two x rows (a plain step, a two-node tree) are bound by reading the weight, and which way reads
+// it fastest depends on the CPU's memory system, so there are two (the same bits), and the calibration
+// times both (Isa::kAvx2 and Isa::kAvx2Blocks, the "cpu" and "cpu-blocks" kernel variants):
+// - `stream_few`: one weight row at a time, start to end, the row after it prefetched into L1 and the one
+//   three on into L2 over its k steps: a single stream, which Zen 4's hardware prefetchers follow best
+//   (measured there without the software prefetch, in turn, all of the default model's linear weights,
+//   fp32, 2 threads, ms for 1 / 2 / 3 / 4 rows: 12.8 / 13.7 / 15.5 / 13.8 against 13.2 / 13.9 / 17.3 /
+//   21.5 taking rows one at a time up to 4 rows, and 16.2 at 2 rows for blocks of 4);
+// - else blocks of 4 weight rows, 2 lines of the blocks ahead per k step, as three rows take: on an Intel
+//   Xeon (family 6 model 207), whose stream prefetcher stops at every 4 KiB page, the single stream
+//   reached two thirds of the memory's bandwidth, and these blocks took 0.74x its time at one row and
+//   0.68x at two.
+// Three x rows: those blocks (one pass must bring a whole block in). More: blocks of 4 weight rows in
+// passes of 3 x rows, 1 line per step.
 template <typename weight_t>
 void rows(const float* x, const weight_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-          int64_t o_end) {
-  if (M <= 2) return rows_in_blocks<1, 0>(x, w, y, M, K, N, o_begin, o_end);
-  if (M == 3) return rows_in_blocks<4, 2>(x, w, y, M, K, N, o_begin, o_end);
+          int64_t o_end, bool stream_few) {
+  if (M <= 2 && stream_few) return rows_in_blocks<1, 1>(x, w, y, M, K, N, o_begin, o_end);
+  if (M <= 3) return rows_in_blocks<4, 2>(x, w, y, M, K, N, o_begin, o_end);
   rows_in_blocks<4, 1>(x, w, y, M, K, N, o_begin, o_end);
 }
 
 }  // namespace
 
 void rows_f32(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-              int64_t o_end) {
-  rows<float>(x, w, y, M, K, N, o_begin, o_end);
+              int64_t o_end, bool stream_few) {
+  rows<float>(x, w, y, M, K, N, o_begin, o_end, stream_few);
 }
 
 void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t o_begin,
-               int64_t o_end) {
-  rows<uint16_t>(x, w, y, M, K, N, o_begin, o_end);
+               int64_t o_end, bool stream_few) {
+  rows<uint16_t>(x, w, y, M, K, N, o_begin, o_end, stream_few);
 }
 
 }  // namespace avx2_lanes8
