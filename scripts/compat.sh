@@ -9,7 +9,8 @@
 #
 # Environment: SPECDEC_COMPAT_TRANSFORMERS (the versions, space-separated; default below),
 # SPECDEC_COMPAT_TESTS (the test files, space-separated; CI runs the two quickest: .ci/run).
-# `--install-only` (first argument): make the environments and run nothing (CI installs while the suite runs).
+# `--install-only` (first argument): make the environments and build the C++ extensions in each (their cache
+# key holds the environment), and run nothing (CI does that while the suite runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 only_install=0
@@ -49,7 +50,10 @@ for version in $VERSIONS; do
     echo "$stamp_key" > "$venv/.specdec-compat"
     echo "compat: installed in $(( $(date +%s) - started )) s" >&2
   fi
-  [ "$only_install" = 1 ] && continue
+  if [ "$only_install" = 1 ]; then  # the environment ready: its own builds of the C++ extensions too
+    "$venv/bin/python" scripts/build_extensions.py
+    continue
+  fi
   started=$(date +%s)
   echo "compat: transformers $version, torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')" >&2
   "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${TESTS[@]}" "$@"
