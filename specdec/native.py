@@ -3,8 +3,8 @@
 Every compiled piece (the ``cuda_ext`` backend's kernels, datastore builders) is built
 with :func:`torch.utils.cpp_extension.load` (ninja + the system compiler) the first time it
 is needed and cached under ``<cache_dir>/extensions/<name>-<key>``, where ``key`` hashes the
-sources, the flags, the torch and Python versions and the Python environment (``sys.prefix``:
-its paths are in the build file): a changed source gets a
+sources, the flags, torch's build and C++ ABI and Python's version (not the environment: virtual
+environments with the same torch share a build; the first builds it, the others import it): a changed source gets a
 fresh build directory and module name, so a stale binary is never loaded. A failed build
 raises :class:`NativeBuildError` carrying the compiler's own output; callers decide whether
 to fall back (and say so) or to fail.
@@ -125,11 +125,13 @@ def extension_key(sources: Sequence[Path], flags: Sequence[str], with_cuda: bool
         digest.update(source.name.encode())
         digest.update(_source_hash(source))
     digest.update(" ".join(flags).encode())
-    digest.update(f"{torch.__version__}|{sys.version_info[:2]}|cuda={with_cuda}".encode())
+    # The binary's interface: torch's exact build (its version and commit) and C++ ABI, Python's version.
+    # Not the environment: two virtual environments with the same torch load the same binary, so they
+    # share one build (a second environment imports it, :func:`_import_checked`, instead of building again).
+    abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None)
+    digest.update(f"{torch.__version__}|{torch.version.git_version}|abi={abi}|{sys.version_info[:2]}".encode())
+    digest.update(f"cuda={with_cuda}".encode())
     digest.update(os.environ.get("CXX", "").encode())  # another compiler is another binary
-    # The environment: ninja's build file names this interpreter's include and library paths, so two
-    # virtual environments sharing one build folder would rebuild it in turn (and wait on each other's lock).
-    digest.update(sys.prefix.encode())
     return digest.hexdigest()[:12]
 
 
@@ -296,6 +298,12 @@ def load_extension(
             return checked
         build_dir.mkdir(parents=True, exist_ok=True)
         wait_for_build_lock(build_dir, name)
+        # Another process (perhaps another environment, whose paths ninja's build file names) may have built
+        # and checked it meanwhile: import that rather than let ninja see other paths and build again.
+        checked = _import_checked(module_name, build_dir)
+        if checked is not None:
+            _LOADED[module_name] = checked
+            return checked
         output = io.StringIO()
         started = time.perf_counter()
         print(f"specdec: building the C++ extension {name!r} (first use of these sources on this machine; later "
