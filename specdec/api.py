@@ -27,6 +27,7 @@ from specdec.batching import available_memory, check_memory, decode_batch, live_
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
+from specdec.budget.machine_load import FOLLOWER
 from specdec.budget.memory import PlannerMemory
 from specdec.budget.planner import Budget
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
@@ -125,7 +126,7 @@ class Generator:
         engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
         self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
         table = calibration_cache.cached_table(self.verifier)  # nothing measured here
-        if table is not None:  # plain steps too run the kernels this machine's calibration chose
+        if table is not None and table.measured:  # plain steps too run the kernels this machine's calibration chose
             self.verifier.use_kernels(table.kernels)
         self.budget = Budget.parse(budget)
         self.planner_memory = PlannerMemory()  # what the budget planners learn, kept across generations
@@ -265,7 +266,8 @@ class Generator:
         """One sequence through the engine's loop with this generator's planner, drafter and text."""
         planner = self.planner_memory.planner(self.verifier, config.budget)
         drafter = self.new_drafter()
-        result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
+        with FOLLOWER.following(self.verifier.description.device.type == "cpu"):  # the threads the load leaves
+            result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
         finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
         if callable(finish):
             finish()

@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specdec.budget.batch_planner import BatchGuard, BatchPlan, LonePlanner, RowGate
+from specdec.budget.batch_planner import BatchGuard, BatchPlan, LoneGuard, LonePlanner, RowGate
+from specdec.budget.machine_load import FOLLOWER
 from specdec.budget.planner import BudgetPlanner, Plan
 from specdec.decoding import DecodingConfig
 from specdec.errors import SpecDecError
@@ -245,10 +246,10 @@ class StepPlanner(Protocol):
 
     :class:`~specdec.budget.batch_planner.BatchPlanner` is one; a lone sequence's
     :class:`~specdec.budget.planner.BudgetPlanner` is one as a batch of one
-    (:class:`~specdec.budget.batch_planner.LonePlanner`: no guard, no row gates).
+    (:class:`~specdec.budget.batch_planner.LonePlanner`: its own guard, no row gates).
     """
 
-    def guard(self, rows: int) -> BatchGuard | None:
+    def guard(self, rows: int) -> BatchGuard | LoneGuard | None:
         """Whether a step of ``rows`` rows drafts at all, measured; None: every step may."""
         ...
 
@@ -280,6 +281,7 @@ def step(
     """One step of every row (module docstring; :mod:`specdec.batching` has the batch's step in pseudocode):
     finished rows leave ``rows`` and are yielded. ``batch=False``: a lone sequence (:func:`decode`), verified by
     the verifier's ``verify`` (a batch verifier's one call is for a batch's rows, even one left at its tail)."""
+    FOLLOWER.tick()  # a lone generation's threads follow the machine's load (specdec.budget.machine_load)
     started = time.perf_counter()
     guard = None if planner is None else planner.guard(len(rows))
     drafting = guard is None or guard.drafts()  # measured: whether drafting pays this batch at all
@@ -369,7 +371,7 @@ def decode(
     """
     sequence = LiveSequence(verifier, drafter, prompt, config, budget="" if planner is None else str(planner.budget))
     rows = [Row(BatchRequest(0, sequence.prompt, config), sequence, RowGate())]
-    lone = None if planner is None else LonePlanner(planner)
+    lone = None if planner is None else LonePlanner(planner, planner.guard)
     result = sequence.finish() if sequence.stop is not None else None  # the prefill's token may end it
     while result is None:
         if on_tokens is not None:

@@ -56,6 +56,11 @@ def _isolate_cache() -> Path:
 
 SESSION_CACHE = _isolate_cache()
 
+# Generations keep torch's thread count (specdec.budget.machine_load.LoadFollower off): on a loaded CI
+# machine the followed count would change between two runs a test compares, and torch's own products
+# (engine="hf") may round differently on another thread count. Tests of the follower turn it on.
+os.environ.setdefault("SPECDEC_FOLLOW_LOAD", "0")
+
 # Tests neither read nor write saved planner statistics (specdec.budget.planner_stats) unless they
 # say so: a test's budgets must not depend on what earlier tests learned. Tests of the store turn it on.
 os.environ["SPECDEC_PLANNER_CACHE"] = "0"
@@ -188,10 +193,11 @@ def planner_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
     monkeypatch.setenv("SPECDEC_PLANNER_CACHE", "1")
     sizes = (1, 2, 4, 8, 16, 32, 64, 128)
     row = tuple(1.0 + 0.01 * s for s in sizes)  # nearly flat: drafts pay, so steps verify and learn
-    monkeypatch.setattr(
-        "specdec.budget.calibration_cache.calibrate", lambda verifier, **_: CostTable(sizes, (1, 1000), (row, row),
-                                                                          calibration_identity(verifier))
-    )
+    def synthetic(verifier: Any, **_: Any) -> CostTable:
+        return CostTable(sizes, (1, 1000), (row, row), calibration_identity(verifier))
+
+    monkeypatch.setattr("specdec.budget.calibration_cache.calibrate", synthetic)
+    monkeypatch.setattr("specdec.budget.prior.prior_table", synthetic)  # a first table that no probe timed
     forget_cost_models()
     forget_shared()
     yield tmp_path / "planner"

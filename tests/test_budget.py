@@ -466,7 +466,7 @@ def test_calibration_is_cached_per_model_device_and_dtype(
     private_cache: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     verifier = make_verifier(tiny_model("llama"))
-    model, spent = cost_model(verifier)
+    model, spent = cost_model(verifier, measure=True)  # `specdec calibrate`: a generation never measures
     path = calibration_path(calibration_identity(verifier))
     assert spent > 0.0 and path.is_file()
     said = capsys.readouterr().err  # a first measurement says what it does, where it keeps it, and how long it took
@@ -481,7 +481,7 @@ def test_calibration_is_cached_per_model_device_and_dtype(
         assert all(s <= size * row[0] + 1e-12 for s, size in zip(row, table.sizes, strict=True))  # subadditive
     assert cost_model(verifier) == (model, 0.0)  # in memory: the same object, shared online refinement
     forget_cost_models()
-    reloaded, spent = cost_model(verifier)
+    reloaded, spent = cost_model(verifier, measure=True)
     assert spent == 0.0 and reloaded is not model and reloaded.table == table  # from the file
     assert "measuring" not in capsys.readouterr().err  # read from the file: nothing to say
     # Another architecture config or dtype is another identity, hence another file.
@@ -490,7 +490,8 @@ def test_calibration_is_cached_per_model_device_and_dtype(
     assert calibration_path(calibration_identity(make_verifier(tiny_model("qwen2")))) != path
     path.write_text("{not json")
     forget_cost_models()
-    _, spent = cost_model(verifier)  # a corrupt file is measured again, not trusted
+    with pytest.warns(RuntimeWarning, match="ignoring the calibration file"):
+        _, spent = cost_model(verifier, measure=True)  # a corrupt file is measured again, not trusted
     assert spent > 0.0 and CostTable.from_json(json.loads(path.read_text())).sizes == table.sizes
 
 

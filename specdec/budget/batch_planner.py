@@ -167,6 +167,68 @@ class BatchGuard:
             (self.drafting if drafted else self.plain).observe(tokens, seconds)
 
 
+LONE_MIN_STEPS = 8  # drafting steps a LoneGuard measures before it judges them
+LONE_MIN_PLAIN = 4  # plain steps before their own rate stands in for the cost model's estimate
+LONE_LOSS = 0.9  # drafting steps that realize less than this share of the plain rate back off
+LONE_BACKOFF = (8, 64)  # plain steps a back-off lasts: the first, and the most after doubling at each loss
+
+
+@dataclass
+class LoneGuard:
+    """Whether a lone sequence's steps may draft: the rate its drafting steps realize against its plain steps.
+
+    The rule (:mod:`specdec.budget.planner`) verifies a draft only where its model says it pays; the
+    model can be wrong where the clock is not (a cost table far from this machine's present load, a
+    drafter whose drafts are cheap to verify but dear to make). So the guard keeps decayed rates of
+    what the steps really gave: tokens over whole step seconds, for steps that verified a draft and
+    for plain ones (declined or not drafted; where there are fewer than :data:`LONE_MIN_PLAIN` of
+    those, ``estimate()``, the cost model's plain rate, stands in). When drafting steps realize
+    less than :data:`LONE_LOSS` of the plain rate after :data:`LONE_MIN_STEPS` of them, the next
+    ``wait`` steps run plain (the drafters still learn the committed tokens and the model's feedback),
+    then drafting is measured afresh; each loss in a row doubles the wait, up to
+    ``LONE_BACKOFF[1]``, and a drafting stretch that wins resets it. The decision depends on the
+    observed figures only: tests feed them.
+    """
+
+    estimate: Callable[[], float | None] = lambda: None
+    drafting: StepRate = field(default_factory=lambda: StepRate(memory=0.9))
+    plain: StepRate = field(default_factory=lambda: StepRate(memory=0.9))
+    backoff: int = 0  # plain steps left in the present back-off
+    wait: int = LONE_BACKOFF[0]  # the next back-off's length
+    backoffs: int = 0  # back-offs so far (stats, tests)
+    last_drafted: bool = False  # whether the step being observed verified a draft (set by LonePlanner.observe)
+
+    def drafts(self) -> bool:
+        """Whether this step may draft."""
+        if self.backoff > 0:
+            self.backoff -= 1
+            return False
+        return True
+
+    def plain_rate(self) -> float | None:
+        """Plain steps' tokens per second lately: measured, or the cost model's estimate."""
+        if self.plain.steps >= LONE_MIN_PLAIN:
+            return self.plain.rate
+        return self.estimate()
+
+    def observe(self, drafting: bool, tokens: int, seconds: float) -> None:
+        """A step: ``drafting`` (it was allowed to draft), ``tokens`` emitted in ``seconds``."""
+        if seconds <= 0.0:
+            return
+        drafted = drafting and self.last_drafted
+        self.last_drafted = False
+        (self.drafting if drafted else self.plain).observe(tokens, seconds)
+        plain = self.plain_rate()
+        if not drafted or self.drafting.steps < LONE_MIN_STEPS or plain is None:
+            return
+        if self.drafting.rate < LONE_LOSS * plain:
+            self.backoff, self.backoffs = self.wait, self.backoffs + 1
+            self.wait = min(2 * self.wait, LONE_BACKOFF[1])
+            self.drafting = StepRate(memory=self.drafting.memory)  # measured afresh when drafting resumes
+        elif self.drafting.rate >= plain:
+            self.wait = LONE_BACKOFF[0]
+
+
 @dataclass
 class RowGate:
     """Whether one row of a batch drafts: what its drafting gained lately against what it cost.
@@ -373,17 +435,21 @@ class LonePlanner:
     """A lone sequence's :class:`~specdec.budget.planner.BudgetPlanner` as the planner of a batch of one row.
 
     The step (:func:`specdec.engine.step`) asks every planner the same questions; a lone sequence's answers:
-    no guard and no row gate (its rule weighs each node against the run's own rate, so drafting never has to
-    pay a batch), and each step's plan is the :class:`~specdec.budget.planner.BudgetPlanner`'s own (its probes
-    on a time budget, its own throughput and cost model), so a lone sequence plans as it always did.
+    under ``budget="auto"`` its :class:`LoneGuard` (the clock's check on the rule), no row gate (its rule
+    weighs each node against the run's own rate, so drafting never has to pay a batch), and each step's plan
+    is the :class:`~specdec.budget.planner.BudgetPlanner`'s own (its probes on a time budget, its own
+    throughput and cost model).
     """
 
-    def __init__(self, planner: BudgetPlanner) -> None:
+    def __init__(self, planner: BudgetPlanner, guard: LoneGuard | None = None) -> None:
         self.planner = planner
         self.budget = planner.budget
+        self._guard = guard if planner.budget.mode == "auto" else None  # a fixed budget is the user's to keep
+        if self._guard is not None:
+            self._guard.estimate = planner.plain_rate
 
-    def guard(self, rows: int) -> BatchGuard | None:
-        return None
+    def guard(self, rows: int) -> LoneGuard | None:
+        return self._guard
 
     def plain_seconds_per_token(self, rows: int) -> float | None:
         return None
@@ -396,18 +462,25 @@ class LonePlanner:
 
     def observe(self, batch: BatchPlan, accepted: Sequence[Sequence[int]], verify_s: float, step_s: float) -> None:
         self.planner.observe(batch.plans[0], accepted[0], batch.context, verify_s, step_s)
+        if self._guard is not None:
+            self._guard.last_drafted = batch.plans[0].tree.size > 1
 
 
 __all__ = [
     "GUARD_EXPLORE_DRAFTING",
     "GUARD_EXPLORE_EVERY",
     "GUARD_MIN_STEPS",
+    "LONE_BACKOFF",
+    "LONE_LOSS",
+    "LONE_MIN_PLAIN",
+    "LONE_MIN_STEPS",
     "PROBE_EVERY",
     "ROW_OFFER_NODES",
     "ROW_PROBE_EVERY",
     "BatchGuard",
     "BatchPlan",
     "BatchPlanner",
+    "LoneGuard",
     "LonePlanner",
     "RowGate",
     "StepRate",

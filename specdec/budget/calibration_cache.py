@@ -1,16 +1,29 @@
-"""The calibration cache: one cost model per verifier identity and process, saved per machine.
+"""The calibration cache: one cost model per verifier identity and process, saved per machine, never waited for.
 
 **Cache**: ``<cache_dir>/calibration/<key>.json``, ``key`` a hash of the identity
-(:func:`~specdec.budget.calibration.calibration_identity`). A table measured on a busy machine
-(:mod:`specdec.budget.machine_load`) serves this process but is not saved. Nothing here
-changes the verifier: the table's kernel choice is the caller's to apply
-(:meth:`specdec.Generator.cost_model` does).
+(:func:`~specdec.budget.calibration.calibration_identity`). It holds one
+:class:`~specdec.budget.cost_model.CostTable`: ``"measured"`` (``specdec calibrate`` timed it),
+``"prior"`` (:mod:`specdec.budget.prior`: the model's shape and a sub-second probe) or ``"learned"``
+(a prior or learned table with what real steps taught folded in), with the others' share of the
+machine while it was measured or learned.
 
-**Drift.** When a cost model in memory has drifted from its table
-(:attr:`~specdec.budget.cost_model.VerifyCostModel.drifted`): if other processes are busy
-right now the load explains it and online refinement already follows it; otherwise the next
-generation measures the table again (with a warning), and the steps required before
-another re-measurement double each time.
+**No call waits on measuring.** A generation's first draft takes the table known in this process,
+else the cached one, else a prior, made in well under a second and cached at once; from then on the
+online refinement learns the real costs from the run's own steps. Only :func:`cost_model` with
+``measure=True`` (``specdec calibrate``) times verifications, and only when asked. A drift from the
+table is followed online (:mod:`specdec.budget.cost_model`), never measured again inside a call.
+
+**What runs learn is kept, under any load.** After each generation :func:`remember` folds the cost
+model's refinement into a ``"learned"`` table (:meth:`~specdec.budget.cost_model.VerifyCostModel.learned`)
+and caches it in place of a prior or of a learned table learned under as much load or more (within
+:data:`SHARE_SLACK`); a quieter learned table is kept over a busier one (the busy run's level is what
+the next quiet process would have to unlearn, and its online refinement finds a busy level within a
+few steps anyway). A measured table is replaced only by another
+measurement: what runs learn about it lives in the planner statistics (:mod:`specdec.budget.planner_stats`).
+
+**A bad file costs the cache entry only.** A damaged, foreign or unreadable file counts as none (one
+warning), and a cache that cannot be written (read-only, full) leaves the table in this process (one
+warning per identity): the generation goes on either way.
 """
 
 from __future__ import annotations
@@ -22,106 +35,161 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from specdec.budget import prior
 from specdec.budget.calibration import calibrate, calibration_identity, identity_key
-from specdec.budget.cost_model import DRIFT_MIN_STEPS, CostTable, VerifyCostModel
-from specdec.budget.machine_load import BUSY_SHARE, busy_reason, others_share_now
+from specdec.budget.cost_model import CostTable, VerifyCostModel
+from specdec.budget.machine_load import busy_reason
 from specdec.cachefiles import folder, write_atomically
+from specdec.errors import SpecDecError
 from specdec.types import TunableVerifier
 
+# A learned table replaces a cached learned one learned at most this much busier (the others' share).
+SHARE_SLACK = 0.1
+
 _MODELS: dict[str, VerifyCostModel] = {}
-_REMEASURED: dict[str, int] = {}  # identity key -> re-measurements after drift in this process
+_WARNED: set[tuple[str, str]] = set()  # (identity key, what): each cache problem is said once per process
 
 
 def calibration_path(identity: dict[str, str]) -> Path:
     return folder("calibration") / f"{identity_key(identity)}.json"
 
 
-def cached_table(verifier: TunableVerifier[Any]) -> CostTable | None:
-    """The calibration known for ``verifier`` (in this process, or on disk) without measuring anything; None if none.
+def _warn_once(key: str, what: str, message: str) -> None:
+    if (key, what) not in _WARNED:
+        _WARNED.add((key, what))
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    What plain decoding (``drafter="none"``, which never drafts and so never needs the cost
-    model) uses to run the kernels this machine's calibration chose. A corrupt, stale or
-    unreadable file counts as none: :func:`cost_model` measures again when a run needs it.
+
+def cached_table(verifier: TunableVerifier[Any]) -> CostTable | None:
+    """The table known for ``verifier`` (in this process, or on disk) without measuring anything; None if none.
+
+    What a :class:`~specdec.Generator` reads at construction to run the kernels this machine's
+    calibration chose (plain decoding never needs the cost model). A bad file counts as none.
     """
     identity = calibration_identity(verifier)
     known = _MODELS.get(identity_key(identity))
     if known is not None:
         return known.table
-    try:
-        return _cached_table(identity)
-    except OSError:
-        return None
+    return _cached_table(identity, verifier)
 
 
-def _cached_table(identity: dict[str, str]) -> CostTable | None:
-    """The calibration cached on disk for ``identity``; None when there is none, or it is corrupt or another's."""
+def _cached_table(identity: dict[str, str], verifier: TunableVerifier[Any] | None = None) -> CostTable | None:
+    """The table cached on disk for ``identity``; None when there is none, or it is unreadable, corrupt,
+    another's or names a kernel variant ``verifier`` does not run (one warning: the file is replaced when a
+    table is next saved)."""
     path = calibration_path(identity)
-    if not path.is_file():
-        return None
+    key = identity_key(identity)
+    known_kernels = getattr(verifier, "KERNELS", None)
     try:
+        if not path.is_file():
+            return None
         table = CostTable.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, KeyError, TypeError):  # SpecDecError is a ValueError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:  # SpecDecError is a ValueError
+        _warn_once(key, "read", f"specdec: ignoring the calibration file {path}: {error}")
         return None
-    return table if table.identity == identity else None
+    if table.identity != identity:
+        _warn_once(key, "read", f"specdec: ignoring the calibration file {path}: it was made for another identity")
+        return None
+    unknown = [v for v in table.kernels.variants() if known_kernels is not None and v not in known_kernels]
+    if unknown:
+        _warn_once(key, "read", f"specdec: ignoring the calibration file {path}: unknown kernel variant {unknown[0]!r}")
+        return None
+    return table
+
+
+def _save(table: CostTable) -> bool:
+    """Cache ``table``; False, with one warning per identity, when the cache cannot be written."""
+    path = calibration_path(table.identity)
+    try:
+        write_atomically(path, json.dumps(table.to_json(), indent=1))
+    except OSError as error:
+        message = f"specdec: cannot cache the verification cost in {path} ({error}): using it in this process only"
+        _warn_once(identity_key(table.identity), "write", message)
+        return False
+    return True
+
+
+def _measure(verifier: TunableVerifier[Any], cache_busy: bool) -> tuple[CostTable, float]:
+    """Time the table (:func:`~specdec.budget.calibration.calibrate`) and cache it unless the machine was busy."""
+    path = calibration_path(calibration_identity(verifier))
+    started = time.perf_counter()
+    print(f"specdec: measuring the verification cost per draft size ({path}) ...", file=sys.stderr, flush=True)
+    table = calibrate(verifier)
+    spent = time.perf_counter() - started
+    print(f"specdec: measured the verification cost in {spent:.1f} s", file=sys.stderr, flush=True)
+    busy = busy_reason(table)
+    if busy is None or cache_busy:
+        _save(table)
+    else:
+        warnings.warn(
+            f"specdec: the verification cost was measured on a busy machine ({busy}): using it in this process "
+            "only, not caching it (`specdec calibrate --recalibrate --force` caches it anyway)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return table, spent
 
 
 def cost_model(
-    verifier: TunableVerifier[Any], *, recalibrate: bool = False, cache_busy: bool = False
+    verifier: TunableVerifier[Any], *, measure: bool = False, recalibrate: bool = False, cache_busy: bool = False
 ) -> tuple[VerifyCostModel, float]:
-    """The cost model for ``verifier``'s model, device and dtype, and the seconds spent calibrating.
+    """The cost model for ``verifier``'s model, device and dtype, and the seconds spent making its table.
 
-    One model per identity and process (so online refinements are shared by every
-    generator of that model); loaded from the cache file when there is one, else
-    calibrated (and saved, unless the machine was busy: module docstring; ``cache_busy``
-    saves it anyway). ``recalibrate`` measures again and overwrites the file. A corrupt or
-    stale cache file is measured again, not trusted. A model in memory that has drifted far
-    from its table is measured again while the machine is quiet (module docstring). The
-    verifier's kernels are left as they are (the table's ``kernels`` say which to run).
+    One model per identity and process (so online refinements are shared by every generator of
+    that model): this process's, else the cached table's, else a prior (module docstring), cached
+    at once; the seconds are then the prior's probe (well under one), or 0.0. ``measure``
+    (``specdec calibrate``) times the table where the cache holds no measured one; ``recalibrate``
+    times it whatever the cache holds. A measured table taken on a busy machine is cached only with
+    ``cache_busy``. The verifier's kernels are left as they are.
     """
     identity = calibration_identity(verifier)
     key = identity_key(identity)
     known = None if recalibrate else _MODELS.get(key)
-    if known is not None and known.drifted:
-        share = others_share_now()
-        if share is not None and share > BUSY_SHARE:  # the load explains it; online refinement follows it
-            known.drift_steps *= 2
-        else:
-            warnings.warn(
-                f"specdec: verification has taken {known.drift:.2f}x the calibrated time over the last "
-                f"{known.observations} steps: measuring the verification cost again",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            _REMEASURED[key] = _REMEASURED.get(key, 0) + 1
-            known, recalibrate = None, True
-    if known is not None:
+    if known is not None and (known.table.measured or not measure):
         return known, 0.0
-    path = calibration_path(identity)
-    table = None if recalibrate else _cached_table(identity)
+    table = None if recalibrate else _cached_table(identity, verifier)
     spent = 0.0
-    if table is None:
+    if recalibrate or (measure and (table is None or not table.measured)):
+        table, spent = _measure(verifier, cache_busy)
+    elif table is None:
         started = time.perf_counter()
-        print(f"specdec: measuring the verification cost per draft size for budget='auto' (once per model, device "
-              f"and dtype on this machine; later runs read it from {path}) ...", file=sys.stderr, flush=True)
-        table = calibrate(verifier)
-        spent = time.perf_counter() - started
-        print(f"specdec: measured the verification cost in {spent:.1f} s", file=sys.stderr, flush=True)
-        busy = busy_reason(table)
-        if busy is None or cache_busy:
-            write_atomically(path, json.dumps(table.to_json(), indent=1))
+        try:
+            table = prior.prior_table(verifier)
+        except (TypeError, SpecDecError, RuntimeError) as error:  # no model to read: measure, as before priors
+            warnings.warn(f"specdec: no prior cost for {type(verifier).__name__} ({error}): measuring it",
+                          RuntimeWarning, stacklevel=2)  # fmt: skip
+            table, spent = _measure(verifier, cache_busy)
         else:
-            warnings.warn(
-                f"specdec: the verification cost was measured on a busy machine ({busy}): using it in this "
-                "process only, not caching it (`specdec calibrate --recalibrate` on a quiet machine caches one)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            spent = time.perf_counter() - started
+            _save(table)
     model = _MODELS[key] = VerifyCostModel(table)
-    model.drift_steps = DRIFT_MIN_STEPS * 2 ** _REMEASURED.get(key, 0)
     return model, spent
 
 
+def remember(model: VerifyCostModel, others_share: float | None) -> CostTable | None:
+    """Fold what ``model`` learned into a ``"learned"`` table and cache it where it improves on the cached one
+    (module docstring); the table saved, or None (nothing learned, a measured table, or a better one cached).
+    ``others_share``: the others' share of the machine while it learned (None: unknown, taken as busy)."""
+    if model.observations == 0 or model.table.measured or not model.learn:
+        return None
+    share = 1.0 if others_share is None else others_share
+    learned = model.learned(share)
+    cached = _cached_table(learned.identity)
+    if cached is not None and not _improves(learned, cached):
+        return None
+    return learned if _save(learned) else None
+
+
+def _improves(new: CostTable, old: CostTable) -> bool:
+    """Whether learned table ``new`` should replace the cached ``old`` (module docstring)."""
+    if old.measured:
+        return False
+    if old.source == "prior":
+        return True
+    return new.others_share <= old.others_share + SHARE_SLACK
+
+
 def forget_cost_models() -> None:
-    """Drop the in-process cost models (tests; a changed cache directory)."""
+    """Drop the in-process cost models and the warnings said (tests; a changed cache directory)."""
     _MODELS.clear()
-    _REMEASURED.clear()
+    _WARNED.clear()

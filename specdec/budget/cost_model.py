@@ -44,13 +44,20 @@ model of the same table before its first step (:meth:`VerifyCostModel.state`,
 :mod:`specdec.budget.planner_stats`), so a one-off ``run`` starts from what earlier
 processes measured, not from the table alone.
 
-**Drift**: when the online ratio over all sizes stays beyond :data:`DRIFT_RATIO` (either
-way) for :data:`DRIFT_MIN_STEPS` steps, the model reports that it :attr:`~VerifyCostModel.drifted`
-(:func:`specdec.budget.calibration_cache.cost_model` then measures again).
+**Drift** is followed, never measured: the online ratio over all sizes is the machine's present
+level against the table's (a busy machine, a faster one), and the predictions follow it within a
+few steps. No call ever stops to time verifications again (docs/budget.md, "No call waits on
+measuring").
+
+**What runs learn is kept**: :meth:`VerifyCostModel.learned` folds the refinement into a new
+table (``source="learned"``, with the machine's load while it was learned), which
+:mod:`specdec.budget.calibration_cache` keeps for the next process, so a table that began as a
+prior (:mod:`specdec.budget.prior`) converges to this machine's costs over the runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -73,8 +80,10 @@ RATIO_CLIP = 5.0
 PLATEAU_SPREAD_MAX = 0.1  # a plateau's widest relative cost step, whatever the calibration's spread
 SHRINK_STEPS = 1.0  # observations at which a size's own ratio weighs as much as the global one
 COUNT_MEMORY = 0.98  # per observation of any size: a size's count of its own observations fades
-DRIFT_RATIO = 2.0  # measured / calibrated, over all sizes, past which the table has drifted
-DRIFT_MIN_STEPS = 32  # online observations before drift counts (doubled after each re-measurement)
+# "measured": timed by calibration (`specdec calibrate`); "prior": from the model's shape and a probe of the
+# machine (specdec.budget.prior), nothing timed; "learned": a prior or learned table with what real steps taught
+# folded in (VerifyCostModel.learned).
+TABLE_SOURCES = ("measured", "prior", "learned")
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,9 @@ class CostTable:
     kernels: KernelChoice = field(default_factory=KernelChoice)  # the variant each size was measured with (and runs)
     bucketed: bool = False  # a size costs the next calibrated size's forward (a static cache's buckets)
     spread: float = 0.0  # median over timed cells of slowest / fastest repeat - 1 (module docstring)
-    others_share: float = 0.0  # other processes' share of the machine's CPU time while calibrating
+    others_share: float = 0.0  # other processes' share of the machine's CPU time while calibrating (or learning)
+    source: str = "measured"  # how the table came to be: one of TABLE_SOURCES (module docstring)
+    observations: int = 0  # real steps a learned table has folded in, over all the processes that learned it
 
     def __post_init__(self) -> None:
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
@@ -104,6 +115,10 @@ class CostTable:
             raise SpecDecError(f"calibration times must be positive and finite, got {self.seconds}")
         if not isinstance(self.kernels, KernelChoice):
             raise SpecDecError(f"calibration kernels must be a KernelChoice, got {self.kernels!r}")
+        if self.source not in TABLE_SOURCES:
+            raise SpecDecError(f"calibration source must be one of {TABLE_SOURCES}, got {self.source!r}")
+        if isinstance(self.observations, bool) or not isinstance(self.observations, int) or self.observations < 0:
+            raise SpecDecError(f"calibration observations must be an int >= 0, got {self.observations!r}")
         for name in ("spread", "others_share"):
             value = getattr(self, name)
             if not finite_number(value):
@@ -120,14 +135,31 @@ class CostTable:
             "bucketed": self.bucketed,
             "spread": self.spread,
             "others_share": self.others_share,
+            "source": self.source,
+            "observations": self.observations,
         }
+
+    @property
+    def measured(self) -> bool:
+        """Whether calibration timed this table (its kernel choice was measured too), not a prior or what runs
+        learned from one."""
+        return self.source == "measured"
 
     def digest(self) -> str:
         """A short hash of the whole table: what a saved online refinement (:meth:`VerifyCostModel.state`) refines."""
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CostTable:
+    def from_json(cls, data: Any) -> CostTable:
+        """The table ``data`` (:meth:`to_json`) holds; anything else (a list, a missing or mistyped entry, another
+        version) raises :class:`SpecDecError` naming what is wrong."""
+        if not isinstance(data, dict):
+            raise SpecDecError(f"a calibration file holds a JSON object, got {type(data).__name__}")
+        for name in ("sizes", "contexts", "seconds"):
+            if not isinstance(data.get(name), list):
+                raise SpecDecError(f"calibration {name} must be a list, got {data.get(name)!r}")
+        if not isinstance(data.get("identity"), dict):
+            raise SpecDecError(f"calibration identity must be an object, got {data.get('identity')!r}")
         if data.get("version") != CALIBRATION_VERSION:
             raise SpecDecError(f"calibration format version {data.get('version')!r}, expected {CALIBRATION_VERSION}")
         return cls(
@@ -139,6 +171,8 @@ class CostTable:
             bool(data.get("bucketed", False)),
             data.get("spread", 0.0),
             data.get("others_share", 0.0),
+            data.get("source", "measured"),
+            data.get("observations", 0),
         )
 
 
@@ -182,7 +216,6 @@ class VerifyCostModel:
         self._global_count = 0.0
         self._grid = np.asarray(table.sizes, dtype=np.int64)  # [S]
         self._tops_at: tuple[int, npt.NDArray[np.int64]] | None = None  # the last context's plateau tops
-        self.drift_steps = DRIFT_MIN_STEPS  # observations before :attr:`drifted` can hold (module docstring)
 
     @property
     def observations(self) -> int:
@@ -193,12 +226,6 @@ class VerifyCostModel:
     def drift(self) -> float:
         """The online ratio measured / calibrated over all sizes, lately (1.0: as calibrated)."""
         return self._global_ratio
-
-    @property
-    def drifted(self) -> bool:
-        """Whether the machine drifted from the table: beyond :data:`DRIFT_RATIO` after ``drift_steps`` steps."""
-        far = not 1.0 / DRIFT_RATIO <= self._global_ratio <= DRIFT_RATIO
-        return self.learn and self._global_count >= self.drift_steps and far
 
     def _along_sizes(self, row: FloatArray, sizes: FloatArray) -> FloatArray:
         """Linear interpolation of ``row[S]`` at ``sizes[K]``, extrapolated linearly past the ends."""
@@ -264,6 +291,22 @@ class VerifyCostModel:
         """The online ratio measured / calibrated at ``sizes`` ``[K]``: per size, shrunk toward the global one."""
         shrunk = (self._count * self._ratio + SHRINK_STEPS * self._global_ratio) / (self._count + SHRINK_STEPS)
         return np.interp(np.log(self._padded(sizes)), self._log_sizes, shrunk)
+
+    def learned(self, others_share: float) -> CostTable:
+        """The table with this model's refinement folded in: every calibrated size's seconds at every context
+        times its correction (:meth:`correction`: its own ratio shrunk toward the global one, so a size
+        never seen moves with the machine's level), kept non-decreasing in size and at most ``N * cost(1)``
+        as calibration keeps its own, marked ``source="learned"`` with ``others_share`` (the machine's load
+        while it learned) and the steps it folds in. The kernel choice, sizes and contexts stay."""
+        sizes = np.asarray(self.table.sizes, dtype=np.float64)  # [S]
+        rows = []
+        for row in self._seconds * self.correction(self._grid)[None, :]:  # [Cn, S]
+            row = np.minimum(np.maximum.accumulate(row), sizes * row[0])
+            rows.append(tuple(float(v) for v in row))
+        return dataclasses.replace(
+            self.table, seconds=tuple(rows), source="learned", others_share=float(min(max(others_share, 0.0), 1.0)),
+            observations=self.table.observations + self.observations,
+        )
 
     def state(self) -> dict[str, Any]:
         """What the online refinement learned, JSON-ready, with the digest of the table it refines

@@ -16,8 +16,9 @@ from typing import Any
 
 from specdec.budget import calibration_cache
 from specdec.budget.acceptance import AcceptanceModel
-from specdec.budget.batch_planner import BatchGuard, BatchPlanner
+from specdec.budget.batch_planner import BatchGuard, BatchPlanner, LoneGuard
 from specdec.budget.cost_model import VerifyCostModel
+from specdec.budget.machine_load import FOLLOWER
 from specdec.budget.planner import Budget, BudgetPlanner, Throughput
 from specdec.budget.planner_stats import PlannerStatsFile, open_planner_stats
 from specdec.types import TunableVerifier
@@ -39,6 +40,7 @@ class PlannerMemory:
     cost: VerifyCostModel | None = None
     batch_cost: VerifyCostModel | None = None
     stats: PlannerStatsFile | None = None
+    lone_guard: LoneGuard = field(default_factory=LoneGuard)  # whether a lone sequence's drafting pays, measured
 
     def open_stats(
         self, planner_cache: bool | None, verifier: TunableVerifier[Any], tokenizer: Any, drafter: Any,
@@ -54,7 +56,8 @@ class PlannerMemory:
         runs the kernels the calibration chose, and a model new to this process starts from the saved
         refinement."""
         model, spent = calibration_cache.cost_model(verifier)
-        verifier.use_kernels(model.table.kernels)
+        if model.table.measured:  # a prior's (or what runs learned from one) is the verifier's own choice already
+            verifier.use_kernels(model.table.kernels)
         if self.stats is not None:
             self.stats.load_cost(model)
         self.cost = model
@@ -70,7 +73,7 @@ class PlannerMemory:
     def planner(self, verifier: TunableVerifier[Any], budget: Budget) -> BudgetPlanner:
         """One sequence's planner for one generation, learning into this memory."""
         return BudgetPlanner(verifier, budget, self.acceptance, self.throughput,
-                             load_cost=lambda: self.load_cost(verifier))  # fmt: skip
+                             load_cost=lambda: self.load_cost(verifier), guard=self.lone_guard)  # fmt: skip
 
     def batch_planner(self, verifier: TunableVerifier[Any], budget: Budget) -> BatchPlanner:
         """A batch's planner for one call, learning into this memory."""
@@ -78,6 +81,10 @@ class PlannerMemory:
                             self.batch_guards)  # fmt: skip
 
     def save(self) -> None:
-        """What the generations taught goes to the planner cache (nothing without one)."""
+        """What the generations taught goes to the planner cache (nothing without one), and the cost model's
+        refinement to the calibration cache where it began from a prior
+        (:func:`~specdec.budget.calibration_cache.remember`)."""
         if self.stats is not None:
             self.stats.save(self.acceptance, self.throughput, self.cost)
+        if self.cost is not None:
+            calibration_cache.remember(self.cost, FOLLOWER.generation_share)

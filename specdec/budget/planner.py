@@ -252,6 +252,7 @@ class BudgetPlanner:
         cost: VerifyCostModel | None = None,
         *,
         load_cost: Callable[[], tuple[VerifyCostModel, float]] | None = None,
+        guard: Any = None,
     ) -> None:
         self.verifier = verifier
         self.budget = Budget.parse(budget)
@@ -260,6 +261,8 @@ class BudgetPlanner:
         self._cost = cost
         self._load_cost = load_cost if load_cost is not None else lambda: cost_model(verifier)
         self._probe_credit = 0.0  # seconds cut steps earned toward their probes (module docstring)
+        self.guard = guard  # the lone sequence's LoneGuard (specdec.budget.batch_planner), kept by its memory
+        self._context = 0  # the committed length of the last plan
 
     @property
     def cost(self) -> VerifyCostModel | None:
@@ -270,6 +273,7 @@ class BudgetPlanner:
         """The tree to verify after ``committed_len`` committed tokens, cut from the drafter's ``tree``."""
         keys = node_keys(tree)
         offered = tree.size
+        self._context = committed_len
         calibration_s = 0.0
         if self._cost is None and offered > 1:
             # Every budget loads it: the calibration also says which kernels the verifier runs.
@@ -300,6 +304,13 @@ class BudgetPlanner:
             keys = [keys[i] for i in chosen]
         expected = float(accept_probs[nodes[1:]].sum())
         return Plan(tree, keys, offered, expected, float(costs[k - 1]), calibration_s, reason)
+
+    def plain_rate(self) -> float | None:
+        """Plain decoding's tokens per second by the cost model and the measured overhead (None before the model
+        is loaded): what a :class:`~specdec.budget.batch_planner.LoneGuard` weighs drafting steps against."""
+        if self._cost is None:
+            return None
+        return 1.0 / (float(self._cost.predict(np.array([1]), self._context)[0]) + self.throughput.overhead_s)
 
     def observe(
         self, plan: Plan, accepted_nodes: Sequence[int], committed_len: int, verify_s: float, step_s: float

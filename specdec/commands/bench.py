@@ -11,6 +11,7 @@
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
+    specdec bench load --out runs/load              # the one-off calls idle, beside a busy and a streaming process
     specdec bench margins --dtype bfloat16          # logit gap of verification vs one-token forwards (near-tie margins)
     specdec bench batch --batch-size 1,2,4,8 --out runs/batch   # many prompts: tokens/s by batch size vs HF
     specdec bench soak --out runs/soak              # one Generator, 500+ prompts: identity, store budget, RSS
@@ -33,6 +34,7 @@ import torch
 
 from specdec.backends import TREE_OPS
 from specdec.bench import batched, oneoff, quality
+from specdec.bench import load as load_bench
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
 from specdec.bench.curves import ratio_table
@@ -307,6 +309,18 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_load(args: argparse.Namespace) -> int:
+    if args.load_child is not None:
+        load_bench.child_main(args.load_child)
+        return 0
+    conditions = load_bench.parse_conditions(args.conditions)
+    report = load_bench.measure(args.model, conditions, args.drafters, args.prompts, args.max_new_tokens,
+                                not args.quiet)  # fmt: skip
+    report["command"] = _command_line()
+    print(load_bench.write(report, args.out))
+    return 0
+
+
 def _write_run(out: Path, document: dict[str, Any], text: str) -> None:
     """``results.json`` (the document and the command) and ``report.md`` (the command and ``text``) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -433,7 +447,7 @@ def register(sub: Any) -> None:
                        "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
     commands = bench.add_subparsers(dest="bench_command",
-                                    metavar="{replay,judge,quality,margins,costs,curves,oneoff,batch,soak,ratios}")
+                                    metavar="{replay,judge,quality,margins,costs,curves,oneoff,load,batch,soak,ratios}")
 
     replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
                                  "modelled speedup under frozen cost tables, no model, no clock")
@@ -537,6 +551,21 @@ def register(sub: Any) -> None:
     one.add_argument("--no-warmed", action="store_true",
                      help="with --fresh: skip the warmed process that runs the same prompts beside them")
     one.set_defaults(func=cmd_oneoff)
+
+    loaded = commands.add_parser("load", help="the one-off calls beside other work: idle, beside busy processes and "
+                                 "beside a memory-streaming one, each in a fresh process with empty caches")
+    loaded.add_argument("--model", default="default", help="the model (default: %(default)s)")
+    loaded.add_argument("--conditions", default="idle,busy:1,stream", metavar="LIST",
+                        help="comma-separated: idle, busy:N (N processes computing), stream (default: %(default)s)")
+    loaded.add_argument("--drafters", default="sam+recycling,none", metavar="SPECS",
+                        help="comma-separated specs, the first also timed as the process's first call "
+                        "(default: %(default)s)")
+    loaded.add_argument("--prompts", type=int, default=12, help="the first N held-out prompts (default: %(default)s)")
+    loaded.add_argument("--max-new-tokens", type=int, default=128)
+    loaded.add_argument("--out", default=None, metavar="DIR", help="write load.json, load.md, load.png here")
+    loaded.add_argument("--quiet", action="store_true", help="no progress bar")
+    loaded.add_argument(load_bench.CHILD_FLAG, dest="load_child", default=None, help=argparse.SUPPRESS)
+    loaded.set_defaults(func=cmd_load)
 
     batch = commands.add_parser("batch", help="many prompts: aggregate tokens/s by batch size, specdec's batches "
                                 "(and B=1's single-sequence path) against HF's batched greedy generate")

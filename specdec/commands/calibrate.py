@@ -67,7 +67,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     model, _ = load_model(None if args.model == "default" else args.model, dtype=args.dtype, device=args.device)
     engine, tree_ops = engine_choice(args, model)
     verifier = make_verifier(model, engine, tree_ops=tree_ops)
-    cost, spent = cost_model(verifier, recalibrate=args.recalibrate, cache_busy=args.force)
+    cost, spent = cost_model(verifier, measure=True, recalibrate=args.recalibrate, cache_busy=args.force)
     table = cost.table
     busy = busy_reason(table)
     ms_rows = [[round(s * 1e3, 2) for s in row] for row in table.seconds]

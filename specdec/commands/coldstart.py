@@ -133,10 +133,9 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
                  "tree_ops": plain.verifier.name}  # fmt: skip
     spec = {"model": args.model, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens, **placement}
     seeder = Generator(args.model, drafter=args.drafter, store=False, planner_cache=True, **placement)
-    _, spent = seeder.cost_model()
-    if spent or not calibration_path(calibration_identity(seeder.verifier)).is_file():
-        print("warning: no cached calibration (measured now on a busy machine?): every child process measures it "
-              "again and its first call pays for it; run `specdec calibrate` on a quiet machine first",
+    seeder.cost_model()  # a prior where nothing is cached, cached at once: the children start from it
+    if not calibration_path(calibration_identity(seeder.verifier)).is_file():
+        print("warning: the cost table could not be cached: every child process makes its own prior",
               file=sys.stderr)
     for seed in tqdm(seeds, desc="seeding the statistics", unit="prompt", file=sys.stderr):
         seeder.generate(seed["prompt"], max_new_tokens=args.max_new_tokens)
