@@ -202,22 +202,23 @@ class Generator:
         On a fixed-shape engine (``"graphs"``, the default on CUDA; ``"compiled"``) every tree-size bucket's
         forward is compiled (inductor) or captured (CUDA graphs) for sequences of up to
         ``max_tokens`` tokens (prompt + new tokens); with ``budget="auto"`` the verification
-        cost is calibrated (cached per machine, so usually free). A server calls this once
+        cost model is loaded (the cached table, or a prior: nothing is timed). A server calls this once
         before taking requests. Nothing is generated and no sequence is disturbed.
         """
         with self._turn("warm_up"):
             started = time.perf_counter()
-            if self.budget.mode == "auto":  # first: calibration picks the kernels the buckets are compiled with
+            if self.budget.mode == "auto":  # first: a measured table picks the kernels the buckets are compiled with
                 self.planner_memory.load_cost(self.verifier)
             self.verifier.warm_up(max_tokens)
             return time.perf_counter() - started
 
     def cost_model(self) -> tuple[VerifyCostModel, float]:
-        """The verifier's cost model and the seconds spent calibrating it (0.0: cached), its kernels in force.
+        """The verifier's cost model and the seconds spent making its table (0.0: cached), its kernels in force.
 
-        Loaded from this process's models or the calibration cache, or measured on first use
-        (:func:`specdec.budget.calibration_cache.cost_model`); the verifier then runs the
-        kernels the calibration chose (:meth:`~specdec.types.TunableVerifier.use_kernels`). A
+        Loaded from this process's models or the calibration cache, else a prior that times no
+        verification (:func:`specdec.budget.calibration_cache.cost_model`); where the table was
+        measured (``specdec calibrate``) the verifier then runs the kernels it chose
+        (:meth:`~specdec.types.TunableVerifier.use_kernels`). A
         generation calls it at its first draft, under any budget.
         """
         with self._turn("cost_model"):

@@ -11,7 +11,8 @@ the process), in one sitting:
 - ``stream``: one process that streams memory (copies between two 256 MiB arrays), what another
   model or a data job does to the memory bandwidth every decoding step needs.
 
-In each process: the **first call** (``specdec.run`` with the first drafter on the first prompt,
+The prompts are the held-out ones taken one kind after another (:func:`spread_prompts`). In each
+process: the **first call** (``specdec.run`` with the first drafter on the first prompt,
 before anything else: what a fresh process pays), then :func:`specdec.bench.oneoff.measure_in_process`
 over the prompts (per prompt, interleaved: HF greedy ``generate``, one ``run`` per drafter, and a
 long-lived warmed ``Generator`` per drafter). Per condition the report gives the first call's
@@ -66,6 +67,23 @@ def parse_conditions(text: str) -> list[str]:
     return conditions
 
 
+def spread_prompts(prompts: Sequence[oneoff.Prompt], count: int) -> list[oneoff.Prompt]:
+    """The first ``count`` of ``prompts`` taken one kind after another (the held-out prompts come grouped by
+    kind: 8 of them are 2 of each of the 4 kinds, not 4 HumanEval and 4 MBPP).
+
+    >>> kinds = [oneoff.Prompt(k, str(i)) for i, k in enumerate("aabbcc")]
+    >>> [p.text for p in spread_prompts(kinds, 4)]
+    ['0', '2', '4', '1']
+    """
+    by_kind: dict[str, list[oneoff.Prompt]] = {}
+    for prompt in prompts:
+        by_kind.setdefault(prompt.kind, []).append(prompt)
+    chosen: list[oneoff.Prompt] = []
+    for turn in range(max((len(group) for group in by_kind.values()), default=0)):
+        chosen.extend(group[turn] for group in by_kind.values() if turn < len(group))
+    return chosen[:count]
+
+
 def _loaders(condition: str) -> list[subprocess.Popen[bytes]]:
     """The processes that make ``condition``'s load (none for idle), started now."""
     if condition == "idle":
@@ -90,7 +108,7 @@ def child_main(payload: str) -> None:
     started = time.perf_counter()
     model, tokenizer = load_model(None if data["model"] == "default" else data["model"])
     loaded = time.perf_counter() - started
-    prompts = oneoff.heldout_prompts()[: data["prompts"]]
+    prompts = spread_prompts(oneoff.heldout_prompts(), data["prompts"])
     (first_spec, *_) = parse_methods([data["drafters"]])
     ids = encode_prompt(tokenizer, prompts[0].text, None)
     first = oneoff.timed_run(model, tokenizer, ids, first_spec, data["max_new_tokens"])
@@ -103,32 +121,47 @@ def child_main(payload: str) -> None:
     }))  # fmt: skip
 
 
+def _child_command(payload: str) -> list[str]:
+    """This file run as ``__main__`` (below), so ``--code`` can put another specdec on the child's path (the child
+    runs in an empty folder: no checkout in its working directory comes first)."""
+    run = f"import runpy; runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')"
+    return [sys.executable, "-c", run, CHILD_FLAG, payload]
+
+
 def measure(
-    model: str, conditions: Sequence[str], drafters: str, prompts: int, max_new_tokens: int, progress: bool = True
+    model: str, conditions: Sequence[str], drafters: str, prompts: int, max_new_tokens: int, progress: bool = True,
+    codes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Every condition in turn, one fresh process each with empty caches (module docstring)."""
+    """Every condition in turn, one fresh process each with empty caches (module docstring). ``codes``: other
+    specdec checkouts to measure in turn with this one under each condition (``name [dir]`` in the report), so
+    old and new code meet the same load minutes apart."""
     from tqdm import tqdm
 
     report: dict[str, Any] = {"model": model, "drafters": drafters, "prompts": prompts,
                               "max_new_tokens": max_new_tokens, "conditions": {}}  # fmt: skip
     payload = json.dumps({"model": model, "drafters": drafters, "prompts": prompts, "max_new_tokens": max_new_tokens})
-    bar = tqdm(conditions, desc="load conditions", unit="condition", disable=not progress, file=sys.stderr)
-    for condition in bar:
-        bar.set_postfix_str(condition)
+    trees: list[str | None] = [None, *codes]
+    runs = [(condition, tree) for condition in conditions for tree in trees]
+    bar = tqdm(runs, desc="load conditions", unit="process", disable=not progress, file=sys.stderr)
+    for condition, tree in bar:
+        key = condition if tree is None else f"{condition} [{Path(tree).name}]"
+        bar.set_postfix_str(key)
         with tempfile.TemporaryDirectory(prefix="specdec-load-") as empty:
             env = dict(os.environ)
             for kind in ("CALIBRATION", "PLANNER", "RECYCLING"):
                 env[f"SPECDEC_{kind}_DIR"] = str(Path(empty) / kind.lower())
+            if tree is not None:
+                env["PYTHONPATH"] = str(Path(tree).resolve())
             loaders = _loaders(condition)
             try:
                 time.sleep(1.0 if loaders else 0.0)  # the loaders are running before the process starts
-                command = [sys.executable, "-m", "specdec.commands", "bench", "load", CHILD_FLAG, payload]
-                done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+                done = subprocess.run(_child_command(payload), capture_output=True, text=True, check=False, env=env,
+                                      cwd=empty)  # fmt: skip
             finally:
                 _stop(loaders)
         if done.returncode != 0:
-            raise RuntimeError(f"the measuring process ({condition}) failed:\n{done.stderr[-4000:]}")
-        report["conditions"][condition] = summarize_condition(json.loads(done.stdout.strip().splitlines()[-1]))
+            raise RuntimeError(f"the measuring process ({key}) failed:\n{done.stderr[-4000:]}")
+        report["conditions"][key] = summarize_condition(json.loads(done.stdout.strip().splitlines()[-1]))
         time.sleep(2.0)  # the loaders' CPU time leaves the next condition's first reading
     return report
 
@@ -170,9 +203,11 @@ def summarize_condition(child: dict[str, Any]) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     """Markdown: one row per condition and drafter, and ``none`` against its idle figure."""
     conditions = report["conditions"]
-    idle_none = conditions.get("idle", {}).get("arms", {}).get("none", {}).get("tokens_per_s")
     rows = []
     for condition, figures in conditions.items():
+        code = condition.partition(" ")[2]  # "" for this checkout, "[dir]" for another
+        idle = conditions.get(f"idle {code}".strip(), {})
+        idle_none = idle.get("arms", {}).get("none", {}).get("tokens_per_s")
         first = figures["first_call"]
         for label, arm in figures["arms"].items():
             vs_idle = ""
@@ -226,3 +261,7 @@ def write(report: dict[str, Any], out: str | None) -> str:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "raw.json").write_text(json.dumps(report), encoding="utf-8")
     return write_with_plot(slim, table, out, "load", lambda plt: draw(report))
+
+
+if __name__ == "__main__":  # a measuring process (_child_command), on whichever specdec its PYTHONPATH names
+    child_main(sys.argv[sys.argv.index(CHILD_FLAG) + 1])

@@ -164,9 +164,12 @@ class LoadFollower:
 
     @contextmanager
     def following(self, on_cpu: bool) -> Iterator[None]:
-        """One generation (module docstring); off the CPU, or with ``SPECDEC_FOLLOW_LOAD=0``, nothing changes."""
+        """One generation (module docstring); off the CPU, or with ``SPECDEC_FOLLOW_LOAD=0``, the threads stay as they
+        are (the load over the generation is still read)."""
         if not on_cpu or os.environ.get(FOLLOW_LOAD_ENV, "1") == "0":
+            watch = MachineWatch.start(on_cpu=False)
             yield
+            self.generation_share = watch.others_share()
             return
         with self._lock:
             if self._depth == 0:

@@ -315,7 +315,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         return 0
     conditions = load_bench.parse_conditions(args.conditions)
     report = load_bench.measure(args.model, conditions, args.drafters, args.prompts, args.max_new_tokens,
-                                not args.quiet)  # fmt: skip
+                                not args.quiet, codes=args.code)  # fmt: skip
     report["command"] = _command_line()
     print(load_bench.write(report, args.out))
     return 0
@@ -563,6 +563,9 @@ def register(sub: Any) -> None:
     loaded.add_argument("--prompts", type=int, default=12, help="the first N held-out prompts (default: %(default)s)")
     loaded.add_argument("--max-new-tokens", type=int, default=128)
     loaded.add_argument("--out", default=None, metavar="DIR", help="write load.json, load.md, load.png here")
+    loaded.add_argument("--code", action="append", default=[], metavar="DIR",
+                        help="another specdec checkout (e.g. a worktree of main) measured in turn with this one "
+                        "under each condition (repeatable)")
     loaded.add_argument("--quiet", action="store_true", help="no progress bar")
     loaded.add_argument(load_bench.CHILD_FLAG, dest="load_child", default=None, help=argparse.SUPPRESS)
     loaded.set_defaults(func=cmd_load)

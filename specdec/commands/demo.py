@@ -151,13 +151,13 @@ def _device_text(verifier: Any) -> str:
 def _warm_up(generators: dict[str, Any], prompts: list[DemoPrompt], ids: list[list[int]]) -> Any:
     """Pay every one-time cost before the clock starts; the speculative methods' cost model."""
     first = next(g for name, g in generators.items() if name != "none")
-    cost, _ = first.cost_model()  # measured once per machine (it says so), else read from the cache
+    cost, _ = first.cost_model()  # the cached table, else a prior (no timing run): the steps refine it
     if getattr(first.verifier, "buckets", None):
         print("Compiling or capturing the static cache's forward for every tree-size bucket (once per method) ...",
               file=sys.stderr)
     longest = max(ids, key=len)
     for generator in generators.values():
-        generator.cost_model()  # every verifier runs the kernels the calibration chose, plain decoding too
+        generator.cost_model()  # every verifier runs the kernels a measured table chose, plain decoding too
         generator.verifier.warm_up(len(longest) + max(p.max_new_tokens for p in prompts))
         generator.generate(prompts[0].prompt, max_new_tokens=4)
     return cost
