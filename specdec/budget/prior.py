@@ -14,11 +14,14 @@ estimate that costs no verification:
 ``weights``: the bytes of every matrix a forward reads (the input embedding's rows are looked up,
 not read; a tied output head counts once); ``flops``: two per weight per token; attention's
 products per query and key; ``kv_bytes``: one position's keys and values over all layers.
-``bandwidth`` and ``gemm_rate`` come from :func:`probe` (one streamed matrix-vector product and one
-cache-resident product in the model's dtype on its device, best of a few: tens of milliseconds,
-once per device, dtype and thread count in a process). The sum, not the maximum, of the weight and
-arithmetic terms: the kernels overlap the two only in part, and on the CPUs measured the sum was the
-closer (a 135M model: 8 nodes measured 1.48x one node, the sum says 1.5x, the maximum 1.0x).
+``bandwidth`` and ``gemm_rate`` come from :func:`probe`: a one-row and a 16-row product through one
+streamed 64 MiB weight, in the model's dtype on its device, through the linear layers its forward
+runs (specdec's CPU kernels where they serve the model: they stream faster than torch's), best of 5:
+the one-row product gives the bandwidth, what the 15 more rows add gives the arithmetic the stream
+does not hide (a cache-resident product's rate overstated the slope 2.5x: the kernels overlap most of
+their arithmetic with the stream). Tens of milliseconds, once per device, dtype, thread count and
+kernels in a process. The sum of the weight and arithmetic terms, since
+``gemm_rate`` counts only the arithmetic the stream leaves showing.
 
 Where the estimate errs, it errs cheap: a size priced too low is chosen, measured on its first
 steps and corrected; a size priced too high is reached by the planner's probes. The table is
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +44,9 @@ from specdec.budget.calibration import DEFAULT_CONTEXTS, DEFAULT_SIZES, calibrat
 from specdec.budget.cost_model import CostTable
 from specdec.types import TunableVerifier
 
-PROBE_REPEATS = 3
+PROBE_REPEATS = 5
 STREAM_BYTES = {"cpu": 64 << 20, "cuda": 512 << 20}  # larger than the last-level cache: the probe streams
-GEMM_ROWS, GEMM_SIZE = 64, 1024  # the compute probe: [64, 1024] @ [1024, 1024], cache-resident
+GEMM_ROWS = 16  # the second probe: 16 rows through the same streamed weight
 OVERHEAD_S = {"cpu": (2e-4, 2e-5), "cuda": (2e-4, 5e-5)}  # (per forward, per layer): the loop's own time
 
 
@@ -84,30 +88,46 @@ def _best(run: Any, device: torch.device) -> float:
     return max(best, 1e-9)
 
 
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [M, K], weight [N, K]) -> [M, N]
+
+
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight)
+
+
+def _specdec_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    from specdec.backends import cpu_kernels
+
+    return cpu_kernels.skinny_linear(x, weight)
+
+
 @functools.cache
-def _probe(device_type: str, device_index: int | None, dtype: torch.dtype, threads: int) -> Machine:
+def _probe(device_type: str, device_index: int | None, dtype: torch.dtype, threads: int, kernels: str) -> Machine:
     started = time.perf_counter()
     device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    linear: Linear = _specdec_linear if kernels == "specdec" else _torch_linear
     itemsize = torch.empty((), dtype=dtype).element_size()
-    side = int((STREAM_BYTES.get(device_type, STREAM_BYTES["cpu"]) // itemsize) ** 0.5)
+    side = int((STREAM_BYTES.get(device_type, STREAM_BYTES["cpu"]) // itemsize) ** 0.5) // 64 * 64
     with torch.inference_mode():
         weight = torch.ones(side, side, dtype=dtype, device=device)
-        vector = torch.ones(1, side, dtype=dtype, device=device)
-        streamed = _best(functools.partial(torch.mm, vector, weight), device)
-        del weight  # the probe's 64 MiB go back before the next
-        small = torch.ones(GEMM_SIZE, GEMM_SIZE, dtype=dtype, device=device)
-        rows = torch.ones(GEMM_ROWS, GEMM_SIZE, dtype=dtype, device=device)
-        computed = _best(lambda: torch.mm(rows, small), device)
+        one = torch.ones(1, side, dtype=dtype, device=device)
+        rows = torch.ones(GEMM_ROWS, side, dtype=dtype, device=device)
+        streamed = _best(functools.partial(linear, one, weight), device)
+        both = _best(functools.partial(linear, rows, weight), device)
+        del weight  # the probe's 64 MiB go back
     bandwidth = side * side * itemsize / streamed
-    gemm_rate = 2.0 * GEMM_ROWS * GEMM_SIZE * GEMM_SIZE / computed
+    # What each row past the first adds to a streamed product: the arithmetic the stream does not hide.
+    extra = max(both - streamed, 0.05 * streamed)
+    gemm_rate = 2.0 * (GEMM_ROWS - 1) * side * side / extra
     return Machine(bandwidth, gemm_rate, time.perf_counter() - started)
 
 
-def probe(device: torch.device, dtype: torch.dtype) -> Machine:
-    """This machine's streaming bandwidth and product rate for ``dtype`` on ``device`` (module docstring), once per
-    device, dtype and thread count in a process."""
+def probe(device: torch.device, dtype: torch.dtype, kernels: str = "torch") -> Machine:
+    """This machine's streaming bandwidth and product rate for ``dtype`` on ``device`` (module docstring) through
+    the linear layers a forward runs (``kernels``: ``"specdec"``, specdec's CPU kernels, or ``"torch"``), once
+    per device, dtype, thread count and kernels in a process."""
     threads = torch.get_num_threads() if device.type == "cpu" else 1
-    return _probe(device.type, device.index, dtype, threads)
+    return _probe(device.type, device.index, dtype, threads, kernels)
 
 
 def model_shape(model: Any) -> Shape:
@@ -161,7 +181,8 @@ def prior_table(verifier: TunableVerifier[Any]) -> CostTable:
     if buckets is not None:
         sizes = tuple(b for b in buckets if b <= max(DEFAULT_SIZES))
     sizes, contexts = calibration_plan(verifier, sizes, DEFAULT_CONTEXTS)
-    machine = probe(description.device, description.dtype)
+    kernels = "specdec" if description.kernel_path != "-" else "torch"  # where specdec's CPU kernels serve it
+    machine = probe(description.device, description.dtype, kernels)
     shape = model_shape(model)
     grid = np.asarray(sizes, dtype=np.float64)
     seconds = tuple(
