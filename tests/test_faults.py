@@ -1,0 +1,189 @@
+"""Faults a hostile or unlucky user meets: crafted files, damaged caches, unwritable cache folders, huge lengths.
+
+Issue 74's table, one test (or a few) per row. Where a crash is possible (a crafted datastore
+mapped with an ``object`` dtype died with SIGSEGV; a truncated extension with a Bus error;
+a KV cache sized for 10**12 tokens) the case runs in a child interpreter, so a crash fails
+the case with the signal instead of killing the suite. Read-only and full folders are made
+by monkeypatching the write to raise ``OSError(EROFS)`` / ``OSError(ENOSPC)`` (``chmod`` does
+not stop root, and a tmpfs mount needs privileges CI may lack); one case also tries a real
+full tmpfs and skips when it cannot mount one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specdec.cachefiles import TokenizerIdentity
+from specdec.datastores.format import _PREFIX
+
+IDENTITY = TokenizerIdentity("fault-test", 96, "fault-test")
+
+
+def run_child(code: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that imports this checkout's specdec; never raises on its exit."""
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=environment, check=False)
+
+
+def died(done: subprocess.CompletedProcess[str]) -> str:
+    """How a child ended, for an assertion's message."""
+    return f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+
+
+# -- crafted datastores -------------------------------------------------------------------------
+
+
+def recrafted(source: Path, target: Path, edit: Callable[[dict[str, Any], bytearray], None]) -> Path:
+    """``source`` with its header edited by ``edit(header, data)`` and every checksum recomputed.
+
+    ``edit`` may change the header's JSON and the file's bytes (``data``); the header's CRC and
+    the CRC of every section are computed again afterwards, so only the structural checks can
+    refuse the file, as with a file crafted by hand.
+    """
+    data = bytearray(source.read_bytes())
+    magic, container, length, _, reserved = _PREFIX.unpack(data[: _PREFIX.size])
+    header = json.loads(data[_PREFIX.size : _PREFIX.size + length])
+    edit(header, data)
+    for entry in header.get("sections", []) if isinstance(header, dict) else []:
+        try:  # the checksum of the bytes the entry names (its offset as it is now, before any shift)
+            start, size = int(entry["offset"]), int(entry["nbytes"])
+            entry["crc32"] = zlib.crc32(bytes(data[max(start, 0) : max(start, 0) + size]))
+        except (KeyError, TypeError, ValueError):
+            pass
+    first = min(s["offset"] for s in json.loads(data[_PREFIX.size : _PREFIX.size + length])["sections"])
+    shift = 0
+    while True:  # a longer header moves every section on by whole 64-byte blocks
+        blob = json.dumps(header, sort_keys=True).encode()
+        needed = _PREFIX.size + len(blob) - (first + shift)
+        if needed <= 0:
+            break
+        grow = -(-needed // 64) * 64
+        shift += grow
+        for entry in header.get("sections", []) if isinstance(header, dict) else []:
+            if isinstance(entry.get("offset"), int) and entry["offset"] >= 0:
+                entry["offset"] += grow
+    data[first:first] = bytes(shift)
+    body = _PREFIX.pack(magic, container, len(blob), zlib.crc32(blob), reserved) + blob
+    data[: len(body)] = body
+    target.write_bytes(bytes(data))
+    return target
+
+
+def section(header: dict[str, Any], name: str) -> dict[str, Any]:
+    entry: dict[str, Any] = next(s for s in header["sections"] if s["name"] == name)
+    return entry
+
+
+def set_dtype(name: str, dtype: str, fill: int | None = None) -> Callable[[dict[str, Any], bytearray], None]:
+    """Declare section ``name`` as ``dtype`` (its bytes, when ``fill`` is given, set to that int64 pattern)."""
+
+    def edit(header: dict[str, Any], data: bytearray) -> None:
+        entry = section(header, name)
+        entry["dtype"] = dtype
+        if fill is not None:
+            count = entry["nbytes"] // 8
+            data[entry["offset"] : entry["offset"] + 8 * count] = np.full(count, fill, dtype="<i8").tobytes()
+
+    return edit
+
+
+def set_field(name: str, key: str, value: Any) -> Callable[[dict[str, Any], bytearray], None]:
+    def edit(header: dict[str, Any], data: bytearray) -> None:
+        section(header, name)[key] = value
+
+    return edit
+
+
+def drop_header_key(key: str) -> Callable[[dict[str, Any], bytearray], None]:
+    def edit(header: dict[str, Any], data: bytearray) -> None:
+        del header[key]
+
+    return edit
+
+
+def crafted_cases(kind: str) -> dict[str, tuple[Callable[[dict[str, Any], bytearray], None], str]]:
+    """Per crafted file: the edit and what its ``DatastoreError`` must say (every section's dtype and shape)."""
+    names = ("tokens", "suffix_array", "doc_starts") if kind == "rest" else (
+        "tokens", "doc_starts", "length", "link", "draft_endpos", "occurrences", "last_endpos", "edge_start",
+        "edge_token", "edge_target")
+    cases: dict[str, tuple[Callable[[dict[str, Any], bytearray], None], str]] = {}
+    for name in names:
+        # pointers made of file bytes: the SIGSEGV of the issue (0x7f00deadbeef is no object)
+        cases[f"{name}-object"] = (set_dtype(name, "|O", fill=0x7F00DEADBEEF), f"section '{name}' has dtype '|O'")
+        cases[f"{name}-str"] = (set_dtype(name, "<U1"), f"section '{name}' has dtype '<U1'")
+        cases[f"{name}-void"] = (set_dtype(name, "|V4"), f"section '{name}' has dtype '|V4'")
+        cases[f"{name}-big-endian"] = (set_dtype(name, ">i4"), f"section '{name}' has dtype '>i4'")
+        cases[f"{name}-not-a-dtype"] = (set_dtype(name, "no-such-dtype"), "which is not a numpy dtype")
+        cases[f"{name}-float"] = (set_dtype(name, "<f4"), f"section '{name}' must be")
+        cases[f"{name}-two-axes"] = (lambda h, d, n=name: section(h, n).update(shape=[1, *section(h, n)["shape"]]),
+                                     f"section '{name}' must be")
+        cases[f"{name}-negative-shape"] = (set_field(name, "shape", [-4]), "not a list of non-negative sizes")
+        cases[f"{name}-shape-not-a-list"] = (set_field(name, "shape", "12"), "not a list of non-negative sizes")
+        cases[f"{name}-bytes-past-shape"] = (lambda h, d, n=name: section(h, n).update(shape=[1]), "declares")
+        cases[f"{name}-negative-offset"] = (set_field(name, "offset", -64), "non-negative offset")
+    cases["no-tokenizer"] = (drop_header_key("tokenizer"), "has no tokenizer identity")
+    cases["no-sections"] = (drop_header_key("sections"), "has no list of sections")
+    cases["extra-section"] = (lambda h, d: h["sections"].append({**section(h, "doc_starts"), "name": "extra"}),
+                              "section 'extra' is not a section of")
+    cases["twice"] = (lambda h, d: h["sections"].append(dict(section(h, "doc_starts"))), "appears twice")
+    cases["tokenizer-not-an-object"] = (lambda h, d: h.update(tokenizer=[1, 2]), "has no tokenizer identity")
+    cases["vocab-not-an-int"] = (lambda h, d: h["tokenizer"].update(vocab_size="96"), "tokenizer identity")
+    cases["version-not-an-int"] = (lambda h, d: h.update(kind_version="1"), "kind_version '1' is not an integer")
+    cases["meta-not-an-object"] = (lambda h, d: h.update(meta=[]), "its meta is a JSON list")
+    return cases
+
+
+_LOAD_EACH = """
+import sys
+from pathlib import Path
+from specdec.errors import DatastoreError
+from specdec.datastores import rest, sam
+kind = sys.argv[1]
+for path in sys.argv[2:]:
+    print("@@start", path, flush=True)
+    try:
+        if kind == "rest":
+            rest.load(path)
+        else:
+            sam.StaticSuffixAutomaton.load(path)
+        print("@@loaded", path, flush=True)
+    except DatastoreError as error:
+        print("@@refused", path, str(error).replace("\\n", " "), flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["rest", "sam"])
+def test_crafted_datastore_sections_are_refused_before_mapping(kind: str, tmp_path: Path) -> None:
+    """Every section's dtype and shape, the tokenizer and the section list, crafted with checksums recomputed:
+    a ``DatastoreError`` naming the file and the section, never a crash (an ``object`` section was SIGSEGV)."""
+    from specdec.datastores import rest, sam
+
+    documents = [np.array([3, 4, 5, 6, 3, 4, 7], dtype=np.int64), np.array([4, 5, 7, 8], dtype=np.int64)]
+    good = tmp_path / f"good.{kind}"
+    (rest.build if kind == "rest" else sam.build)(documents, good, IDENTITY, progress=False)
+    cases = crafted_cases(kind)
+    paths = {name: recrafted(good, tmp_path / f"{name}.{kind}", edit) for name, (edit, _) in cases.items()}
+    done = subprocess.run([sys.executable, "-c", _LOAD_EACH, kind, str(good), *map(str, paths.values())],
+                          capture_output=True, text=True, timeout=600, check=False,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    lines = [line.split(" ", 2) for line in done.stdout.splitlines() if line.startswith("@@")]
+    started = [rest_ for tag, *rest_ in lines if tag == "@@start"]
+    assert done.returncode == 0, f"the child died loading {started[-1] if started else '?'}: " + died(done)
+    outcomes = {path: (tag, rest_[0] if rest_ else "") for tag, path, *rest_ in lines if tag != "@@start"}
+    assert outcomes[str(good)][0] == "@@loaded", outcomes[str(good)]
+    for name, (_, message) in cases.items():
+        tag, text = outcomes[str(paths[name])]
+        assert tag == "@@refused", f"{name}: loaded"
+        assert str(paths[name]) in text and message in text, f"{name}: {text!r} lacks {message!r}"
