@@ -11,11 +11,14 @@ full tmpfs and skips when it cannot mount one.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -187,3 +190,107 @@ def test_crafted_datastore_sections_are_refused_before_mapping(kind: str, tmp_pa
         tag, text = outcomes[str(paths[name])]
         assert tag == "@@refused", f"{name}: loaded"
         assert str(paths[name]) in text and message in text, f"{name}: {text!r} lacks {message!r}"
+
+
+# -- read-only and full cache folders ------------------------------------------------------------
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+
+
+def refuse_writes_under(monkeypatch: pytest.MonkeyPatch, folders: list[Path], code: int) -> None:
+    """Every cache file opened for writing under ``folders`` fails with ``OSError(code)`` (EROFS: read-only,
+    ENOSPC: full); the folders exist, as on a read-only or full disk that already holds them."""
+    import builtins
+
+    from specdec import cachefiles
+
+    for each in folders:
+        each.mkdir(parents=True, exist_ok=True)
+
+    def refusing_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if any(flag in mode for flag in "wxa") and Path(file).parent in folders:
+            raise OSError(code, os.strerror(code), str(file))
+        return builtins.open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(cachefiles, "open", refusing_open, raising=False)
+    monkeypatch.setattr(cachefiles, "_WARNED", set(), raising=False)
+
+
+def cache_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "could not save" in str(w.message)]
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.ENOSPC], ids=["read-only", "full"])
+@pytest.mark.parametrize("drafter", ["recycling", "sam+recycling"])
+def test_an_unwritable_cache_costs_the_saved_matrix_not_the_result(
+    planner_cache: Path, monkeypatch: pytest.MonkeyPatch, drafter: str, code: int
+) -> None:
+    """Saving Token Recycling's matrix (and the planner statistics) into a read-only or full cache raised
+    ``OSError`` after the generation finished: the result was lost. Now: the result, one warning."""
+    from test_lossless import hf_greedy
+    from tiny_models import tiny_model
+
+    import specdec
+
+    root = planner_cache.parent
+    refuse_writes_under(monkeypatch, [root / "recycling", root / "planner"], code)
+    model = tiny_model("llama")
+    expected = hf_greedy(model, PROMPT, 16)
+    generator = specdec.Generator(model, drafter=drafter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = generator.generate(PROMPT, max_new_tokens=16).tokens
+        second = generator.generate(PROMPT[::-1], max_new_tokens=16).tokens
+    assert first == expected and len(second) == 16
+    messages = cache_warnings(caught)  # one per kind of entry, not one per generation
+    assert sorted(m.split(" to ")[0] for m in messages) == [
+        "specdec: could not save Token Recycling's matrix", "specdec: could not save the planner statistics"
+    ], messages
+    assert all(os.strerror(code) in m for m in messages)
+    assert not list((root / "recycling").iterdir()), "no staging leftover"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    """A 64 KiB tmpfs at ``tmp_path / "mnt"`` (needs root and mount rights: skips without), unmounted after."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True,
+                          text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode})")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("state", ["full", "read-only"])
+def test_a_real_full_or_read_only_cache_folder(planner_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                               small_tmpfs: Path, state: str) -> None:
+    """The same on a real filesystem: a filled 64 KiB tmpfs (ENOSPC) or one remounted read-only (EROFS)
+    holds the Token Recycling matrices and the planner statistics."""
+    from test_lossless import hf_greedy
+    from tiny_models import tiny_model
+
+    import specdec
+    from specdec import cachefiles
+
+    monkeypatch.setattr(cachefiles, "_WARNED", set(), raising=False)
+    monkeypatch.setenv("SPECDEC_RECYCLING_DIR", str(small_tmpfs / "recycling"))
+    monkeypatch.setenv("SPECDEC_PLANNER_DIR", str(small_tmpfs / "planner"))
+    (small_tmpfs / "recycling").mkdir()
+    if state == "full":
+        with open(small_tmpfs / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+    else:
+        subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    model = tiny_model("llama")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens = specdec.Generator(model, drafter="sam+recycling").generate(PROMPT, max_new_tokens=16).tokens
+    assert tokens == hf_greedy(model, PROMPT, 16)
+    messages = cache_warnings(caught)
+    assert any("Token Recycling's matrix" in m for m in messages) and len(messages) <= 2, messages
+    assert not [p for p in (small_tmpfs / "recycling").iterdir()], "no staging leftover"
