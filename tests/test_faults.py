@@ -294,3 +294,93 @@ def test_a_real_full_or_read_only_cache_folder(planner_cache: Path, monkeypatch:
     messages = cache_warnings(caught)
     assert any("Token Recycling's matrix" in m for m in messages) and len(messages) <= 2, messages
     assert not [p for p in (small_tmpfs / "recycling").iterdir()], "no staging leftover"
+
+
+# -- damaged or unwritable extensions folder ------------------------------------------------------
+
+_GENERATE_PLD = """
+import warnings
+warnings.simplefilter("always")
+import torch
+from tiny_models import tiny_model
+import specdec
+model = tiny_model("llama")
+prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+ids = torch.tensor([prompt])
+expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)[0, 16:]
+with warnings.catch_warnings(record=True) as caught:
+    got = specdec.Generator(model, drafter="pld", engine="hf").generate(prompt, max_new_tokens=12).tokens
+print("@@same", got == expected.tolist())
+print("@@warnings", len([w for w in caught if "unavailable" in str(w.message)]))
+"""
+
+
+def test_an_extensions_folder_that_cannot_be_made_falls_back_to_torch(tmp_path: Path) -> None:
+    """``engine="hf"`` with ``pld`` raised ``OSError`` when the extensions folder could not be made; the
+    documented fallback (torch's tree ops, one warning) applies to that as to a failed build."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    done = run_child(_GENERATE_PLD, env={"SPECDEC_EXTENSIONS_DIR": str(blocker / "extensions")})
+    assert done.returncode == 0, died(done)
+    assert "@@same True" in done.stdout and "@@warnings 1" in done.stdout, died(done)
+
+
+def damaged_copy(tmp_path: Path, how: str) -> tuple[Path, Path]:
+    """A private extensions folder holding a copy of this machine's ``rest_index`` build, its library damaged
+    (``"truncated"`` to half, or ``"flipped"``: same size, bytes changed); (the folder, the library)."""
+    import shutil
+
+    from conftest import native_or_skip
+
+    from specdec.datastores import rest
+
+    built = Path(str(native_or_skip("rest", rest.native).__file__))
+    folder = tmp_path / "extensions"
+    shutil.copytree(built.parent, folder / built.parent.name)
+    library = folder / built.parent.name / built.name
+    data = bytearray(library.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    library.write_bytes(bytes(data))
+    return folder, library
+
+
+_LOAD_REST = """
+import warnings
+warnings.simplefilter("always")
+from specdec.datastores import rest
+with warnings.catch_warnings(record=True) as caught:
+    module = rest.native()
+print("@@warnings", [str(w.message) for w in caught if "damaged" in str(w.message)])
+print("@@loaded", module.__file__)
+"""
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped"])
+def test_a_damaged_extension_is_built_again_not_imported(tmp_path: Path, how: str) -> None:
+    """A truncated ``.so`` in the cache was a Bus error in every later process (its stamp trusted the file).
+    Its size and sha256 are in the stamp now: the damaged file is removed with one warning and linked again."""
+    folder, library = damaged_copy(tmp_path, how)
+    done = run_child(_LOAD_REST, env={"SPECDEC_EXTENSIONS_DIR": str(folder)})
+    assert done.returncode == 0, died(done)
+    assert f"the built extension {library} is damaged" in done.stdout, died(done)
+    assert f"@@loaded {library}" in done.stdout
+    again = run_child(_LOAD_REST, env={"SPECDEC_EXTENSIONS_DIR": str(folder)})  # the rebuilt file is trusted
+    assert again.returncode == 0 and "@@warnings []" in again.stdout, died(again)
+
+
+def test_a_damaged_extension_that_cannot_be_removed_is_refused(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a read-only cache the damaged file stays: ``NativeBuildError`` names it (no import, no Bus error)."""
+    from specdec import native
+
+    _, library = damaged_copy(tmp_path, "truncated")
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with pytest.raises(native.NativeBuildError, match=f"the built extension {library} is damaged"):
+        native._import_checked("specdec_rest_index_test", library.parent)
