@@ -384,3 +384,43 @@ def test_a_damaged_extension_that_cannot_be_removed_is_refused(tmp_path: Path,
     monkeypatch.setattr(Path, "unlink", refuse)
     with pytest.raises(native.NativeBuildError, match=f"the built extension {library} is damaged"):
         native._import_checked("specdec_rest_index_test", library.parent)
+
+
+# -- huge max_new_tokens -------------------------------------------------------------------------
+
+_HUGE = """
+import json, resource, sys
+from tiny_models import tiny_model
+import specdec
+model = tiny_model("llama")  # max_position_embeddings=256
+prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+for engine in ("hf", "specdec", "buckets"):
+    generator = specdec.Generator(model, drafter="pld", engine=engine, budget=8)
+    generator.generate(prompt, max_new_tokens=8)
+    generator.generate_batch([prompt, prompt[::-1]], max_new_tokens=8)  # every path warm before measuring
+    for new in (10**6, 10**12):
+        before = peak_mb()
+        one = generator.generate(prompt, max_new_tokens=new)
+        two = generator.generate_batch([prompt, prompt[::-1]], max_new_tokens=new)
+        print("@@row", json.dumps({"engine": engine, "new": new, "growth_mb": peak_mb() - before,
+                                   "tokens": one.tokens, "lengths": [len(r.tokens) for r in two]}), flush=True)
+"""
+
+
+@pytest.mark.slow  # 30 s to minutes on a busy 2-core CPU: 18 generations of 249 tokens
+def test_huge_max_new_tokens_are_capped_at_the_context_on_every_engine() -> None:
+    """``max_new_tokens`` of 10**6 and 10**12 on a 256-position model, one prompt and a batch of two, on every
+    CPU engine: accepted, the output stops at the context, and the KV cache is sized by the context, not by
+    ``max_new_tokens`` (2_000_000 grew RSS by 1,029 MB on engine="specdec" and the bucket engines; 10**12
+    failed to allocate). The bound, 200 MB, is a fifth of what one such cache took."""
+    done = run_child(_HUGE, timeout=900)
+    assert done.returncode == 0, died(done)
+    rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("@@row")]
+    assert len(rows) == 6, died(done)
+    reference = rows[0]["tokens"]
+    assert len(reference) == 256 - 8 + 1  # the context's last position, then the token it predicts
+    for row in rows:
+        assert row["growth_mb"] < 200, row
+        assert row["tokens"] == reference and row["lengths"] == [len(reference)] * 2, row
