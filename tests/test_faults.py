@@ -483,3 +483,25 @@ def test_datastore_build_refuses_a_bad_token_cap(tmp_path: Path, capsys: pytest.
               "--max-tokens", value])
     assert exited.value.code == 2
     assert "argument --max-tokens: must be" in capsys.readouterr().err
+
+
+def test_a_compiled_folder_that_cannot_be_made_leaves_inductor_its_own(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine='compiled' sealed its folder in the cache and raised ``OSError`` where it could not; now one
+    warning and inductor's own folder (its default), as when the user points inductor elsewhere."""
+    from specdec import cachefiles
+    from specdec.backends import compile_cache
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECDEC_COMPILED_DIR", str(blocker / "compiled"))
+    monkeypatch.delenv(compile_cache.INDUCTOR_ENV, raising=False)
+    monkeypatch.setattr(cachefiles, "_WARNED", set(), raising=False)
+    compile_cache.reset_for_tests()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert compile_cache.activate() is None and compile_cache.activate() is None
+        assert len(cache_warnings(caught)) == 1 and compile_cache.INDUCTOR_ENV not in os.environ
+    finally:
+        compile_cache.reset_for_tests()
