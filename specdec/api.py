@@ -237,10 +237,15 @@ class Generator:
         ids, its generation config and this generator's default ``budget`` fill in what
         ``options`` leave out.
         """
-        return DecodingConfig.build(
+        config = DecodingConfig.build(
             options, generation_config=getattr(self.model, "generation_config", None),
             eos_token_ids=self.context.eos_token_ids, decode_text=self._decode_text, budget=self.budget,
         )  # fmt: skip
+        vocab = self.verifier.vocab_size  # an end id the model can never emit would silently never end a run
+        outside = sorted(t for t in config.rules.eos_token_ids if t >= vocab)
+        if outside and options.get("eos_token_id") is not None:
+            raise SpecDecError(f"eos_token_id {outside[0]} is outside the model's vocabulary [0, {vocab})")
+        return config
 
     def generate(
         self,

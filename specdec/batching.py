@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from specdec.budget.batch_planner import BatchPlanner, RowGate
-from specdec.engine import BatchRequest, FinishedRow, LiveSequence, Row, step, tree_cap
+from specdec.engine import BatchRequest, FinishedRow, LiveSequence, Row, reachable, step, tree_cap
 from specdec.errors import SpecDecError
 from specdec.types import BatchVerifier, Drafter, Verifier
 
@@ -101,7 +101,8 @@ def check_memory(
     places = batch_size if limit is None else min(batch_size, limit)
     sizes = []
     for request in requests:
-        tokens = len(request.prompt) + request.config.max_new_tokens + tree_cap(request.config, verifier)
+        tokens = (len(request.prompt) + reachable(request.config, verifier, len(request.prompt))
+                  + tree_cap(request.config, verifier))
         size = verifier.row_bytes(tokens)
         if size is None:
             return None

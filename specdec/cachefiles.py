@@ -25,7 +25,9 @@ import operator
 import os
 import re
 import shutil
+import threading
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,7 +123,8 @@ def atomic_file(path: str | os.PathLike[str], binary: bool = False) -> Iterator[
             yield out
         os.replace(staging, target)
     except BaseException:
-        staging.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder refuses even this: the first error is the one
+            staging.unlink(missing_ok=True)
         raise
 
 
@@ -129,6 +132,42 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` through :func:`atomic_file`: readers see a whole file."""
     with atomic_file(path) as out:
         out.write(text)
+
+
+_WARNED: set[tuple[str, str]] = set()  # (what, folder) of the failed cache writes warned about in this process
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_unwritable_once(what: str, path: str | os.PathLike[str], error: OSError) -> None:
+    """One warning per ``what``, folder and process that the cache entry at ``path`` could not be written.
+
+    A cache that cannot take an entry (read-only, full, no permission) must cost only that entry:
+    the caller goes on with what it computed, and a long-running process saving after every
+    generation warns once, not once a generation.
+    """
+    key = (what, str(Path(path).parent))
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(f"specdec: could not save {what} to {path} ({error.strerror or error}); going on without "
+                  f"saving it (the cache folder is read-only, full or not ours: point {CACHE_DIR_ENV} elsewhere)",
+                  RuntimeWarning, stacklevel=3)
+
+
+def save_cache_entry(path: str | os.PathLike[str], data: bytes | str, what: str) -> bool:
+    """Write a cache entry atomically (:func:`atomic_file`); False, with :func:`warn_unwritable_once`, on OSError.
+
+    For every file specdec writes for itself (a cache entry is rebuilt on demand), never for a
+    file a user asked for: a failure to write one must not throw away the result it came with.
+    """
+    try:
+        with atomic_file(path, binary=isinstance(data, bytes)) as out:
+            out.write(data)
+    except OSError as error:
+        warn_unwritable_once(what, path, error)
+        return False
+    return True
 
 
 def checksum(document: Any) -> str:

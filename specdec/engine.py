@@ -108,6 +108,19 @@ def tree_cap(config: DecodingConfig, verifier: Verifier[Any]) -> int:
     return min(config.max_nodes or MAX_TREE_NODES, MAX_TREE_NODES, limit or MAX_TREE_NODES)
 
 
+def reachable(config: DecodingConfig, verifier: Verifier[Any], prompt_len: int) -> int:
+    """How many tokens past a prompt of ``prompt_len`` this generation can add: ``max_new_tokens``, capped
+    by the model's context length (the loop stops there, ``"context_length"``).
+
+    What a verifier's cache is sized by (``prefill``'s ``reserve``) and a batch's memory check counts:
+    ``max_new_tokens`` is accepted at any size (10**12 too), and a cache sized by it alone held
+    1 GB for a 256-position model at 2_000_000 (10**12 failed to allocate).
+    """
+    context = verifier.description.context_length
+    wanted = config.rules.max_new_tokens
+    return wanted if context is None else max(0, min(wanted, context - prompt_len))
+
+
 class LiveSequence:
     """One sequence being decoded: its verifier state, pending token, output and stats, and the loop's
     per-sequence pieces (:func:`decode` runs one; :mod:`specdec.batching` runs many side by side).
@@ -134,7 +147,7 @@ class LiveSequence:
         self.state, self.pending, prompt_feedback = verifier.prefill(
             prompt, prompt_topk=drafter.feedback_topk if config.prompt_feedback else 0,
             chooser=config.chooser(len(prompt)), repetition_penalty=decision.repetition_penalty,
-            reserve=rules.max_new_tokens,
+            reserve=reachable(config, verifier, len(prompt)),
         )  # fmt: skip
         self.record.prefilled()
         drafter.reset(prompt, prompt_feedback)

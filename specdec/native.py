@@ -171,15 +171,67 @@ def check_error_formatting(library: Path, timeout_s: float = 120.0) -> None:
         )
 
 
+def _library_seal(library: Path) -> str:
+    """``"<size> <sha256>"`` of a built library: what its check stamp records, so a damaged copy is seen."""
+    digest = hashlib.sha256()
+    with open(library, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"{library.stat().st_size} {digest.hexdigest()}"
+
+
+def _damaged(library: Path, sealed: str) -> str | None:
+    """Why ``library`` is not the file its stamp sealed (``"<size> <sha256>"``), or None when it is.
+
+    Importing a truncated shared library maps pages past its end and dies with a Bus error (not an
+    exception) in every later process, so the size and hash are checked before any import.
+    """
+    size = sealed.partition(" ")[0]
+    try:
+        if library.stat().st_size != int(size):
+            return f"{library.stat().st_size} bytes, its build had {size}"
+        if _library_seal(library) != sealed:
+            return "its bytes differ from its build's (sha256)"
+    except (OSError, ValueError) as error:
+        return f"it cannot be read ({error})"
+    return None
+
+
 def _import_checked(module_name: str, build_dir: Path) -> ModuleType | None:
     """The module of an earlier build of this key that passed :func:`check_error_formatting` (its stamp
-    names the library), imported as torch would import it; None when there is none, another process
-    is building there (its lock), or the import fails (then the normal path builds or reports)."""
+    names the library, its size and sha256), imported as torch would import it; None when there is none,
+    another process is building there (its lock), or the import fails (then the normal path builds or
+    reports). A library that is not the one its stamp sealed (truncated, edited) is removed with one
+    warning naming it, so the normal path links it again; where it cannot be removed (a read-only
+    cache) :class:`NativeBuildError` names it: importing it would end the process with a Bus error.
+    A stamp without a seal (an older specdec's) is sealed after the check ran again in a child."""
+    stamp = build_dir / _CHECK_STAMP
     try:
-        library = build_dir / (build_dir / _CHECK_STAMP).read_text().strip()
+        name, _, sealed = stamp.read_text().strip().partition("\n")
     except OSError:
         return None
+    library = build_dir / name
     if library.parent != build_dir or not library.is_file() or (build_dir / "lock").exists():
+        return None
+    if not sealed:  # a stamp of an older specdec: check the library in a child (a crash ends it), then seal it
+        try:
+            check_error_formatting(library)
+        except NativeBuildError:
+            return None  # the normal path builds (or reports) it
+        with contextlib.suppress(OSError):  # a read-only cache: checked again by the next process
+            stamp.write_text(f"{library.name}\n{_library_seal(library)}\n")
+    problem = _damaged(library, sealed) if sealed else None
+    if problem is not None:
+        try:
+            stamp.unlink(missing_ok=True)  # another process may have removed them first
+            library.unlink(missing_ok=True)
+        except OSError as error:
+            raise NativeBuildError(
+                f"the built extension {library} is damaged ({problem}) and cannot be removed "
+                f"({error.strerror or error}): delete {build_dir} (`specdec cache clear extensions`)"
+            ) from error
+        warnings.warn(f"specdec: the built extension {library} is damaged ({problem}); building it again",
+                      RuntimeWarning, stacklevel=3)  # fmt: skip
         return None
     spec = importlib.util.spec_from_file_location(module_name, library)
     if spec is None or spec.loader is None:
@@ -193,13 +245,14 @@ def _import_checked(module_name: str, build_dir: Path) -> ModuleType | None:
 
 
 def _checked(module: ModuleType, build_dir: Path) -> None:
-    """Run :func:`check_error_formatting` on a freshly built (or not yet checked) binary; stamp the verdict."""
+    """Run :func:`check_error_formatting` on a freshly built (or not yet checked) binary; stamp the verdict
+    with the library's name, size and sha256 (:func:`_import_checked` checks them before a later import)."""
     stamp = build_dir / _CHECK_STAMP
-    if stamp.is_file():
-        return
     library = Path(str(module.__file__))
+    if stamp.is_file() and stamp.read_text().strip().partition("\n")[2] == _library_seal(library):
+        return
     check_error_formatting(library)
-    stamp.write_text(f"{library.name}\n")
+    stamp.write_text(f"{library.name}\n{_library_seal(library)}\n")
 
 
 # torch's build lock (``<build dir>/lock``, a FileBaton) is left behind when a process is killed mid-build,
@@ -296,7 +349,13 @@ def load_extension(
         if checked is not None:
             _LOADED[module_name] = checked
             return checked
-        build_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            build_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a NativeBuildError: callers with a fallback (torch's ops) take it
+            raise NativeBuildError(
+                f"extension {name!r}: cannot make its build folder {build_dir} ({error.strerror or error}); "
+                "set SPECDEC_EXTENSIONS_DIR to a writable folder"
+            ) from error
         wait_for_build_lock(build_dir, name)
         # Another process (perhaps another environment, whose paths ninja's build file names) may have built
         # and checked it meanwhile: import that rather than let ninja see other paths and build again.

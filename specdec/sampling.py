@@ -263,6 +263,9 @@ def resolve_decision(
     wrong type is an error that names it.
     """
     _check_types(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    # A negative or non-finite temperature is no setting at all: without do_sample it ran greedy, silently.
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise SpecDecError(f"temperature must be a positive number (0 or none for greedy), got {temperature!r}")
     config: dict[str, object] = {}
     if use_generation_config and generation_config is not None:
         for name, neutral in UNSUPPORTED_GENERATION_OPTIONS.items():

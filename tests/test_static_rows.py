@@ -120,6 +120,8 @@ def test_verify_batch_on_one_static_cache_gives_each_row_its_lone_verification(b
             state = lone.prefill(prompt, reserve=40, chooser=sampler(row) if sampled else None)[0]
             b = lone.verify(state, tree, topk)
             assert (a.accepted_nodes, a.accepted_tokens, a.bonus) == (b.accepted_nodes, b.accepted_tokens, b.bonus)
+            # feedback on both sides or on neither (a one-sided skip hid a row that lost its feedback)
+            assert (a.feedback is None) == (b.feedback is None) == (topk == 0), (row, topk)
             if a.feedback is not None and b.feedback is not None:
                 assert np.array_equal(a.feedback.topk, b.feedback.topk)
         for state in states:

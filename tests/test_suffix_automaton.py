@@ -656,7 +656,7 @@ def test_bad_files_are_refused(sam_native: Any, tmp_path: Path) -> None:
             load(write(tmp_path, f"{name}.sam", arrays))
 
     wrong("missing", changed(link=None), "lacks section 'link'")
-    wrong("dtype", changed(tokens=lambda a: a.astype(np.int32)), "stores tokens as int32")
+    wrong("dtype", changed(tokens=lambda a: a.astype(np.int32)), "must be 1-D uint16/uint32 token ids, got int32")
     wrong("mixed", changed(edge_token=lambda a: a.astype(np.uint32)), "stores tokens as uint16")
     wrong("shape", changed(link=lambda a: a[:-1]), "is corrupt: link: shape does not match")
 

@@ -117,7 +117,8 @@ def _torch_default() -> str:
 
 def activate() -> Path | None:
     """Point inductor's disk caches at :func:`folder` for this process (once); the folder, or None when
-    the user set ``TORCHINDUCTOR_CACHE_DIR`` themselves (theirs is used untouched)."""
+    the user set ``TORCHINDUCTOR_CACHE_DIR`` themselves (theirs is used untouched) or the folder cannot be
+    made or sealed (a read-only or full cache: one warning, and inductor's default folder serves)."""
     global _ACTIVE
     with _LOCK:
         if _ACTIVE is not None:
@@ -132,7 +133,11 @@ def activate() -> Path | None:
             warnings.warn(f"engine='compiled': the compiled forwards in {path} cannot be used ({why}); removed, "
                           "compiling again", RuntimeWarning, stacklevel=3)
             shutil.rmtree(path, ignore_errors=True)
-        _seal(path, found)
+        try:
+            _seal(path, found)
+        except OSError as error:  # a read-only or full cache: inductor keeps its own folder, one warning
+            cachefiles.warn_unwritable_once("engine='compiled''s compiled forwards", path, error)
+            return None
         os.environ[INDUCTOR_ENV] = str(path)
         torch._inductor.config.fx_graph_cache = True
         _ACTIVE = path

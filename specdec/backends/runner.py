@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from specdec.backends.cpu_kernels import LayerWeights
 from specdec.backends.static_cache import StaticKVCache
+from specdec.errors import UnsupportedModelError
 
 # model_type values whose decoder layer is Llama's (norm -> attention -> residual -> norm -> MLP -> residual).
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -188,15 +189,17 @@ def unsupported_reason(model: Any) -> str | None:
 class DecoderRunner:
     """The forward of a Llama-family decoder over a :class:`StaticKVCache` (module docstring).
 
-    ``model``: a model :func:`unsupported_reason` accepts (it raises ``ValueError`` naming the
-    reason otherwise). The runner reads the model's tensors at every call, so an in-place
-    weight update is seen at the next forward.
+    ``model``: a model :func:`unsupported_reason` accepts (it raises
+    :class:`~specdec.errors.UnsupportedModelError` naming the reason otherwise). The runner reads
+    the model's tensors at every call, so an in-place weight update is seen at the next forward.
     """
 
     def __init__(self, model: Any) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
-            raise ValueError(f"the decoder runner cannot run this model: {reason}")
+            # an UnsupportedModelError (a ValueError) like every other engine's refusal of a model
+            raise UnsupportedModelError(f"the decoder runner cannot run this model: {reason}; engine='hf' (or "
+                                        "'auto') runs it")
         base = model.model
         config = model.config
         self.embed = base.embed_tokens

@@ -51,7 +51,7 @@ from typing import Any
 from specdec.budget.acceptance import AcceptanceModel
 from specdec.budget.cost_model import VerifyCostModel
 from specdec.budget.planner import Throughput
-from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, write_atomically
+from specdec.cachefiles import PLANNER_DIR_ENV, TokenizerIdentity, checksum, folder, save_cache_entry
 from specdec.errors import SpecDecError
 from specdec.types import TunableVerifier
 
@@ -235,17 +235,8 @@ class PlannerStatsFile:
         if cost is not None and cost.learn and cost.observations > 0:
             body["cost"] = cost.state()
         document = {"format": FORMAT, "version": VERSION, "checksum": checksum(body), "body": body}
-        try:
-            write_atomically(self.path, json.dumps(document, indent=0))
-        except OSError as error:
-            warnings.warn(
-                f"specdec: could not save the planner statistics to {self.path} ({error.strerror or error}); "
-                f"set {SWITCH_ENV}=0 to stop trying",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return False
-        return True
+        # one warning per process and folder: a long-running server saves after every generation
+        return save_cache_entry(self.path, json.dumps(document, indent=0), "the planner statistics")
 
 
 def open_planner_stats(

@@ -28,8 +28,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     if not documents:
         raise SpecDecError("the inputs hold no text to index")
     tokenized = time.perf_counter()
-    report: dict[str, Any] = build(documents, Path(args.output), TokenizerIdentity.of(tokenizer),
-                                   progress=not args.quiet)
+    try:
+        report: dict[str, Any] = build(documents, Path(args.output), TokenizerIdentity.of(tokenizer),
+                                       progress=not args.quiet)
+    except OSError as error:  # a read-only folder, a full disk: one line naming the file, exit 2
+        raise SpecDecError(f"cannot write {args.output}: {error.strerror or error}") from error
     report = {"documents": len(documents), "tokens": int(sum(len(d) for d in documents)),
               "tokenize_s": round(tokenized - started, 3), **report}
     print(json.dumps(report, indent=1))
@@ -42,6 +45,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_count(text: str) -> int:
+    """The argparse type of ``--max-tokens``: a whole number of at least 1 (a negative cap built everything)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def register(sub: Any) -> None:
     datastore = sub.add_parser("datastore", help="build or inspect a drafting datastore")
     actions = datastore.add_subparsers(dest="action", required=True)
@@ -52,7 +66,7 @@ def register(sub: Any) -> None:
     build.add_argument("-o", "--output", required=True)
     build.add_argument("--field", action="append", default=[], help="jsonl field(s) holding the text")
     build.add_argument("--chat", action="store_true", help="render jsonl 'messages' with the chat template")
-    build.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens")
+    build.add_argument("--max-tokens", type=positive_count, default=None, help="stop after this many tokens")
     build.add_argument("--quiet", action="store_true", help="no progress bars")
     build.set_defaults(func=cmd_build)
     info = actions.add_parser("info", help="print a datastore's header")

@@ -13,9 +13,14 @@ One file, memory-mapped on load::
 The metadata lists every section (name, dtype, shape, offset, byte length, CRC-32). A
 reader checks, in order, and fails with :class:`DatastoreError` naming what is wrong:
 the magic (not a datastore), the container version (newer than this code), the metadata
-checksum, the kind and its version, the tokenizer identity and vocabulary size, that the
-file is long enough for every section (truncation), and (unless ``verify=False``) every
-section's CRC-32 (corruption). A datastore never yields a draft it was not built for.
+checksum, the kind and its version, the tokenizer identity and vocabulary size, every
+section's entry (a numeric little-endian dtype, a shape of non-negative sizes whose bytes
+are its length, and, where the kind says, the dtypes and axes it expects: :class:`Expected`),
+that the file is long enough for every section (truncation), and (unless ``verify=False``)
+every section's CRC-32 (corruption). A datastore never yields a draft it was not built for.
+Every entry is checked before any section is mapped: a header is JSON anyone can write with
+its CRC recomputed, and ``np.memmap`` of an ``object`` dtype turns file bytes into pointers
+(a crash on first read), so nothing the header says is trusted until it has been checked.
 
 Sections are mapped read-only with :func:`numpy.memmap`, so loading costs the checks and
 page faults on first touch, not a copy; many sequences (and processes) share the pages.
@@ -24,6 +29,7 @@ page faults on first touch, not a copy; many sequences (and processes) share the
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -56,6 +62,23 @@ class Section:
     offset: int
     nbytes: int
     crc32: int
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a kind's section must be: one of ``dtypes`` (numpy dtype strings), ``ndim`` axes.
+
+    ``what`` says it in words for the error (``"1-D little-endian unsigned ids"``).
+    """
+
+    dtypes: tuple[str, ...]
+    what: str
+    ndim: int = 1
+
+
+# Numeric kinds a section may hold: bool, signed and unsigned integers, floats. Never
+# objects (pointers), strings, structured or subarray dtypes.
+_NUMERIC_KINDS = "biuf"
 
 
 @dataclass
@@ -166,8 +189,70 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise DatastoreError(f"{source} is truncated: its header is cut short")
     if zlib.crc32(blob) != meta_crc:
         raise DatastoreError(f"{source} is corrupt: its header checksum does not match")
-    header: dict[str, Any] = json.loads(blob)
+    try:
+        header = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DatastoreError(f"{source} is corrupt: its header is not JSON ({error})") from error
+    if not isinstance(header, dict):
+        raise DatastoreError(f"{source} is corrupt: its header is a JSON {type(header).__name__}, not an object")
     return header
+
+
+def _tokenizer(source: Path, header: dict[str, Any]) -> TokenizerIdentity:
+    """The tokenizer identity the header names, or :class:`DatastoreError` when it is missing or malformed."""
+    stored = header.get("tokenizer")
+    if not isinstance(stored, dict):
+        raise DatastoreError(f"{source} is corrupt: its header has no tokenizer identity")
+    fingerprint, vocab_size = stored.get("fingerprint"), stored.get("vocab_size")
+    if not isinstance(fingerprint, str) or isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
+            or vocab_size < 0:
+        raise DatastoreError(f"{source} is corrupt: its tokenizer identity {stored!r} needs a fingerprint string "
+                             "and a non-negative vocab_size")
+    return TokenizerIdentity(fingerprint, vocab_size, str(stored.get("name", "")))
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _sections(source: Path, header: dict[str, Any], expected: Mapping[str, Expected] | None) -> list[Section]:
+    """Every section entry of ``header``, checked before anything is mapped (see the module's docstring)."""
+    entries = header.get("sections")
+    if not isinstance(entries, list):
+        raise DatastoreError(f"{source} is corrupt: its header has no list of sections")
+    sections: list[Section] = []
+    for index, raw in enumerate(entries):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if not isinstance(name, str):
+            raise DatastoreError(f"{source} is corrupt: section entry {index} has no name")
+        where = f"{source}: section {name!r}"
+        shape = raw.get("shape")
+        if not isinstance(shape, list) or not all(_is_count(size) for size in shape):
+            raise DatastoreError(f"{where} has shape {shape!r}, not a list of non-negative sizes")
+        if not all(_is_count(raw.get(key)) for key in ("offset", "nbytes", "crc32")):
+            raise DatastoreError(f"{where} needs a non-negative offset, nbytes and crc32")
+        try:
+            dtype = np.dtype(raw.get("dtype"))
+        except (TypeError, ValueError) as error:
+            raise DatastoreError(f"{where} has dtype {raw.get('dtype')!r}, which is not a numpy dtype") from error
+        if dtype.kind not in _NUMERIC_KINDS or dtype.byteorder == ">" or dtype.hasobject:
+            raise DatastoreError(f"{where} has dtype {raw.get('dtype')!r} ({dtype}); sections hold little-endian "
+                                 "numbers (bool, integers, floats)")
+        rule = None if expected is None else expected.get(name)
+        if expected is not None and rule is None:
+            raise DatastoreError(f"{where} is not a section of a {header.get('kind')!r} datastore")
+        if rule is not None and (dtype not in [np.dtype(d) for d in rule.dtypes] or len(shape) != rule.ndim):
+            raise DatastoreError(f"{where} must be {rule.what}, got {dtype} of shape {tuple(shape)}")
+        if math.prod(shape) * dtype.itemsize != raw["nbytes"]:
+            raise DatastoreError(f"{where} declares {raw['nbytes']} bytes, but shape {tuple(shape)} of {dtype} "
+                                 f"takes {math.prod(shape) * dtype.itemsize}")
+        if any(section.name == name for section in sections):
+            raise DatastoreError(f"{where} appears twice")
+        sections.append(Section(name, dtype.str, tuple(shape), raw["offset"], raw["nbytes"], raw["crc32"]))
+    for name in expected or {}:
+        if not any(section.name == name for section in sections):
+            raise DatastoreError(f"{source} lacks section {name!r}")
+    return sections
 
 
 def read_datastore(
@@ -178,6 +263,7 @@ def read_datastore(
     tokenizer: TokenizerIdentity | None = None,
     vocab_size: int | None = None,
     verify: bool = True,
+    expected: Mapping[str, Expected] | None = None,
 ) -> Datastore:
     """Open and check a datastore of ``kind``; sections come back as read-only memory maps.
 
@@ -186,12 +272,16 @@ def read_datastore(
     ``verify=False`` skips the per-section CRC-32 (a full read of the file). With
     ``verify=True`` a large file verified in full before and unchanged since (a trusted
     stamp, :mod:`specdec.datastores.trust`) skips it too; every other check still runs.
+    ``expected`` (the kind's sections, by name) makes every other section, a missing one, or
+    another dtype or number of axes a :class:`DatastoreError`, before anything is mapped.
     """
     source = Path(path)
     header = read_header(source)
     if header.get("kind") != kind:
         raise DatastoreError(f"{source} is a {header.get('kind')!r} datastore, not {kind!r}")
-    version = int(header.get("kind_version", -1))
+    version = header.get("kind_version", -1)
+    if not isinstance(version, int):
+        raise DatastoreError(f"{source} is corrupt: its kind_version {version!r} is not an integer")
     if version not in supported_versions:
         newer = version > max(supported_versions)
         advice = ": upgrade specdec" if newer else (
@@ -201,8 +291,11 @@ def read_datastore(
             f"{source} is a {kind!r} datastore of version {version}; this specdec reads versions "
             f"{', '.join(map(str, supported_versions))}" + advice
         )
-    stored = header["tokenizer"]
-    identity = TokenizerIdentity(stored["fingerprint"], int(stored["vocab_size"]), stored.get("name", ""))
+    identity = _tokenizer(source, header)
+    sections = _sections(source, header, expected)
+    meta = header.get("meta", {})
+    if not isinstance(meta, dict):
+        raise DatastoreError(f"{source} is corrupt: its meta is a JSON {type(meta).__name__}, not an object")
     if tokenizer is not None and tokenizer.fingerprint != identity.fingerprint:
         raise DatastoreError(
             f"{source} was built with another tokenizer ({identity.name or 'unnamed'}, vocabulary hash "
@@ -217,8 +310,7 @@ def read_datastore(
     file_size = status.st_size
     trusted = verify and is_trusted(source.resolve(), status, header)
     arrays: dict[str, np.ndarray[Any, Any]] = {}
-    for raw in header["sections"]:
-        section = Section(raw["name"], raw["dtype"], tuple(raw["shape"]), raw["offset"], raw["nbytes"], raw["crc32"])
+    for section in sections:
         if section.offset + section.nbytes > file_size:
             raise DatastoreError(
                 f"{source} is truncated: section {section.name!r} needs bytes up to {section.offset + section.nbytes}, "
@@ -234,4 +326,4 @@ def read_datastore(
         arrays[section.name] = array
     if verify and not trusted:  # verified in full: later loads of this unchanged file may skip the CRC pass
         remember_verified(source.resolve(), status, header)
-    return Datastore(source, kind, version, identity, dict(header.get("meta", {})), arrays, trusted)
+    return Datastore(source, kind, version, identity, dict(meta), arrays, trusted)

@@ -47,7 +47,7 @@ from pydivsufsort import divsufsort
 from tqdm import tqdm
 
 from specdec.cachefiles import TokenizerIdentity
-from specdec.datastores.format import Datastore, read_datastore, write_datastore
+from specdec.datastores.format import Datastore, Expected, read_datastore, write_datastore
 from specdec.errors import DatastoreError
 from specdec.native import load_extension
 
@@ -56,6 +56,13 @@ KIND_VERSION = 1
 _SOURCES = [Path(__file__).parent / "csrc" / "rest_index.cpp"]
 
 IntArray = npt.NDArray[np.int64]
+
+# The sections of a ``rest`` file (the module's docstring), checked before they are mapped.
+SECTIONS = {
+    "tokens": Expected(("|u1", "<u2", "<u4", "<u8"), "1-D little-endian unsigned ids"),
+    "suffix_array": Expected(("<i4", "<i8"), "int32/int64 positions, 1-D"),
+    "doc_starts": Expected(("<i8",), "1-D int64 document starts"),
+}
 
 
 def native() -> ModuleType:
@@ -331,7 +338,8 @@ def load(
         if cached is not None:
             return cached
         store = RestDatastore(read_datastore(source, kind=KIND, supported_versions=(KIND_VERSION,),
-                                             tokenizer=tokenizer, vocab_size=vocab_size, verify=verify))
+                                             tokenizer=tokenizer, vocab_size=vocab_size, verify=verify,
+                                             expected=SECTIONS))
         if verify:
             store.check_tokens()
         _CACHE[key] = store

@@ -51,7 +51,7 @@ import numpy.typing as npt
 from tqdm import tqdm
 
 from specdec.cachefiles import TokenizerIdentity
-from specdec.datastores.format import read_datastore, write_datastore
+from specdec.datastores.format import Expected, read_datastore, write_datastore
 from specdec.errors import DatastoreError, SpecDecError
 from specdec.native import load_extension
 
@@ -68,6 +68,16 @@ MAX_TOKENS = 2**31 - 2
 
 Cursor = tuple[int, int]  # (state, match length); (0, 0) is no match
 _STATE_SECTIONS = ("length", "link", "draft_endpos", "occurrences", "last_endpos")
+_TOKENS = Expected(("<u2", "<u4"), "1-D uint16/uint32 token ids")
+# The sections of a ``sam`` file (the layout above), checked before they are mapped.
+SECTIONS = {
+    "tokens": _TOKENS,
+    "doc_starts": Expected(("<i8",), "1-D int64 document starts"),
+    **{name: Expected(("<i4",), "1-D int32 per state") for name in _STATE_SECTIONS},
+    "edge_start": Expected(("<u4",), "1-D uint32 edge starts"),
+    "edge_token": _TOKENS,
+    "edge_target": Expected(("<i4",), "1-D int32 edge targets"),
+}
 
 
 def native() -> ModuleType:
@@ -225,7 +235,7 @@ class StaticSuffixAutomaton:
             if cached is not None and (cached.verified or not verify):
                 return cached
             store = read_datastore(source, kind=KIND, supported_versions=(KIND_VERSION,), tokenizer=tokenizer,
-                                   vocab_size=vocab_size, verify=verify)
+                                   vocab_size=vocab_size, verify=verify, expected=SECTIONS)
             automaton = cls(store.arrays, store.meta, source)
             automaton.verified = verify
             _CACHE[key] = automaton

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specdec.cachefiles import atomic_file, folder
+from specdec.cachefiles import folder, save_cache_entry
 
 FORMAT = "specdec.recycling-matrix"
 VERSION = 1
@@ -120,7 +120,10 @@ def load(path: Path, identity: dict[str, str], k: int, vocab_size: int) -> Matri
 
 
 def save(state: RecyclingMatrix, path: Path, identity: dict[str, str], vocab_size: int) -> None:
-    """Write ``state``'s first ``vocab_size`` rows to ``path`` atomically (only when rows changed)."""
+    """Write ``state``'s first ``vocab_size`` rows to ``path`` atomically (only when rows changed).
+
+    A cache that refuses the file (read-only, full) gives one warning per process and leaves the
+    rows marked changed, so a later save tries again; the caller's generation is unaffected."""
     if not state.changed:
         return
     matrix = np.full((vocab_size, state.k), UNKNOWN, dtype=np.int32)
@@ -129,9 +132,9 @@ def save(state: RecyclingMatrix, path: Path, identity: dict[str, str], vocab_siz
     meta = json.dumps({"format": FORMAT, "version": VERSION, "identity": identity}).encode()
     buffer = io.BytesIO()
     np.savez(buffer, matrix=matrix, meta=np.frombuffer(meta, dtype=np.uint8))
-    with atomic_file(path, binary=True) as out:
-        out.write(buffer.getvalue())
-    state.changed = False
+    # A read-only or full cache costs the saved matrix (one warning), never the generation's result.
+    if save_cache_entry(path, buffer.getvalue(), "Token Recycling's matrix"):
+        state.changed = False
 
 
 class SharedMatrices:
