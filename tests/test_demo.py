@@ -47,8 +47,8 @@ def test_the_statement_names_where_speculation_does_not_pay_and_why() -> None:
     ratios = dict(zip(EXPLAIN_SIZES, (0.9, 1.0, 1.4, 1.9), strict=True))
     lines = explain(KINDS, speedups, results, ratios, "cpu:X, float32")
     assert lines[0] == ("On this device (cpu:X, float32) verifying a draft costs, next to a plain step: "
-                        "2 tokens 0.90x, 4 tokens 1.00x, 8 tokens 1.40x, 16 tokens 1.90x (calibrated, corrected by "
-                        "this run's own steps).")
+                        "2 tokens 0.90x, 4 tokens 1.00x, 8 tokens 1.40x, 16 tokens 1.90x (this machine's cost model, "
+                        "learned from its own steps and this run's).")
     (chat_line,) = [line for line in lines if "does not pay" in line]
     assert chat_line.startswith("Speculation does not pay on the chat prompt here (pld 1.02x, sam+recycling 0.97x)")
     assert "its drafts were seldom right (pld: 12% of the verified draft tokens accepted, MAT 1.10)" in chat_line

@@ -150,8 +150,9 @@ def measure(
             env = dict(os.environ)
             for kind in ("CALIBRATION", "PLANNER", "RECYCLING"):
                 env[f"SPECDEC_{kind}_DIR"] = str(Path(empty) / kind.lower())
-            if tree is not None:
+            if tree is not None:  # its builds apart: another checkout's build stamps may not read as this one's
                 env["PYTHONPATH"] = str(Path(tree).resolve())
+                env["SPECDEC_EXTENSIONS_DIR"] = str(Path(tree).resolve() / ".extensions")
             loaders = _loaders(condition)
             try:
                 time.sleep(1.0 if loaders else 0.0)  # the loaders are running before the process starts

@@ -23,7 +23,7 @@ measurement: what runs learn about it lives in the planner statistics (:mod:`spe
 
 **A bad file costs the cache entry only.** A damaged, foreign or unreadable file counts as none (one
 warning), and a cache that cannot be written (read-only, full) leaves the table in this process (one
-warning per identity): the generation goes on either way.
+warning per folder): the generation goes on either way.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from specdec.budget import prior
 from specdec.budget.calibration import calibrate, calibration_identity, identity_key
 from specdec.budget.cost_model import CostTable, VerifyCostModel
 from specdec.budget.machine_load import busy_reason
-from specdec.cachefiles import folder, write_atomically
+from specdec.cachefiles import folder, save_cache_entry
 from specdec.errors import SpecDecError
 from specdec.types import TunableVerifier
 
@@ -98,15 +98,10 @@ def _cached_table(identity: dict[str, str], verifier: TunableVerifier[Any] | Non
 
 
 def _save(table: CostTable) -> bool:
-    """Cache ``table``; False, with one warning per identity, when the cache cannot be written."""
-    path = calibration_path(table.identity)
-    try:
-        write_atomically(path, json.dumps(table.to_json(), indent=1))
-    except OSError as error:
-        message = f"specdec: cannot cache the verification cost in {path} ({error}): using it in this process only"
-        _warn_once(identity_key(table.identity), "write", message)
-        return False
-    return True
+    """Cache ``table``; False, with one warning per folder (:func:`~specdec.cachefiles.save_cache_entry`), when the
+    cache cannot be written: the table then serves this process only."""
+    return save_cache_entry(calibration_path(table.identity), json.dumps(table.to_json(), indent=1),
+                            "the verification cost table (using it in this process only)")  # fmt: skip
 
 
 def _measure(verifier: TunableVerifier[Any], cache_busy: bool) -> tuple[CostTable, float]:

@@ -565,7 +565,7 @@ def register(sub: Any) -> None:
     loaded.add_argument("--out", default=None, metavar="DIR", help="write load.json, load.md, load.png here")
     loaded.add_argument("--code", action="append", default=[], metavar="DIR",
                         help="another specdec checkout (e.g. a worktree of main) measured in turn with this one "
-                        "under each condition (repeatable)")
+                        "under each condition, its extension builds kept in DIR/.extensions (repeatable)")
     loaded.add_argument("--quiet", action="store_true", help="no progress bar")
     loaded.add_argument(load_bench.CHILD_FLAG, dest="load_child", default=None, help=argparse.SUPPRESS)
     loaded.set_defaults(func=cmd_load)

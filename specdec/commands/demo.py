@@ -93,7 +93,7 @@ def explain(
     if ratios is not None:
         quoted = ", ".join(f"{size} tokens {ratio:.2f}x" for size, ratio in ratios.items())
         lines.append(f"On this device ({device}) verifying a draft costs, next to a plain step: {quoted} "
-                     "(calibrated, corrected by this run's own steps).")
+                     "(this machine's cost model, learned from its own steps and this run's).")
     for i, kind in enumerate(kinds):
         losing = {name: values[i] for name, values in speedups.items() if values[i] < PAYS}
         if len(losing) < len(speedups):
@@ -243,8 +243,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Model and verifiers ready in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     started = time.perf_counter()
     cost = _warm_up(generators, prompts, ids)
-    print(f"One-time costs paid in {time.perf_counter() - started:.1f} s (a first run on this machine measures the "
-          "verification cost; later runs read it); now timing every method ...", file=sys.stderr)
+    print(f"One-time costs paid in {time.perf_counter() - started:.1f} s (nothing is timed for the budget: the "
+          "verification cost is learned from the steps themselves); now timing every method ...", file=sys.stderr)
 
     watch = MachineWatch.start(plain.verifier.device.type == "cpu")
     results = _timed_runs(generators, prompts)
