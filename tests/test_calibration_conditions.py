@@ -326,7 +326,7 @@ def test_the_thread_count_follows_the_load_and_is_put_back(monkeypatch: pytest.M
             follower._watch = MachineWatch(0.0, 0.0, None, 1)
             follower.tick()  # the other process ended
             assert torch.get_num_threads() == 2
-        assert torch.get_num_threads() == 2 and follower.threads_set == [1, 2]
+        assert torch.get_num_threads() == 2 and list(follower.threads_set) == [1, 2]
         assert follower.generation_share == 0.25  # the load over the whole generation, for the learned table
         monkeypatch.setenv(FOLLOW_LOAD_ENV, "0")
         with follower.following(on_cpu=True):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ def _machine_cpu_seconds() -> tuple[float, int] | None:
     except (OSError, ValueError, IndexError):
         return None
     return busy / ticks, max(cpus, 1)
+
+
+def _cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,7 @@ class MachineWatch:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             return None
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return min(max((load - self.own_threads) / cpus, 0.0), 1.0)
+        return min(max((load - self.own_threads) / _cpus(), 0.0), 1.0)
 
 
 def others_share_now(seconds: float = 0.25) -> float | None:
@@ -116,12 +122,6 @@ def threads_for(share: float, cpus: int, limit: int) -> int:
     return max(1, min(limit, int(free + ROUND_UP)))
 
 
-def _cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(len(os.sched_getaffinity(0)), 1)
-    return os.cpu_count() or 1
-
-
 class LoadFollower:
     """The process's generations on the CPU, each on the threads the machine's load leaves it (:func:`threads_for`).
 
@@ -145,7 +145,7 @@ class LoadFollower:
         self._limit = 1
         self._cpus = _cpus()
         self._generation: MachineWatch | None = None
-        self.threads_set: list[int] = []  # every thread count set, in order (tests, the load benchmark)
+        self.threads_set: deque[int] = deque(maxlen=64)  # the last thread counts set, in order (tests)
 
     def _read(self, min_wall: float) -> float | None:
         if time.perf_counter() - self._watch.wall >= min_wall:
