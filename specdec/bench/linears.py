@@ -137,7 +137,7 @@ def measure(model: Any, rows: Sequence[int], paths: Sequence[str] | None, repeat
         "ms": {path: {mode: [round(best[(path, mode, n)] * 1e3, 2) for n in rows] for mode in modes}
                for path in chosen},
         "gflops_per_thread": {
-            path: {mode: [round(flop[mode] * n / best[(path, mode, n)] / 1e9 / threads, 1) for n in rows]
+            path: {mode: [float(f"{flop[mode] * n / best[(path, mode, n)] / 1e9 / threads:.3g}") for n in rows]
                    for mode in modes} for path in chosen},
     }
 
