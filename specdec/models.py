@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec.cachefiles import folder
+from specdec.cachefiles import folder, warn_unwritable_once
 from specdec.errors import SpecDecError
 
 if TYPE_CHECKING:
@@ -173,18 +174,60 @@ def load_model(
             f"attention mask, which only {', '.join(SUPPORTED_ATTENTION)} honour"
         )
     if path is None or str(path) == "default":
-        path = default_checkpoint()
-        dtype = dtype or torch.float32
-    local = Path(path)
-    if not local.exists():
-        raise SpecDecError(f"no model at {str(path)!r}: pass a local checkpoint directory or 'default'")
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        local, dtype=dtype or "auto", attn_implementation=attn_implementation, local_files_only=True
-    )
+        model, tokenizer = _load_default(attn_implementation, dtype or torch.float32)
+    else:
+        local = Path(path)
+        if not local.exists():
+            raise SpecDecError(f"no model at {str(path)!r}: pass a local checkpoint directory or 'default'")
+        model, tokenizer = _load_checkpoint(local, attn_implementation, dtype)
     model.eval()
     if device is not None:
         model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
+    return model, tokenizer
+
+
+def _load_checkpoint(local: Path, attn_implementation: str, dtype: Any) -> tuple[Any, Any]:
+    model = AutoModelForCausalLM.from_pretrained(
+        local, dtype=dtype or "auto", attn_implementation=attn_implementation, local_files_only=True
+    )
+    return model, AutoTokenizer.from_pretrained(local, local_files_only=True)
+
+
+def _load_default(attn_implementation: str, dtype: Any) -> tuple[Any, Any]:
+    """The default model from its converted cache; a cache that cannot be written or read costs only the cache.
+
+    A cache folder that refuses the conversion (read-only, full, not ours) loads the GGUF file
+    straight into memory instead (~20 s each process, one warning); a converted copy that no
+    longer loads (truncated or edited by hand) is removed and converted again, one warning.
+    """
+    gguf = default_gguf_path()
+    try:
+        target = default_checkpoint()
+    except OSError as error:
+        warn_unwritable_once("the converted default model", _converted_dir(gguf), error)
+        return _load_gguf(gguf, attn_implementation, dtype)
+    try:
+        return _load_checkpoint(target, attn_implementation, dtype)
+    except Exception as error:  # our own cache entry, damaged in any way: it counts as absent
+        warnings.warn(f"specdec: the converted default model at {target} does not load ({error}); "
+                      "converting it again", RuntimeWarning, stacklevel=3)
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        target = default_checkpoint()
+    except OSError as error:
+        warn_unwritable_once("the converted default model", target, error)
+        return _load_gguf(gguf, attn_implementation, dtype)
+    return _load_checkpoint(target, attn_implementation, dtype)
+
+
+def _load_gguf(gguf: Path, attn_implementation: str, dtype: Any) -> tuple[Any, Any]:
+    """The default model dequantized from its GGUF file by transformers, in memory only."""
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=dtype, attn_implementation=attn_implementation,
+        local_files_only=True,
+    )
+    model.hf_quantizer = None
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     return model, tokenizer
 
 
@@ -198,7 +241,15 @@ def default_checkpoint() -> Path:
 
 def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
     """The tokenizer of a local checkpoint, or of the default model (``None`` or ``"default"``)."""
-    local = default_checkpoint() if path is None or str(path) == "default" else Path(path)
+    if path is None or str(path) == "default":
+        gguf = default_gguf_path()
+        try:
+            local = default_checkpoint()
+        except OSError as error:  # a cache that refuses the conversion: the tokenizer straight from the file
+            warn_unwritable_once("the converted default model", _converted_dir(gguf), error)
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    else:
+        local = Path(path)
     if not local.exists():
         raise SpecDecError(f"no tokenizer at {str(path)!r}: pass a local checkpoint directory or 'default'")
     return AutoTokenizer.from_pretrained(local, local_files_only=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from specdec.cachefiles import TokenizerIdentity
 from specdec.datastores.format import _PREFIX
@@ -505,3 +506,67 @@ def test_a_compiled_folder_that_cannot_be_made_leaves_inductor_its_own(tmp_path:
         assert len(cache_warnings(caught)) == 1 and compile_cache.INDUCTOR_ENV not in os.environ
     finally:
         compile_cache.reset_for_tests()
+
+
+# -- the converted default model on an unwritable or damaged cache ---------------------------------
+
+
+def _same_weights(one: Any, two: Any) -> bool:
+    left, right = one.state_dict(), two.state_dict()
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+@pytest.mark.slow  # dequantizes the default model (~20 s); ENOSPC takes the same path as EROFS (any OSError)
+def test_an_unwritable_models_folder_loads_the_default_model_in_memory(
+    default_model: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default model's first conversion into a read-only or full cache raised ``OSError`` before any
+    generation, in every process. Now: the GGUF file dequantized in memory, the same weights, one warning."""
+    from specdec import cachefiles, models
+
+    code = errno.EROFS
+    monkeypatch.setenv("SPECDEC_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setattr(cachefiles, "_WARNED", set(), raising=False)
+
+    def refusing_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        raise OSError(code, os.strerror(code), str(tmp_path / "models"))
+
+    monkeypatch.setattr(models.tempfile, "mkdtemp", refusing_mkdtemp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, tokenizer = models.load_model()
+        again = models.load_tokenizer()
+    messages = cache_warnings(caught)
+    assert len(messages) == 1 and "the converted default model" in messages[0], messages
+    assert os.strerror(code) in messages[0]
+    assert _same_weights(model, default_model[0])
+    text = "def add(a, b):"
+    assert tokenizer(text).input_ids == again(text).input_ids == default_model[1](text).input_ids
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").rglob("*.safetensors"))
+
+
+@pytest.mark.slow  # converts the default model again (~20 s)
+@pytest.mark.parametrize("damage", ["truncated"])  # "not-json-config" (config.json edited) passes too: 20 s more
+def test_a_damaged_converted_default_model_is_converted_again(
+    default_model: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A converted copy that no longer loads (its weights truncated, its config not JSON) failed every later
+    ``load_model()`` until the user cleared the cache. Now it counts as absent: converted again, one warning."""
+    from specdec import models
+
+    monkeypatch.setenv("SPECDEC_MODELS_DIR", str(tmp_path / "models"))
+    target = models.default_checkpoint()  # a fresh conversion in the private folder
+    if damage == "truncated":
+        weights = target / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    else:
+        (target / "config.json").write_text("[not json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = models.load_model()
+    assert [w for w in caught if "does not load" in str(w.message)], [str(w.message) for w in caught]
+    assert _same_weights(model, default_model[0])
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        models.load_model()
+    assert not [w for w in later if "does not load" in str(w.message)], "the new copy loads as it is"
