@@ -101,3 +101,33 @@ def test_soak_reports_rss_growth_after_the_warm_up() -> None:
     assert [p for p in report.problems() if p.startswith("RSS grew 32.0 MiB")]
     flat = run_soak(12, 4, rss=lambda: 1000.0, rss_growth_mb=16.0)
     assert flat.problems() == []
+
+
+def test_soak_with_batches_and_two_threads_on_one_generator() -> None:
+    """Two threads call the one generator (its lock takes turns) while each thread's plain reference runs
+    beside the other's generation; every third greedy prompt is decoded in a batch of two. All identical."""
+    report = run_soak(24, 6, threads=2, batch_every=3)
+    assert report.problems() == [] and report.identical == 24
+    assert sorted(row.index for row in report.rows) == list(range(24))
+    assert report.batches == sum(row.mode.endswith("batch of 2") for row in report.rows) > 0
+    summary = report.summary()
+    assert summary["threads"] == 2 and summary["batch_every"] == 3 and summary["engine"] == "specdec"
+    assert "commit" in summary
+
+
+class TamperingBatchGenerator(soak.Generator):
+    """The soaked generator changes the last token of a batch's second row only."""
+
+    def generate_batch(self, prompts: Any, **options: Any) -> Any:
+        results = super().generate_batch(prompts, **options)
+        if isinstance(self._drafter_spec, soak.RotatingFactory) and results[1].tokens:
+            results[1].tokens[-1] = (results[1].tokens[-1] + 1) % VOCAB
+        return results
+
+
+def test_soak_reports_a_changed_token_in_a_batch_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(soak, "Generator", TamperingBatchGenerator)
+    report = run_soak(12, 4, batch_every=2)
+    batched = [row for row in report.rows if row.mode.endswith("batch of 2")]
+    assert batched and {row.index for row in report.failures} == {row.index for row in batched}
+    assert all(row.verdict.startswith("DIFFERENT: ") for row in report.failures)

@@ -19,6 +19,12 @@ budget collecting every output. After each prompt the soak checks three things:
   workspaces and the recycling matrix have reached their size) the largest RSS may exceed
   the RSS at the end of the warm-up by at most a stated bound.
 
+**Batches and threads**: with ``batch_every=N`` every N-th greedy prompt is decoded by
+:meth:`~specdec.Generator.generate_batch` beside the previous prompt (a batch of two, each row
+checked against plain decoding of that row); with ``threads=2`` two threads take the prompts in
+turn and call the one generator, whose lock serializes its generations, while each thread's
+plain reference runs on the same model object beside the other thread's generation.
+
 **One generator, many drafters**: a ``Generator`` takes its drafter at construction, but a
 drafter given as a factory object is asked for a fresh drafter per prompt
 (:meth:`specdec.Generator.new_drafter`). :class:`RotatingFactory` is such a factory: it holds
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -107,7 +114,7 @@ class SoakRow:
     index: int
     source: str
     drafter: str
-    mode: str  # "greedy" or "seed=N"
+    mode: str  # "greedy" or "seed=N", then ", batch of 2" where it was decoded in a batch
     prompt_tokens: int
     new_tokens: int
     stop_reason: str
@@ -131,6 +138,11 @@ class SoakReport:
     evicted_tokens: int = 0  # tokens the store evicted to stay within its budget (by the end)
     rss_growth_bound_mb: float = DEFAULT_RSS_GROWTH_MB
     seconds: float = 0.0
+    engine: str = ""  # the soaked generator's engine, as it resolved
+    threads: int = 1  # threads calling the one generator
+    batch_every: int = 0  # every N-th greedy prompt decoded in a batch of two (0: never)
+    batches: int = 0  # the prompts decoded in a batch
+    code: dict[str, Any] | None = None  # the checkout's commit and whether it was dirty (None outside git)
 
     @property
     def identical(self) -> int:
@@ -195,6 +207,9 @@ class SoakReport:
             "rss_growth_bound_mb": self.rss_growth_bound_mb, "warmup": self.warmup,
             "store_budget": self.store_budget, "store_max": self.store_max, "store_evicted": self.evicted_tokens,
             "store_end": self.rows[-1].store_tokens if self.rows else 0, "seconds": round(self.seconds, 1),
+            "engine": self.engine, "threads": self.threads, "batch_every": self.batch_every,
+            "batched_prompts": self.batches, "commit": (self.code or {}).get("commit"),
+            "dirty": (self.code or {}).get("dirty"),
         }
 
 
@@ -311,16 +326,22 @@ def judge_sampled(ours: Sequence[int], plain: Sequence[int]) -> tuple[bool, str]
 def soak(model: Any, tokenizer: Any, cases: Sequence[SoakCase], *, store: SharedStore | int = DEFAULT_STORE_TOKENS,
          store_budget: int | None = None, warmup: int = DEFAULT_WARMUP,
          rss_growth_mb: float = DEFAULT_RSS_GROWTH_MB, budget: str | int = "auto", engine: str = "auto",
+         threads: int = 1, batch_every: int = 0,
          rss: Callable[[], float] = rss_mb, on_row: Callable[[SoakRow], None] | None = None,
          progress: bool = True) -> SoakReport:
     """Run ``cases`` through one generator and check each (module docstring); the report says what failed.
 
     ``store``: the shared store (or its token budget); ``store_budget``: the budget checked
     (default: the store's own ``max_tokens``). ``warmup``: the prompts after which RSS growth
-    is measured. ``rss``: the memory reading (MiB), replaceable in tests. ``on_row``: called with
-    each prompt's row as it is made (the command appends it to ``rows.jsonl``: a soak cut short
-    keeps what it measured).
+    is measured. ``threads``: the threads calling the generator; ``batch_every``: every N-th
+    greedy prompt decoded in a batch of two (module docstring). ``rss``: the memory reading
+    (MiB), replaceable in tests. ``on_row``: called with each prompt's row as it is made (the
+    command appends it to ``rows.jsonl``: a soak cut short keeps what it measured).
     """
+    from specdec.bench.results import software_versions
+
+    if threads < 1 or batch_every < 0:
+        raise SpecDecError(f"the soak needs threads >= 1 and batch_every >= 0, got {threads} and {batch_every}")
     shared = store if isinstance(store, SharedStore) else SharedStore(store)
     rotation = RotatingFactory(sorted({case.drafter for case in cases}) or list(DRAFTERS))
     generator = Generator(model, tokenizer, drafter=rotation, store=shared, budget=budget, engine=engine,
@@ -328,27 +349,69 @@ def soak(model: Any, tokenizer: Any, cases: Sequence[SoakCase], *, store: Shared
     rotation.bind(generator.context)
     plain = Generator(model, tokenizer, drafter="none", store=False, engine=engine, planner_cache=False)
     report = SoakReport(rss_start_mb=rss(), warmup=warmup, rss_growth_bound_mb=rss_growth_mb,
-                        store_budget=shared.max_tokens if store_budget is None else store_budget)
-    started = time.perf_counter()
-    bar = tqdm(cases, desc="soak", unit="prompt", disable=not progress)
-    for index, case in enumerate(bar):
-        rotation.use(case.drafter)
+                        store_budget=shared.max_tokens if store_budget is None else store_budget,
+                        engine=generator.verifier.description.engine, threads=threads, batch_every=batch_every,
+                        code=software_versions()["git"])
+    turn = threading.Lock()  # naming the drafter and generating are one step: another thread must not rename it
+    done = threading.Lock()  # the report and the bar
+    bar = tqdm(total=len(cases), desc="soak", unit="prompt", disable=not progress)
+    errors: list[BaseException] = []
+    greedy = [index for index, case in enumerate(cases) if case.seed is None and index > 0]
+    batched_cases = set(greedy[batch_every - 1 :: batch_every]) if batch_every else set()
+
+    def check(case: SoakCase, index: int) -> SoakRow:
         options = case.options()
-        ours = generator.generate(list(case.prompt), **options)
-        reference = plain.generate(list(case.prompt), **options)
-        if case.seed is None:
-            acceptable, verdict = judge_greedy(model, case.prompt, ours.tokens, reference.tokens)
-        else:
-            acceptable, verdict = judge_sampled(ours.tokens, reference.tokens)
-        row = SoakRow(index, case.source, case.drafter, "greedy" if case.seed is None else f"seed={case.seed}",
-                      len(case.prompt), len(ours.tokens), ours.stats.stop_reason, ours.stats.steps,
-                      sum(r.accepted for r in ours.stats.records), verdict, acceptable, shared.num_tokens, rss())
-        report.rows.append(row)
-        if on_row is not None:
-            on_row(row)
-        if index + 1 == warmup:
-            report.rss_warm_mb = row.rss_mb
-        bar.set_postfix(rss=f"{row.rss_mb:.0f}M", store=row.store_tokens, bad=len(report.failures))
+        batched = index in batched_cases
+        prompts = [list(case.prompt)] + ([list(cases[index - 1].prompt)] if batched else [])
+        with turn:
+            rotation.use(case.drafter)
+            results = (generator.generate_batch(prompts, batch_size=2, **options) if batched
+                       else [generator.generate(prompts[0], **options)])
+        verdicts = []
+        for prompt, ours in zip(prompts, results, strict=True):
+            reference = plain.generate(prompt, **options)
+            verdicts.append(judge_greedy(model, prompt, ours.tokens, reference.tokens) if case.seed is None
+                            else judge_sampled(ours.tokens, reference.tokens))
+        acceptable = all(ok for ok, _ in verdicts)
+        verdict = next((v for ok, v in verdicts if not ok), next((v for _, v in verdicts if v != "identical"),
+                                                                "identical"))
+        ours = results[0]
+        mode = ("greedy" if case.seed is None else f"seed={case.seed}") + (", batch of 2" if batched else "")
+        return SoakRow(index, case.source, case.drafter, mode, len(case.prompt), len(ours.tokens),
+                       ours.stats.stop_reason, ours.stats.steps, sum(r.accepted for r in ours.stats.records),
+                       verdict, acceptable, shared.num_tokens, rss())
+
+    def worker(first: int) -> None:
+        for index in range(first, len(cases), threads):
+            if errors:
+                return
+            try:
+                row = check(cases[index], index)
+            except BaseException as error:  # re-raised by the caller's thread, after the others stop
+                errors.append(error)
+                return
+            with done:
+                report.rows.append(row)
+                report.batches += row.mode.endswith("batch of 2")
+                if on_row is not None:
+                    on_row(row)
+                if len(report.rows) == warmup:
+                    report.rss_warm_mb = row.rss_mb
+                bar.update()
+                bar.set_postfix(rss=f"{row.rss_mb:.0f}M", store=row.store_tokens, bad=len(report.failures))
+
+    started = time.perf_counter()
+    if threads == 1:
+        worker(0)
+    else:
+        pool = [threading.Thread(target=worker, args=(first,), name=f"soak-{first}") for first in range(threads)]
+        for each in pool:
+            each.start()
+        for each in pool:
+            each.join()
+    bar.close()
+    if errors:
+        raise errors[0]
     report.seconds = time.perf_counter() - started
     report.evicted_tokens = shared.evicted_tokens
     return report
@@ -364,7 +427,7 @@ def format_report(report: SoakReport, command: str | None = None) -> str:
               "failed |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[SoakRow]] = {}
     for row in report.rows:
-        groups.setdefault((row.drafter, "greedy" if row.mode == "greedy" else "sampled"), []).append(row)
+        groups.setdefault((row.drafter, "greedy" if row.mode.startswith("greedy") else "sampled"), []).append(row)
     for (drafter, mode), rows in sorted(groups.items()):
         lines.append(f"| {drafter} | {mode} | {len(rows)} | {sum(r.new_tokens for r in rows)} | "
                      f"{sum(r.steps for r in rows)} | {sum(r.accepted for r in rows)} | "

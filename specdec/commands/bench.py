@@ -378,8 +378,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
                 file.write(json.dumps(dataclasses.asdict(row)) + "\n")
 
     report = soak.soak(model, tokenizer, cases, store=args.store_tokens, warmup=args.warmup,
-                       rss_growth_mb=args.rss_growth_mb, budget=args.budget, on_row=on_row,
-                       progress=not args.quiet)
+                       rss_growth_mb=args.rss_growth_mb, budget=args.budget, engine=args.engine,
+                       threads=args.threads, batch_every=args.batch_every, on_row=on_row, progress=not args.quiet)
     text = soak.format_report(report, _command_line())
     print(text)
     if args.out:
@@ -608,6 +608,12 @@ def register(sub: Any) -> None:
     soak.add_argument("--rss-growth-mb", type=float, default=64.0,
                       help="largest RSS after the warm-up minus the RSS at its end, in MiB, above which the "
                       "soak fails (default 64: docs/benchmarks.md 'Soak')")
+    soak.add_argument("--threads", type=int, default=2,
+                      help="threads calling the one Generator, prompts taken in turn (default 2)")
+    soak.add_argument("--batch-every", type=int, default=5, metavar="N",
+                      help="every N-th greedy prompt decoded in a batch of two with the previous one "
+                      "(default 5; 0: never)")
+    soak.add_argument("--engine", default="auto", help="the engine soaked (default: auto)")
     soak.add_argument("--out", default=None, metavar="DIR", help="where results.json, report.md, rss.png go")
     soak.add_argument("--quiet", action="store_true", help="no progress bar")
     soak.set_defaults(func=cmd_soak)
