@@ -3,11 +3,13 @@
 Layers: registration follows installation; the conversion of Arctic's drafts to our trees;
 bad options; token identity with plain greedy decoding on tiny fp64 models, per request
 and with the shared cache (whose repeated prompt is drafted from the earlier answer).
-Skipped, with the reason, where ``arctic-inference`` is not installed (an optional peer).
+Skipped, with the reason, where ``arctic-inference`` is not installed (an optional peer); with
+``SPECDEC_REQUIRE_ARCTIC=1`` (CI, which installs it beside the suite: ``.ci/run``) its absence fails instead.
 """
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -32,6 +34,11 @@ def test_conversion_to_our_tree() -> None:
 
 arctic_installed = pytest.mark.skipif(not arctic_module.installed(),
                                       reason=f"arctic-inference is not installed ({arctic_module.INSTALL_HINT})")
+
+
+def test_installed_where_required() -> None:
+    if os.environ.get("SPECDEC_REQUIRE_ARCTIC") == "1":
+        assert arctic_module.installed(), f"SPECDEC_REQUIRE_ARCTIC=1 but {arctic_module.INSTALL_HINT} did not"
 
 
 @arctic_installed
