@@ -134,8 +134,27 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
         out.write(text)
 
 
-_WARNED: set[tuple[str, str]] = set()  # (what, folder) of the failed cache writes warned about in this process
+_WARNED: set[tuple[str, ...]] = set()  # the keys of the cache problems warned about in this process
 _WARNED_LOCK = threading.Lock()
+
+
+def warn_once(key: tuple[str, ...], message: str, stacklevel: int = 3) -> None:
+    """``message`` as a RuntimeWarning the first time ``key`` comes up in this process, then never again.
+
+    A cache problem (a file that cannot be written, or read) recurs at every generation of a
+    long-running process: it is said once, and the caller goes on without the entry.
+    """
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+def forget_warnings(topic: str) -> None:
+    """Let the warnings of ``topic`` (a key's first part: ``"calibration"``, ``"unwritable"``) be said again."""
+    with _WARNED_LOCK:
+        _WARNED.difference_update({key for key in _WARNED if key[0] == topic})
 
 
 def warn_unwritable_once(what: str, path: str | os.PathLike[str], error: OSError) -> None:
@@ -145,14 +164,9 @@ def warn_unwritable_once(what: str, path: str | os.PathLike[str], error: OSError
     the caller goes on with what it computed, and a long-running process saving after every
     generation warns once, not once a generation.
     """
-    key = (what, str(Path(path).parent))
-    with _WARNED_LOCK:
-        if key in _WARNED:
-            return
-        _WARNED.add(key)
-    warnings.warn(f"specdec: could not save {what} to {path} ({error.strerror or error}); going on without "
-                  f"saving it (the cache folder is read-only, full or not ours: point {CACHE_DIR_ENV} elsewhere)",
-                  RuntimeWarning, stacklevel=3)
+    warn_once(("unwritable", what, str(Path(path).parent)),
+              f"specdec: could not save {what} to {path} ({error.strerror or error}); going on without "
+              f"saving it (the cache folder is read-only, full or not ours: point {CACHE_DIR_ENV} elsewhere)")
 
 
 def save_cache_entry(path: str | os.PathLike[str], data: bytes | str, what: str) -> bool:

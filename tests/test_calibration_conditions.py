@@ -362,6 +362,5 @@ def test_no_generation_times_verifications_of_its_own(
         monkeypatch.setattr(model, "calibrated", lambda sizes, c, _m=model, _s=slow: VerifyCostModel.calibrated(
             _m, sizes, c) / _s)  # fmt: skip
         result = generator.generate(prompt, max_new_tokens=24)
-        assert counts["prefill"] == 1 and counts["verify"] == result.stats.steps
-        assert result.stats.calibration_s < 1.0
+        assert counts["prefill"] == 1 and counts["verify"] == result.stats.steps  # no forward of its own
         counts.update(prefill=0, verify=0)

@@ -39,7 +39,7 @@ from specdec.budget import prior
 from specdec.budget.calibration import calibrate, calibration_identity, identity_key
 from specdec.budget.cost_model import CostTable, VerifyCostModel
 from specdec.budget.machine_load import busy_reason
-from specdec.cachefiles import folder, save_cache_entry
+from specdec.cachefiles import folder, forget_warnings, save_cache_entry, warn_once
 from specdec.errors import SpecDecError
 from specdec.types import TunableVerifier
 
@@ -47,7 +47,6 @@ from specdec.types import TunableVerifier
 SHARE_SLACK = 0.1
 
 _MODELS: dict[str, VerifyCostModel] = {}
-_WARNED: set[tuple[str, str]] = set()  # (identity key, what): each cache problem is said once per process
 
 
 def calibration_path(identity: dict[str, str]) -> Path:
@@ -55,9 +54,7 @@ def calibration_path(identity: dict[str, str]) -> Path:
 
 
 def _warn_once(key: str, what: str, message: str) -> None:
-    if (key, what) not in _WARNED:
-        _WARNED.add((key, what))
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    warn_once(("calibration", key, what), message, stacklevel=4)
 
 
 def cached_table(verifier: TunableVerifier[Any]) -> CostTable | None:
@@ -187,4 +184,4 @@ def _improves(new: CostTable, old: CostTable) -> bool:
 def forget_cost_models() -> None:
     """Drop the in-process cost models and the warnings said (tests; a changed cache directory)."""
     _MODELS.clear()
-    _WARNED.clear()
+    forget_warnings("calibration")
