@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cachefiles import folder, warn_unwritable_once
 from specdec.errors import SpecDecError
+from specdec.model_memory import check_fits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -162,7 +163,8 @@ def load_model(
     A ``path`` is a local Hugging Face checkpoint directory; nothing is downloaded.
     ``dtype`` (a torch dtype or its name, e.g. ``"bfloat16"``) and ``device`` (e.g.
     ``"cuda"``) say where the model lives; by default fp32 on the CPU for the default model,
-    the checkpoint's own dtype otherwise.
+    the checkpoint's own dtype otherwise. Weights that would not fit the device's available memory
+    are refused before loading, naming the sizes (:func:`specdec.model_memory.check_fits`).
 
     >>> model, tokenizer = load_model(device="cuda", dtype="bfloat16")  # doctest: +SKIP
     """
@@ -179,6 +181,7 @@ def load_model(
         local = Path(path)
         if not local.exists():
             raise SpecDecError(f"no model at {str(path)!r}: pass a local checkpoint directory or 'default'")
+        check_fits(local, dtype, device)  # before any weight is read: a model that cannot fit is refused, naming sizes
         model, tokenizer = _load_checkpoint(local, attn_implementation, dtype)
     model.eval()
     if device is not None:
