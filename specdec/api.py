@@ -23,7 +23,7 @@ from specdec.backends import former_spellings, make_verifier
 from specdec.backends.static import StaticVerifier
 from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
 from specdec.backends.verifier import ModelVerifier
-from specdec.batching import available_memory, check_memory, decode_batch, live_limit
+from specdec.batching import check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
@@ -38,6 +38,7 @@ from specdec.drafters.recycling_state import SharedMatrices
 from specdec.engine import BatchRequest, decode
 from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
+from specdec.model_memory import available_memory
 from specdec.models import eos_token_ids
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
 

@@ -49,10 +49,7 @@ Nothing is shrunk silently.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from specdec.budget.batch_planner import BatchPlanner, RowGate
 from specdec.engine import BatchRequest, FinishedRow, LiveSequence, Row, reachable, step, tree_cap
@@ -65,22 +62,6 @@ MEMORY_SHARE = 0.8  # the most of the device's available memory a batch's KV cac
 def live_limit(verifier: Verifier[Any]) -> int | None:
     """How many sequences ``verifier`` holds at once: a batch verifier says; a plain verifier, one."""
     return verifier.live_limit if isinstance(verifier, BatchVerifier) else 1
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes available for new allocations on ``device``: a GPU's free memory, a Linux host's
-    ``MemAvailable``; None where neither can be read."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    if device.type == "cpu":
-        try:
-            for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
-    return None
 
 
 def check_memory(

@@ -6,7 +6,7 @@ after minutes of reading, or the kernel's out-of-memory killer ends the process 
 at all. The weights' size is known without reading them: a safetensors file starts with a JSON
 header giving every tensor's dtype and shape (:func:`checkpoint_bytes`), so :func:`check_fits`
 compares the bytes the weights take in the dtype they will be loaded in against the memory
-available on the device (:func:`specdec.batching.available_memory`) and refuses, naming both
+available on the device (:func:`available_memory`) and refuses, naming both
 sizes, before the first byte is read.
 
 The rule is :data:`WEIGHTS_SHARE` of the available memory: the weights are read in place (a
@@ -84,6 +84,22 @@ def checkpoint_bytes(path: str | Path, dtype: torch.dtype | None = None) -> int 
     return total
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes available for new allocations on ``device``: a GPU's free memory, a Linux host's
+    ``MemAvailable``; None where neither can be read."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
 def _size(count: float) -> str:
     """Bytes in GiB (or MiB under one GiB), one decimal."""
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
@@ -94,8 +110,6 @@ def check_fits(path: str | Path, dtype: torch.dtype | None, device: torch.device
     any loading when they are more than :data:`WEIGHTS_SHARE` of the memory available on ``device``
     (the CPU where None), naming both sizes. Where the available memory cannot be read, nothing is
     refused."""
-    from specdec.batching import available_memory  # specdec.batching imports the engine: not at import time
-
     needed = checkpoint_bytes(path, dtype)
     place = device or torch.device("cpu")
     available = available_memory(place)

@@ -16,7 +16,6 @@ import pytest
 import torch
 from tiny_models import own_tiny_model
 
-import specdec.batching
 from specdec import model_memory, models
 from specdec.errors import SpecDecError
 
@@ -57,7 +56,7 @@ def test_a_model_that_cannot_fit_is_refused_before_loading_naming_the_sizes(
     folder, model = checkpoint
     needed = _stored_bytes(model, torch.float32)
     available = int(needed / model_memory.WEIGHTS_SHARE) - 4096  # just too little
-    monkeypatch.setattr(specdec.batching, "available_memory", lambda device: available)
+    monkeypatch.setattr(model_memory, "available_memory", lambda device: available)
 
     def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("from_pretrained was reached: the weights were read before the refusal")
@@ -78,9 +77,9 @@ def test_unknown_available_memory_or_no_safetensors_refuses_nothing(
     checkpoint: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder, _ = checkpoint
-    monkeypatch.setattr(specdec.batching, "available_memory", lambda device: None)
+    monkeypatch.setattr(model_memory, "available_memory", lambda device: None)
     assert model_memory.check_fits(folder, torch.float32, None) == model_memory.checkpoint_bytes(folder, torch.float32)
-    monkeypatch.setattr(specdec.batching, "available_memory", lambda device: 1)
+    monkeypatch.setattr(model_memory, "available_memory", lambda device: 1)
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     assert model_memory.check_fits(tmp_path, torch.float32, None) is None
 
