@@ -307,6 +307,37 @@ def test_the_lone_guard_backs_off_when_drafts_lose_and_comes_back() -> None:
     assert unknown.drafts() and unknown.backoffs == 0
 
 
+def test_a_draft_the_rule_declines_still_counts_as_a_drafting_step() -> None:
+    """A drafter dear to run whose drafts the rule cuts to the root (an early exit that rarely agrees) must back
+    off like one whose drafts lose: its drafting seconds belong to the drafting rate. Counted as plain steps they
+    lowered the plain rate the drafting steps were judged against, and the guard never backed off."""
+    from specdec.budget.batch_planner import LONE_MIN_STEPS, BatchPlan, LoneGuard, LonePlanner
+    from specdec.budget.planner import Budget, Plan
+    from specdec.types import DraftTree
+
+    class Rule:  # the BudgetPlanner's face LonePlanner reads: it declines every draft
+        budget = Budget.parse("auto")
+
+        def plain_rate(self) -> float:
+            return 100.0  # plain decoding: 100 tokens/s
+
+        def observe(self, *args: Any) -> None:
+            pass
+
+    guard = LoneGuard()
+    lone = LonePlanner(Rule(), guard)  # type: ignore[arg-type]
+    declined = Plan(DraftTree.chain(5, []), (), offered=4, expected=0.5, reason="declined")
+    for _ in range(LONE_MIN_STEPS):
+        assert guard.drafts()
+        lone.observe(BatchPlan((declined,), 1, 10, None, 0.0), [[0]], 0.01, 0.02)  # drafting made it 50 tokens/s
+        guard.observe(True, 1, 0.02)
+    assert guard.backoffs == 1 and not guard.drafts()  # backed off: the drafting cost counted against drafting
+    plain = Plan(DraftTree.chain(5, []), (), offered=1, expected=0.0, reason="no draft")
+    lone.observe(BatchPlan((plain,), 1, 10, None, 0.0), [[0]], 0.01, 0.01)
+    guard.observe(True, 1, 0.01)  # nothing offered: a plain step
+    assert guard.plain.steps == 1 and guard.drafting.steps == 0
+
+
 def test_the_thread_count_follows_the_load_and_is_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 

@@ -180,13 +180,14 @@ class LoneGuard:
     The rule (:mod:`specdec.budget.planner`) verifies a draft only where its model says it pays; the
     model can be wrong where the clock is not (a cost table far from this machine's present load, a
     drafter whose drafts are cheap to verify but dear to make). So the guard keeps decayed rates of
-    what the steps really gave: tokens over whole step seconds, for steps that verified a draft and
-    for plain ones (declined or not drafted; where there are fewer than :data:`LONE_MIN_PLAIN` of
-    those, ``estimate()``, the cost model's plain rate, stands in). When drafting steps realize
-    less than :data:`LONE_LOSS` of the plain rate after :data:`LONE_MIN_STEPS` of them, the next
-    ``wait`` steps run plain (the drafters still learn the committed tokens and the model's feedback),
-    then drafting is measured afresh; each loss in a row doubles the wait, up to
-    ``LONE_BACKOFF[1]``, and a drafting stretch that wins resets it. The decision depends on the
+    what the steps really gave: tokens over whole step seconds, for steps whose drafter offered a
+    draft (verified or declined by the planner: either way its drafting was paid) and for plain ones
+    (nothing offered; where there are fewer than :data:`LONE_MIN_PLAIN` of those, ``estimate()``, the
+    cost model's plain rate, stands in). When drafting steps realize less than :data:`LONE_LOSS` of
+    the plain rate after :data:`LONE_MIN_STEPS` of them, the next ``wait`` steps run plain (the
+    drafters still learn the committed tokens and the model's feedback), then drafting is measured
+    afresh; each loss in a row doubles the wait, up to ``LONE_BACKOFF[1]``, and a drafting stretch
+    that wins resets it. The decision depends on the
     observed figures only: tests feed them.
     """
 
@@ -196,7 +197,7 @@ class LoneGuard:
     backoff: int = 0  # plain steps left in the present back-off
     wait: int = LONE_BACKOFF[0]  # the next back-off's length
     backoffs: int = 0  # back-offs so far (stats, tests)
-    last_drafted: bool = False  # whether the step being observed verified a draft (set by LonePlanner.observe)
+    last_drafted: bool = False  # whether the step being observed was offered a draft (set by LonePlanner.observe)
 
     def drafts(self) -> bool:
         """Whether this step may draft."""
@@ -463,7 +464,10 @@ class LonePlanner:
     def observe(self, batch: BatchPlan, accepted: Sequence[Sequence[int]], verify_s: float, step_s: float) -> None:
         self.planner.observe(batch.plans[0], accepted[0], batch.context, verify_s, step_s)
         if self._guard is not None:
-            self._guard.last_drafted = batch.plans[0].tree.size > 1
+            # A step whose drafter offered a draft paid for drafting, whether the planner kept the draft or
+            # cut it to the root: counted as plain, its drafting seconds would lower the plain rate the
+            # drafting steps are judged against, and a drafter dearer than it gains would never back off.
+            self._guard.last_drafted = batch.plans[0].offered > 1
 
 
 __all__ = [
