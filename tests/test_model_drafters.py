@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,8 +178,26 @@ def test_a_draft_model_with_another_vocabulary_names_both_sizes() -> None:
 
 
 def test_a_draft_model_must_be_a_model() -> None:
-    with pytest.raises(SpecDecError, match="must be a Hugging Face causal LM, got str"):
+    with pytest.raises(SpecDecError, match="must be a Hugging Face causal LM or a checkpoint directory, got int"):
+        make_factory("model", {"draft_model": 3}, DrafterContext(vocab_size=VOCAB))
+    with pytest.raises(SpecDecError, match="no model at 'HuggingFaceTB/SmolLM2-135M'"):
         make_factory("model", {"draft_model": "HuggingFaceTB/SmolLM2-135M"}, DrafterContext(vocab_size=VOCAB))
+
+
+def test_a_draft_model_from_a_checkpoint_directory(tmp_path: Path) -> None:
+    """What a command line's --option draft_model=PATH gives: loaded in the target's dtype, drafting as the object."""
+    from test_tokenizer_identity import saved_tokenizer
+
+    small_draft("llama").save_pretrained(tmp_path)
+    saved_tokenizer(tmp_path, VOCAB)
+    target = tiny_model("llama")
+    prompt = [5, 6, 7, 5, 6]
+    loaded = specdec.run(target, prompt, "model", drafter_options={"draft_model": str(tmp_path)}, max_new_tokens=15,
+                         budget="full")  # fmt: skip
+    given = specdec.run(target, prompt, "model", drafter_options={"draft_model": small_draft("llama")},
+                        max_new_tokens=15, budget="full")  # fmt: skip
+    assert loaded.tokens == given.tokens == hf_greedy(target, prompt, 15)
+    assert [r.accepted for r in loaded.stats.records] == [r.accepted for r in given.stats.records]
 
 
 def test_early_exit_needs_the_target_model() -> None:

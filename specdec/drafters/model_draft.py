@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -200,7 +201,8 @@ class EarlyExitConfig:
 
 @dataclass(frozen=True)
 class DraftModelConfig:
-    """``draft_model``: a Hugging Face causal LM with the target's vocabulary; ``length``: draft tokens per proposal."""
+    """``draft_model``: a Hugging Face causal LM with the target's vocabulary, or its local checkpoint directory
+    (``"default"``: the default model); ``length``: draft tokens per proposal."""
 
     draft_model: Any = None
     length: int = DEFAULT_LENGTH
@@ -231,16 +233,35 @@ def early_exit_factory(options: Mapping[str, Any], context: DrafterContext) -> D
     return Factory("early-exit", lambda: ModelDrafter(view, "early-exit", config.length))
 
 
+def load_draft_model(path: str | os.PathLike[str], target: Any) -> Any:
+    """The causal LM at local checkpoint ``path`` (or ``"default"``), on the target's device in its dtype.
+
+    Loaded once per factory (:func:`specdec.models.load_model`: nothing is downloaded); a command
+    line's ``--option draft_model=PATH`` comes here. Without a target: the checkpoint's own dtype, on the CPU.
+    """
+    from specdec.models import load_model
+
+    where = next(target.parameters()) if target is not None else None
+    model, _ = load_model(path, dtype=None if where is None else where.dtype,
+                          device=None if where is None else where.device)  # fmt: skip
+    return model
+
+
 def draft_model_factory(options: Mapping[str, Any], context: DrafterContext) -> DrafterFactory:
     config = parse_options(DraftModelConfig, "model", options)
     draft = config.draft_model
     if draft is None:
         raise SpecDecError(
             "drafter 'model' needs draft_model=, a Hugging Face causal LM with the target's vocabulary "
-            "(drafter_options={'draft_model': model})"
+            "(drafter_options={'draft_model': model}) or its local checkpoint directory"
         )
+    if isinstance(draft, (str, os.PathLike)):
+        draft = load_draft_model(draft, context.model)
     if not isinstance(draft, torch.nn.Module) or not callable(getattr(draft, "forward", None)):
-        raise SpecDecError(f"drafter 'model': draft_model must be a Hugging Face causal LM, got {type(draft).__name__}")
+        raise SpecDecError(
+            f"drafter 'model': draft_model must be a Hugging Face causal LM or a checkpoint directory, "
+            f"got {type(draft).__name__}"
+        )
     draft_vocab = output_vocab(draft)
     target_vocab = context.vocab_size if context.model is None else output_vocab(context.model)
     if target_vocab is not None and draft_vocab != target_vocab:
