@@ -223,3 +223,15 @@ def test_unknown_options_are_named() -> None:
         make_factory("early-exit", {"layer": 1}, DrafterContext(model=tiny_model("llama")))
     with pytest.raises(SpecDecError, match="length must be a positive int"):
         make_factory("model", {"draft_model": tiny_model("llama"), "length": 0})
+
+
+@pytest.mark.parametrize("drafter", ["early-exit", "model"])
+def test_the_fixed_shape_engine_drafts_alongside(drafter: str) -> None:
+    """engine="buckets" (a static cache, eager): the drafter's own forwards leave the verifier's cache alone."""
+    target = tiny_model("llama")
+    prompt = [9, 8, 7, 9, 8]
+    options: dict[str, Any] = {"layers": 2} if drafter == "early-exit" else {"draft_model": target}
+    result = specdec.run(target, prompt, drafter, drafter_options=options, max_new_tokens=20, budget="full",
+                         engine="buckets")  # fmt: skip
+    assert result.tokens == hf_greedy(target, prompt, 20)
+    assert result.stats.mat > 1.0
