@@ -235,3 +235,14 @@ def test_the_fixed_shape_engine_drafts_alongside(drafter: str) -> None:
                          engine="buckets")  # fmt: skip
     assert result.tokens == hf_greedy(target, prompt, 20)
     assert result.stats.mat > 1.0
+
+
+def test_past_the_draft_models_context_it_drafts_nothing() -> None:
+    """A draft model of a shorter context than the sequence: single-node trees, no forward past its positions."""
+    draft = copy.deepcopy(small_draft("llama"))
+    draft.config.max_position_embeddings = 12
+    drafter = ModelDrafter(draft, "model", length=4)
+    drafter.reset(list(range(2, 10)))  # 8 committed: the pending token sits at position 8
+    assert drafter.propose(10, 16).size == 5  # positions 8..11 fed: the pending token and 3 of the 4 draft tokens
+    drafter.update([10, 11, 12, 13], None)
+    assert drafter.propose(14, 16).size == 1

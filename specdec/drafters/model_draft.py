@@ -55,9 +55,11 @@ DEFAULT_LENGTH = 4
 class ModelDrafter:
     """Drafts a greedy chain with ``model``'s forward and a KV cache kept in step with the committed tokens.
 
-    ``model``: a causal LM module whose forward takes ``input_ids``, ``past_key_values`` and
-    ``use_cache`` and returns ``logits`` ``[1, n, V]``; ``name``: the drafter's name (``"model"``,
-    ``"early-exit"``); ``length``: draft tokens per proposal (the engine's ``max_nodes`` caps it).
+    ``model``: a Hugging Face causal LM module (its forward takes ``input_ids``, its KV cache under
+    ``cache`` or ``past_key_values`` and ``use_cache``, and returns ``logits`` ``[1, n, V]``); ``name``:
+    the drafter's name (``"model"``, ``"early-exit"``); ``length``: draft tokens per proposal (the
+    engine's ``max_nodes`` caps it). Past the draft model's ``max_position_embeddings`` (a draft
+    model with a shorter context than the target's) it drafts nothing.
     """
 
     feedback_topk = 0
@@ -68,6 +70,8 @@ class ModelDrafter:
         self.length = length
         from specdec.models import cache_keyword  # imports transformers: at first use, not with specdec.drafters
 
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.context_length: int | None = positions if isinstance(positions, int) else None
         self.device = next(model.parameters()).device
         self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", by transformers release
         # Only the last position's logits are needed: the catch-up forward skips the LM head elsewhere.
@@ -94,10 +98,10 @@ class ModelDrafter:
 
     def _forward(self, tokens: Sequence[int]) -> int:
         """Feed ``tokens`` after the cached ones; the argmax of the last position's logits."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        extra: dict[str, Any] = {"logits_to_keep": 1} if self._keep_last else {}
         from specdec.models import returned_cache
 
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        extra: dict[str, Any] = {"logits_to_keep": 1} if self._keep_last else {}
         extra[self._cache_keyword] = self.cache
         output = self.model(input_ids=ids, use_cache=True, **extra)
         self.cache = returned_cache(output)
@@ -119,6 +123,8 @@ class ModelDrafter:
     @torch.no_grad()
     def propose(self, pending: int, max_nodes: int) -> DraftTree:
         count = min(self.length, max_nodes - 1)
+        if self.context_length is not None:  # the last draft token is never fed: its position may be the limit
+            count = min(count, self.context_length - len(self.committed))
         if count < 1:
             return DraftTree.single(pending, self.name)
         sequence = [*self.committed, pending]
