@@ -158,10 +158,11 @@ def drafter_specs() -> list[str]:
     composites. A drafter that cannot run without a datastore is listed only with one."""
     from specdec.bench.quality import FEATURED_COMPOSITES
     from specdec.datastores import BUILDERS
-    from specdec.drafters import available_drafters, make_factory
+    from specdec.drafters import MODEL_DRAFTERS, available_drafters, make_factory
     from specdec.errors import SpecDecError
 
-    names = [n for n in available_drafters() if n != "none"]
+    # the drafters that run a model need the target or a draft model, which these benchmarks do not give
+    names = [n for n in available_drafters() if n != "none" and n not in MODEL_DRAFTERS]
     specs = []
     for name in names:
         try:

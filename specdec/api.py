@@ -142,6 +142,7 @@ class Generator:
             store=resolve_store(store),
             acceptance=self.planner_memory.acceptance,
             recycling=recycling if learned else None,
+            model=self.model,
         )
         tokenizer = self.tokenizer
         self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))

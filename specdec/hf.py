@@ -33,11 +33,15 @@ generation config, ``generate``'s keyword arguments and user-given processors co
 - a ``[1, L]`` prompt with left padding (``attention_mask`` zeros first): the padding is
   left out of the model's input and kept in the returned sequence, as ``generate`` keeps it.
 
+**Assistants**: ``generate``'s ``assistant_model=M`` drafts with specdec's ``model`` drafter
+(``draft_model=M``), ``assistant_early_exit=N`` with ``early-exit`` (``layers=N``), in place of
+hf_generate's default drafter, or filling the part of a composite that names them (``"sam+model"``).
+
 **Refused, with an error that names it** (never ignored): every other logits processor
 (``no_repeat_ngram_size``, ``bad_words_ids``, ``min_p``, ``typical_p``, guidance, ...,
 ``prefix_allowed_tokens_fn``, user processors), any other stopping criterion, beam search
 and every mode but greedy and sampling (``num_beams``, ``penalty_alpha``, ``dola_layers``,
-constraints, ``assistant_model``, ``prompt_lookup_num_tokens``), ``num_return_sequences > 1``,
+constraints, ``prompt_lookup_num_tokens``, ``use_mtp``), ``num_return_sequences > 1``,
 ``output_scores``/``output_logits``/``output_attentions``/``output_hidden_states`` (specdec's
 tree forwards give another rounding of those values than ``generate``'s one-token forwards,
 so they cannot be returned as ``generate`` would compute them), ``inputs_embeds`` and other
@@ -106,7 +110,7 @@ _PROCESSOR_OPTIONS = {
 # specdec cannot give, with their neutral values.
 _REFUSED_CONFIG = {
     "num_beams": 1, "num_return_sequences": 1, "penalty_alpha": None, "dola_layers": None, "constraints": None,
-    "force_words_ids": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "use_mtp": None,
+    "force_words_ids": None, "prompt_lookup_num_tokens": None, "use_mtp": None,
     "output_scores": False, "output_logits": False, "output_attentions": False, "output_hidden_states": False,
 }
 # What generate passes as model kwargs that specdec may leave aside: it runs the model itself.
@@ -114,6 +118,7 @@ _MODEL_KWARGS_IGNORED = frozenset({"use_cache", "logits_to_keep", "cache_positio
 _CACHE_KWARGS = ("cache", "past_key_values")
 # The stopping criteria that are asked after every new token (they do not read scores).
 _ASKED_CRITERIA = ("StopStringCriteria", "MaxTimeCriteria")
+DEFAULT_DRAFTER = "sam+recycling"  # hf_generate's; generate's assistant_model / assistant_early_exit replace it
 # specdec's decoding options that the generate call decides (its config, its keywords).
 _GENERATE_DECIDES = ("max_new_tokens", "min_new_tokens", "eos_token_id", "ignore_eos", "stop", "stop_when",
                      "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "use_generation_config",
@@ -152,8 +157,9 @@ def _ids(value: Any) -> list[int]:
     return [int(t) for t in value]
 
 
-class _Generators(weakref.WeakKeyDictionary["HFGenerate", Generator]):
-    """The Generators that :class:`HFGenerate` callables made for one model, stored on the model.
+class _Generators(weakref.WeakKeyDictionary["HFGenerate", tuple[Any, Generator]]):
+    """The Generators that :class:`HFGenerate` callables made for one model, stored on the model, each with
+    the assistant it drafts with (:meth:`HFGenerate.generator`; None: the callable's own drafter).
 
     Copying or pickling the model leaves them behind (a copy starts with none): a Generator
     belongs to the model object it was made for.
@@ -203,8 +209,12 @@ class HFGenerate:
         self.last_result: GenerationResult | None = None
         self._lock = threading.Lock()
 
-    def generator(self, model: Any) -> Generator:
+    def generator(self, model: Any, assistant: tuple[str, Any] | None = None) -> Generator:
         """The :class:`~specdec.Generator` for ``model``: made at its first call, then reused.
+
+        ``assistant``: what ``generate`` was given to draft with, ``("model", assistant_model)`` or
+        ``("early-exit", assistant_early_exit)`` (:func:`assisted_drafter`); a call with another
+        assistant than the last one makes a new Generator.
 
         It is kept on the model (:class:`_Generators`), not here: a Generator holds its model, so a
         table here would keep every model this callable ever ran alive for as long as the
@@ -213,14 +223,19 @@ class HFGenerate:
         """
         with self._lock:
             slots = _Generators.of(model)
-            generator = slots.get(self)
-            if generator is None:
-                construction = {k: v for k, v in self.options.items() if k in GENERATOR_OPTIONS}
-                # As specdec.run: no generated text is shared between calls unless the caller gives store=.
-                construction.setdefault("store", False)
-                generator = Generator(model, self.options.get("tokenizer"), drafter=self.drafter,
-                                      budget=self.options.get("budget", "auto"), **construction)
-                slots[self] = generator
+            found = slots.get(self)
+            if found is not None and _same_assistant(found[0], assistant):
+                return found[1]
+            construction = {k: v for k, v in self.options.items() if k in GENERATOR_OPTIONS}
+            # As specdec.run: no generated text is shared between calls unless the caller gives store=.
+            construction.setdefault("store", False)
+            drafter = self.drafter
+            if assistant is not None:
+                drafter, construction["drafter_options"] = assisted_drafter(
+                    self.drafter, construction.get("drafter_options"), *assistant)
+            generator = Generator(model, self.options.get("tokenizer"), drafter=drafter,
+                                  budget=self.options.get("budget", "auto"), **construction)
+            slots[self] = (assistant, generator)
             return generator
 
     def __call__(
@@ -259,7 +274,8 @@ class HFGenerate:
         if config is None:
             raise SpecDecError("hf_generate() is called by model.generate(..., custom_generate=...), "
                                "which passes a generation config")
-        _check_mode(config, caller.get("assistant_model"))
+        assistant = _assistant(config, caller.get("assistant_model"))
+        _check_mode(config, assisted=assistant is not None)
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise SpecDecError(
                 f"input_ids of shape {tuple(input_ids.shape)}: specdec's custom_generate decodes one sequence "
@@ -286,7 +302,7 @@ class HFGenerate:
         def on_tokens(tokens: list[int]) -> None:
             streamer.put(torch.tensor([tokens], dtype=torch.long))
 
-        result = self.generator(model).generate(
+        result = self.generator(model, assistant).generate(
             prompt, on_tokens=on_tokens if streamer is not None else None, **options
         )
         self.last_result = result
@@ -313,10 +329,54 @@ def _generate_frame(hook: HFGenerate) -> dict[str, Any] | None:
         del frame
 
 
-def _check_mode(config: Any, assistant_model: Any) -> None:
-    """Refuse every decoding mode but greedy and sampling, and outputs specdec cannot give."""
+def _assistant(config: Any, assistant_model: Any) -> tuple[str, Any] | None:
+    """What ``generate`` was given to draft with: ``("model", assistant_model)``, ``("early-exit", layers)``
+    (``assistant_early_exit``), or None."""
+    layers = getattr(config, "assistant_early_exit", None)
+    if assistant_model is not None and layers is not None:
+        raise SpecDecError("give generate assistant_model or assistant_early_exit, not both")
     if assistant_model is not None:
-        raise SpecDecError("assistant_model: specdec drafts by itself (hf_generate(drafter=...)); drop it")
+        return ("model", assistant_model)
+    return None if layers is None else ("early-exit", layers)
+
+
+def _same_assistant(old: tuple[str, Any] | None, new: tuple[str, Any] | None) -> bool:
+    if old is None or new is None:
+        return old is new
+    return old[0] == new[0] and (old[1] is new[1] if old[0] == "model" else old[1] == new[1])
+
+
+def assisted_drafter(
+    drafter: str | Drafter | DrafterFactory, options: Any, kind: str, value: Any
+) -> tuple[str, dict[str, Any]]:
+    """``(drafter, drafter_options)`` for ``generate``'s assistant: ``kind`` ``"model"`` (``value``: the
+    assistant model, the ``model`` drafter's ``draft_model``) or ``"early-exit"`` (``value``: its ``layers``).
+
+    hf_generate's own drafter stays where it names ``kind`` as itself or as a composite's part (``"sam+model"``:
+    the assistant fills that part's option); its default gives way to ``kind`` alone; any other is a conflict.
+    """
+    option = "draft_model" if kind == "model" else "layers"
+    name = drafter if isinstance(drafter, str) else ""
+    parts = name.strip().lower().split("+")
+    own = dict(options or {})
+    if parts == [kind]:
+        return kind, {**own, option: value}
+    if len(parts) == 2 and kind in parts:
+        return name, {**own, f"{kind}.{option}": value}
+    if drafter == DEFAULT_DRAFTER:
+        return kind, {option: value}
+    raise SpecDecError(
+        f"generate's {'assistant_model' if kind == 'model' else 'assistant_early_exit'} drafts with drafter "
+        f"{kind!r}, and hf_generate was given drafter {name or type(drafter).__name__!r}: give one of them "
+        f"(or a composite such as 'sam+{kind}')"
+    )
+
+
+def _check_mode(config: Any, assisted: bool = False) -> None:
+    """Refuse every decoding mode but greedy and sampling, and outputs specdec cannot give.
+
+    ``assisted``: generate was given an assistant (:func:`_assistant`), which specdec drafts with; the
+    config then names assisted generation, and greedy or sampling is what ``do_sample`` says."""
     for name, neutral in _REFUSED_CONFIG.items():
         value = getattr(config, name, neutral)
         if value is not None and value != neutral:
@@ -326,7 +386,7 @@ def _check_mode(config: Any, assistant_model: Any) -> None:
             raise SpecDecError(f"{name}={value!r} is not supported by specdec's custom_generate (it decodes greedily "
                                "or samples, and returns sequences only); drop it, or call generate without it")
     mode = getattr(config.get_generation_mode(), "value", "")
-    if mode not in ("greedy_search", "sample"):
+    if mode not in ("greedy_search", "sample") and not (assisted and mode == "assisted_generation"):
         raise SpecDecError(f"generation mode {mode!r} is not supported by specdec's custom_generate "
                            "(greedy decoding and sampling are)")
 
@@ -454,7 +514,7 @@ def _choice_options(processors: list[Any], config: Any, eos: list[int], total: i
     return options
 
 
-def hf_generate(drafter: str | Drafter | DrafterFactory = "sam+recycling", **options: Unpack[HFOptions]) -> HFGenerate:
+def hf_generate(drafter: str | Drafter | DrafterFactory = DEFAULT_DRAFTER, **options: Unpack[HFOptions]) -> HFGenerate:
     """A ``custom_generate`` for Hugging Face's ``model.generate`` that decodes with specdec.
 
     >>> out = model.generate(input_ids, attention_mask=mask, max_new_tokens=128,

@@ -369,10 +369,41 @@ def test_unsupported_options_are_refused(case: str) -> None:
     assert named in str(error.value)
 
 
-def test_assistant_model_is_refused() -> None:
+@pytest.mark.parametrize("drafter", ["sam+recycling", "model", "sam+model"])
+def test_assistant_model_drafts_with_the_model_drafter(drafter: str) -> None:
+    model, assistant = tiny_model("llama"), tiny_model("llama", seed=1)
+    ids = torch.tensor([[3, 4, 5, 3, 4]])
+    hook = specdec.hf_generate(drafter, budget="full")
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, assistant_model=model,
+                         custom_generate=hook)  # fmt: skip
+    plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    assert out.tolist() == plain.tolist()
+    assert hook.last_result is not None and hook.last_result.stats.mat > 1.0  # the target drafting for itself
+    generator = hook.generator(model, ("model", model))
+    expected = "model" if drafter == "sam+recycling" else drafter
+    assert generator._drafter_spec == expected
+    assert hook.generator(model, ("model", assistant)) is not generator  # another assistant: another Generator
+    assert hook.generator(model, ("model", assistant)) is hook.generator(model, ("model", assistant))
+
+
+def test_assistant_early_exit_drafts_with_the_early_exit_drafter() -> None:
     model = tiny_model("llama")
-    with pytest.raises(specdec.SpecDecError, match="assistant_model"):
+    ids = torch.tensor([[7, 8, 9, 10]])
+    hook = specdec.hf_generate(budget="full")
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, assistant_early_exit=2,
+                         custom_generate=hook)  # fmt: skip
+    plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    assert out.tolist() == plain.tolist()
+    assert hook.last_result is not None and hook.last_result.stats.mat > 1.0  # every layer: the target's own
+
+
+def test_an_assistant_and_another_drafter_conflict() -> None:
+    model = tiny_model("llama")
+    with pytest.raises(specdec.SpecDecError, match="assistant_model drafts with drafter 'model'.*'pld'"):
         model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=5, assistant_model=tiny_model("llama", seed=1),
+                       custom_generate=specdec.hf_generate("pld"))  # fmt: skip
+    with pytest.raises(specdec.SpecDecError, match="not both"):
+        model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=5, assistant_model=model, assistant_early_exit=1,
                        custom_generate=HOOK)  # fmt: skip
 
 

@@ -201,6 +201,14 @@ def test_drafter_label_resolves_datastore_paths(tmp_path: Path, monkeypatch: pyt
     assert drafter_label(specdec.make_factory("pld").create()).endswith(":pld")
 
 
+def test_drafter_label_names_a_draft_model_by_its_weights() -> None:
+    llama, other = tiny_model("llama"), tiny_model("llama", seed=1)
+    label = drafter_label("sam+model", {"model": {"draft_model": llama}})
+    assert label == drafter_label("sam+model", {"model": {"draft_model": llama}})
+    assert "LlamaForCausalLM weights " in label and "Linear" not in label  # not the module's repr
+    assert label != drafter_label("sam+model", {"model": {"draft_model": other}})
+
+
 def test_the_option_and_the_environment_turn_it_off(planner_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_model("llama")
     off = Generator(model, drafter="pld", planner_cache=False)

@@ -532,7 +532,8 @@ class _Script:
 def drafter_context(model: Any, tokenizer: Any) -> Any:
     """What drafter factories may know of the target, as :class:`~specdec.api.Generator` builds it."""
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    return DrafterContext(vocab_size=vocab, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer))
+    return DrafterContext(vocab_size=vocab, tokenizer=tokenizer, eos_token_ids=eos_token_ids(model, tokenizer),
+                          model=model)
 
 
 def datastore_kinds(paths: Sequence[str | os.PathLike[str]]) -> dict[str, str]:

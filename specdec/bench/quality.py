@@ -31,7 +31,7 @@ import transformers
 
 from specdec.bench.corpora import build_datastore, gsm8k_documents
 from specdec.bench.methods import ForwardMeter, build_methods, drafter_context, parse_methods
-from specdec.drafters import available_drafters, make_factory
+from specdec.drafters import MODEL_DRAFTERS, available_drafters, make_factory
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt
 from specdec.testing import compare_outputs
@@ -91,7 +91,7 @@ def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[li
     is none; any other error building one is raised.
     """
     datastores = datastores or {}
-    names = [n for n in available_drafters() if n != "none"]
+    names = [n for n in available_drafters() if n != "none" and n not in MODEL_DRAFTERS]
     names += [c for c in FEATURED_COMPOSITES if all(p in names for p in c.split("+"))]
     specs, left_out = [], {}
     for name in names:
@@ -108,6 +108,8 @@ def suite(context: Any, datastores: Mapping[str, str] | None = None) -> tuple[li
         specs.append(f"{name}={name}{options}")
     if "arctic" not in names:
         left_out["arctic"] = "not registered here: Arctic Inference (a peer) is not installed"
+    for name in MODEL_DRAFTERS:
+        left_out[name] = "needs the target model/draft model"
     return specs, left_out
 
 

@@ -100,15 +100,30 @@ def drafter_label(drafter: Any, options: Mapping[str, Any] | None = None) -> str
     """The drafter's part of the identity: a name with its options, or an object's class and name.
 
     A ``datastore`` option counts by absolute path, so the same file named from two working
-    directories is one identity.
+    directories is one identity; a model option (``draft_model``, also inside a composite part's
+    options) by its class and weights' fingerprint, so one checkpoint is one identity in any process.
     """
     if isinstance(drafter, str):
-        canonical = dict(options or {})
-        if isinstance(canonical.get("datastore"), (str, os.PathLike)):
-            canonical["datastore"] = str(Path(canonical["datastore"]).expanduser().resolve())
+        canonical = _canonical_options(options or {})
         return f"{drafter} {json.dumps(canonical, sort_keys=True, default=str)}"
     kind = type(drafter)
     return f"{kind.__module__}.{kind.__qualname__}:{getattr(drafter, 'name', '')}"
+
+
+def _canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with datastore paths made absolute and model objects named by their weights, nested dicts too."""
+    canonical: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            value = _canonical_options(value)
+        elif key == "datastore" and isinstance(value, (str, os.PathLike)):
+            value = str(Path(value).expanduser().resolve())
+        elif callable(getattr(value, "named_parameters", None)):  # a torch module (a draft model)
+            from specdec.backends.identity import weights_fingerprint
+
+            value = f"{type(value).__name__} weights {weights_fingerprint(value)}"
+        canonical[key] = value
+    return canonical
 
 
 def planner_identity(verifier: TunableVerifier[Any], tokenizer: Any, drafter: str) -> dict[str, str]:

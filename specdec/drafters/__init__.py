@@ -12,6 +12,7 @@ from typing import Any
 from specdec.drafters import arctic
 from specdec.drafters.base import DrafterContext, Factory, parse_options
 from specdec.drafters.composite import composite_factory
+from specdec.drafters.model_draft import draft_model_factory, early_exit_factory
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
 from specdec.drafters.recycling import RecyclingConfig, RecyclingDrafter, check_template
@@ -48,12 +49,17 @@ def _recycling_factory(options: Mapping[str, Any], context: DrafterContext) -> D
 
 # name -> builder of a factory from the user's options and what is known of the target
 REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]] = {
+    "early-exit": early_exit_factory,
+    "model": draft_model_factory,
     "none": _none_factory,
     "pld": _pld_factory,
     "recycling": _recycling_factory,
     "rest": rest_factory,
     "sam": sam_factory,
 }
+# The drafters that run a model (the target's first layers, a draft model): they need the target or a draft
+# model, so suites that build every registered drafter from a name alone leave these out.
+MODEL_DRAFTERS = ("early-exit", "model")
 # Arctic Inference's suffix decoding, a peer to measure against: listed only where it is installed.
 if arctic.installed():
     REGISTRY["arctic"] = arctic.arctic_factory
@@ -99,6 +105,7 @@ def resolve_drafter(
 
 
 __all__ = [
+    "MODEL_DRAFTERS",
     "REGISTRY",
     "DrafterContext",
     "NoDrafter",

@@ -30,7 +30,8 @@ class DrafterContext:
     (:class:`~specdec.budget.acceptance.AcceptanceModel`), which composites order merged
     trees by when a node budget cuts them. ``recycling``: the matrices of Token Recycling the
     caller's model shares (:class:`~specdec.drafters.recycling_state.SharedMatrices`), None for a
-    fresh matrix per drafter.
+    fresh matrix per drafter. ``model``: the target model object (a Hugging Face causal LM), for
+    drafters that run its layers (``early-exit``); None where the caller has none to give.
     """
 
     vocab_size: int | None = None
@@ -39,6 +40,7 @@ class DrafterContext:
     store: SharedStore | Literal[False] | None = None
     acceptance: AcceptanceModel | None = None
     recycling: SharedMatrices | None = None
+    model: Any = None
     _identity: TokenizerIdentity | None = field(default=None, repr=False)
 
     def tokenizer_identity(self) -> TokenizerIdentity | None:
