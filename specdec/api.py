@@ -20,8 +20,8 @@ from typing import Any, TypedDict
 from typing_extensions import Unpack
 
 from specdec.backends import former_spellings, make_verifier
-from specdec.backends.static import StaticVerifier
-from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.rows import ROWS_BUCKETS, RowsStaticVerifier
 from specdec.backends.verifier import ModelVerifier
 from specdec.batching import check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
@@ -322,7 +322,7 @@ class Generator:
         Continuous batching (:mod:`specdec.batching`): up to ``batch_size`` prompts are decoded
         side by side, one verification forward per step for all of them on ``engine="specdec"``
         (the CPU's default) and on the fixed-shape engines (CUDA's default: the rows share one cache,
-        :mod:`specdec.backends.static_rows`); Hugging Face's forward (``engine="hf"``)
+        :mod:`specdec.backends.buckets.rows`); Hugging Face's forward (``engine="hf"``)
         verifies the rows one after another. A finished row's place goes to the next
         prompt at once. Each row has its own drafter (from this generator's drafter name or
         factory; shared datastores are shared, and ``sam``'s store is fed by every row that
@@ -360,7 +360,7 @@ class Generator:
 
     def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
         """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
-        sequence (a static cache), a :class:`~specdec.backends.static_rows.RowsStaticVerifier` of the same
+        sequence (a static cache), a :class:`~specdec.backends.buckets.rows.RowsStaticVerifier` of the same
         mode, tree ops and buckets with ``batch_size`` places (made at the first batch of that size, closed
         with this generator), which verifies every row in one forward."""
         verifier = self.verifier

@@ -5,9 +5,9 @@
 - ``"hf"``: Hugging Face's own forward on a ``DynamicCache`` per sequence, eager
   (:class:`~specdec.backends.verifier.ModelVerifier`);
 - ``"specdec"``: specdec's own forward of Llama-family decoders with its CPU kernels, a cache
-  per sequence, nothing compiled (:class:`~specdec.backends.runner_verifier.RunnerVerifier`);
+  per sequence, nothing compiled (:class:`~specdec.backends.specdec_engine.forward.RunnerVerifier`);
 - fixed-shape forwards, one per tree-size bucket, on a static cache
-  (:class:`~specdec.backends.static.StaticVerifier`): ``"compiled"`` (inductor), ``"graphs"``
+  (:class:`~specdec.backends.buckets.forward.StaticVerifier`): ``"compiled"`` (inductor), ``"graphs"``
   (replayed from CUDA graphs), ``"compiled-graphs"`` (both) and ``"buckets"`` (eager: tests,
   debugging);
 - ``"auto"``: :func:`auto_engine`.
@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from specdec.backends import sliding
-from specdec.backends.buckets import STATIC_ENGINES
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.sizes import STATIC_ENGINES
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
 from specdec.backends.forward import KVState, check_model
-from specdec.backends.runner import unsupported_reason
-from specdec.backends.runner_verifier import RunnerVerifier
-from specdec.backends.static import StaticVerifier
+from specdec.backends.specdec_engine.forward import RunnerVerifier
+from specdec.backends.specdec_engine.model_runner import unsupported_reason
 from specdec.backends.tree_ops import TorchTreeOps, TreeOps
 from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, warn_deprecated
@@ -77,7 +77,7 @@ def make_tree_ops(tree_ops: str, device: torch.device) -> TreeOps:
 
 def auto_engine(model: Any, device: torch.device) -> str:
     """What ``engine="auto"`` runs: ``"graphs"`` on CUDA; on a CPU ``"specdec"`` where specdec's own
-    forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`), else ``"hf"``.
+    forward runs the model (:func:`~specdec.backends.specdec_engine.model_runner.unsupported_reason`), else ``"hf"``.
     Neither CPU choice compiles anything, so the first call is as fast as later ones;
     docs/static-cache.md measures them against the compiled buckets."""
     if device.type == "cuda":

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.backends import make_verifier
-from specdec.backends.runner_verifier import CPU_KERNEL, RunnerVerifier
+from specdec.backends.specdec_engine.forward import CPU_KERNEL, RunnerVerifier
 from specdec.errors import SpecDecError
 from specdec.models import cache_keyword, returned_cache
 from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice

@@ -44,7 +44,7 @@ import torch
 from transformers import CompileConfig
 
 from specdec.api import Generator
-from specdec.backends.runner_verifier import RunnerVerifier
+from specdec.backends.specdec_engine.forward import RunnerVerifier
 from specdec.datastores.format import read_header
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, StopRules
 from specdec.drafters import DrafterContext, make_factory

@@ -5,7 +5,7 @@ are compiled ahead of time (C++, once per machine): there the command builds and
 calibrates, and says so; ``--engine compiled`` compiles inductor's buckets.
 
 A static-cache verifier compiles each tree-size bucket's forward at its first use; inductor
-keeps the generated code in specdec's cache (:mod:`specdec.backends.compile_cache`), so a
+keeps the generated code in specdec's cache (:mod:`specdec.backends.buckets.compile_cache`), so a
 later process that compiles the same bucket reads it instead of generating and building it
 again. This command builds them all up front, as ``specdec.run(model, ..., engine="compiled")``
 would (the same drafter, dtype, device and calibrated kernels), with a progress bar; it prints
@@ -27,9 +27,9 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.api import Generator
-from specdec.backends import compile_cache
-from specdec.backends.runner_verifier import RunnerVerifier
-from specdec.backends.static import StaticVerifier
+from specdec.backends.buckets import compile_cache
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.specdec_engine.forward import RunnerVerifier
 from specdec.commands.arguments import add_engine_arguments, add_model_argument, engine_options
 from specdec.errors import SpecDecError
 
