@@ -20,8 +20,7 @@ from typing import Any, TypedDict
 from typing_extensions import Unpack
 
 from specdec.backends import former_spellings, make_verifier
-from specdec.backends.buckets.forward import StaticVerifier
-from specdec.backends.buckets.rows import ROWS_BUCKETS, RowsStaticVerifier
+from specdec.backends.engines import row_of
 from specdec.backends.verifier import ModelVerifier
 from specdec.batching import check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
@@ -156,7 +155,7 @@ class Generator:
             self._factory = make_factory(drafter, options, self.context)
         elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
-        self._rows: dict[int, RowsStaticVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
+        self._rows: dict[int, ModelVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
         self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
 
     def close(self) -> None:
@@ -360,20 +359,16 @@ class Generator:
 
     def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
         """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
-        sequence (a static cache), a :class:`~specdec.backends.buckets.rows.RowsStaticVerifier` of the same
-        mode, tree ops and buckets with ``batch_size`` places (made at the first batch of that size, closed
-        with this generator), which verifies every row in one forward."""
+        sequence (a static cache), the one its engine's row makes for a batch (``batch`` of
+        :data:`~specdec.backends.engines.TABLE`: made at the first batch of that size, closed with this
+        generator), which verifies every row in one forward."""
         verifier = self.verifier
-        if batch_size < 2 or type(verifier) is not StaticVerifier:
+        row = row_of(verifier)
+        if batch_size < 2 or row is None or row.batch is None:
             return verifier
         rows = self._rows.get(batch_size)
         if rows is None:
-            alone = verifier.forward  # its forward: the buckets of one sequence
-            extra = tuple(b for b in ROWS_BUCKETS if b > alone.buckets[-1])  # every row's tree in one forward
-            rows = self._rows[batch_size] = RowsStaticVerifier(
-                self.model, verifier.ops, verifier.chooser, places=batch_size, mode=alone.mode,
-                buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket,
-            )  # fmt: skip
+            rows = self._rows[batch_size] = row.batch(verifier, batch_size)
         return rows
 
     def _locked(

@@ -300,6 +300,18 @@ class RowsStaticVerifier(ModelVerifier):
         super().__init__(model, ops, chooser, forward=forward)
 
 
+def rows_verifier(verifier: ModelVerifier, places: int) -> ModelVerifier:
+    """The verifier a batch of ``places`` runs on where ``verifier`` holds one sequence on buckets: a
+    :class:`RowsStaticVerifier` of the same mode, tree ops, chooser and buckets (and larger ones, for every
+    row's tree in one forward); ``verifier`` itself where its forward is not the one-sequence buckets'."""
+    alone = verifier.forward
+    if not isinstance(alone, BucketForward) or isinstance(alone, RowsForward):
+        return verifier
+    extra = tuple(b for b in ROWS_BUCKETS if b > alone.buckets[-1])  # every row's tree in one forward
+    return RowsStaticVerifier(verifier.model, verifier.ops, verifier.chooser, places=places, mode=alone.mode,
+                              buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket)
+
+
 def scratch_for(buckets: Sequence[int]) -> int:
     """Slots for padding nodes after the regions: a tree is padded by less than the gap below its bucket."""
     return max(b - a - 1 for a, b in zip((0, *buckets), buckets, strict=False))
