@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("commands", ("specdec.commands",)),
     ("bench / integrations", ("specdec.bench", "specdec.integrations")),
     ("api", ("specdec.api", "specdec.hf", "specdec.testing", "specdec.coercion", "specdec.model_cache",
-             "specdec")),  # "specdec": the package's face, __init__.py
+             "specdec.options", "specdec.batch_rows", "specdec")),  # "specdec": the package's face, __init__.py
     ("engine / drafters / budget", ("specdec.engine", "specdec.batching", "specdec.decoding", "specdec.drafters",
                                     "specdec.budget")),
     ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.model_memory",
@@ -178,6 +178,7 @@ def test_the_checks_see_what_they_must() -> None:
     assert list(private_imports("specdec.types", private)) == [
         "specdec.types imports specdec.backends.verifier._hidden, line 1"]
     assert layer("specdec.coercion") == layer("specdec.model_cache") == layer("specdec.api")
+    assert layer("specdec.options") == layer("specdec.batch_rows") == layer("specdec.api")
     assert layer("specdec.backends.buckets.runner") == layer("specdec.backends.buckets.forward")
 
 
