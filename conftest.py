@@ -80,7 +80,7 @@ def cpu_model_slug() -> str:
 
 def best_isa_slug() -> str:
     """The best kernel path of specdec's CPU kernels here, or ``no-kernels`` where they do not build."""
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
     from specdec.native import NativeBuildError
 
     try:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from specdec.backends.cpu_kernels import ISAS as KERNEL_PATHS
+from specdec.backends.specdec_engine.cpu_kernels import ISAS as KERNEL_PATHS
 
 CONTEXT = 1024  # committed tokens before every verification
 NODES = (1, 8, 16)
@@ -62,8 +62,8 @@ def prefilled(default_model: Any) -> tuple[Any, Any, int]:
 
 def kernels_for(verifier: Any, path: str) -> None:
     """Make ``verifier`` run ``path``: torch's kernels (``default``) or specdec's CPU kernels forced to one ISA."""
-    from specdec.backends import cpu_kernels
-    from specdec.backends.runner_verifier import CPU_KERNEL, _forced_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
+    from specdec.backends.specdec_engine.forward import CPU_KERNEL, _forced_kernels
     from specdec.types import DEFAULT_KERNEL, KernelChoice
 
     if path == "default":

@@ -16,8 +16,8 @@ from types import ModuleType
 
 
 def loaders() -> dict[str, Callable[[], ModuleType]]:
-    from specdec.backends import cpu_kernels
     from specdec.backends.cuda_ext import build
+    from specdec.backends.specdec_engine import cpu_kernels
     from specdec.datastores import rest, sam
 
     return {"cpu_kernels": cpu_kernels.load, "tree_ops": build.load, "sam": sam.native, "rest_index": rest.native}

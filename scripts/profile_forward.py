@@ -12,9 +12,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specdec.backends import cpu_kernels
-from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment
-from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.slot_cache import StaticKVCache
+from specdec.backends.specdec_engine import cpu_kernels
+from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment
 from specdec.models import load_model
 
 torch.manual_seed(0)

@@ -9,20 +9,19 @@ the token-in/token-out call with no tokenizer involved.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypedDict
+from typing import Any
 
 from typing_extensions import Unpack
 
 from specdec.backends import former_spellings, make_verifier
-from specdec.backends.static import StaticVerifier
-from specdec.backends.static_rows import ROWS_BUCKETS, RowsStaticVerifier
+from specdec.backends.engines import row_of
 from specdec.backends.verifier import ModelVerifier
+from specdec.batch_rows import DEFAULT_BATCH_SIZE, check_batch, prompt_rows, row_configs
 from specdec.batching import check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
@@ -32,7 +31,7 @@ from specdec.budget.memory import PlannerMemory
 from specdec.budget.planner import Budget
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
 from specdec.coercion import Prompt, prompt_ids, resolve_store
-from specdec.decoding import DECODING_OPTIONS, DecodingConfig, DecodingOptions
+from specdec.decoding import DecodingConfig, DecodingOptions
 from specdec.drafters import DrafterContext, make_factory, resolve_drafter
 from specdec.drafters.recycling_state import SharedMatrices
 from specdec.engine import BatchRequest, decode
@@ -40,33 +39,9 @@ from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
 from specdec.model_memory import available_memory
 from specdec.models import eos_token_ids
+from specdec.options import RunOptions, split_options
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
 
-DEFAULT_BATCH_SIZE = 8
-
-
-class GeneratorOptions(TypedDict, total=False):
-    """The :class:`Generator` options that :func:`run` and :func:`generate` take too (docs/usage.md describes each)."""
-
-    drafter_options: Mapping[str, Any] | None
-    engine: str
-    datastore: str | os.PathLike[str] | None
-    store: Any
-    device: Any
-    dtype: Any
-    planner_cache: bool | None
-    backend: str  # deprecated: tree_ops= of Generator (tests, benchmarks)
-    cache: str  # deprecated: engine=
-
-
-class RunOptions(GeneratorOptions, DecodingOptions, total=False):
-    """Every keyword option of :func:`run` and :func:`generate`: the Generator's, the decoding options, and these."""
-
-    tokenizer: Any
-    on_tokens: Callable[[list[int]], None] | None
-
-
-GENERATOR_OPTIONS = frozenset(GeneratorOptions.__optional_keys__)
 
 class Generator:
     """A target model with its tokenizer, verifier and drafter kind, for many prompts.
@@ -157,7 +132,7 @@ class Generator:
             self._factory = make_factory(drafter, options, self.context)
         elif options:
             raise SpecDecError("drafter options apply only when the drafter is given by name")
-        self._rows: dict[int, RowsStaticVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
+        self._rows: dict[int, ModelVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
         self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
 
     def close(self) -> None:
@@ -323,7 +298,7 @@ class Generator:
         Continuous batching (:mod:`specdec.batching`): up to ``batch_size`` prompts are decoded
         side by side, one verification forward per step for all of them on ``engine="specdec"``
         (the CPU's default) and on the fixed-shape engines (CUDA's default: the rows share one cache,
-        :mod:`specdec.backends.static_rows`); Hugging Face's forward (``engine="hf"``)
+        :mod:`specdec.backends.buckets.rows`); Hugging Face's forward (``engine="hf"``)
         verifies the rows one after another. A finished row's place goes to the next
         prompt at once. Each row has its own drafter (from this generator's drafter name or
         factory; shared datastores are shared, and ``sam``'s store is fed by every row that
@@ -340,13 +315,10 @@ class Generator:
         size that fits).
         """
         config = self.decoding_config(**options)
-        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-            raise SpecDecError("a batch takes a list of prompts (text, token ids or chat messages)")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise SpecDecError(f"batch_size must be a positive int, got {batch_size!r}")
-        requests = [BatchRequest(index, ids, row_config) for index, (ids, row_config) in enumerate(
-            zip(self._batch_prompts(prompts, config), self._row_configs(config, len(prompts), seeds, options),
-                strict=True))]  # fmt: skip
+        check_batch(prompts, batch_size)
+        ids = prompt_rows(prompts, self.tokenizer, config, self.verifier.context_length, self.verifier.vocab_size)
+        requests = [BatchRequest(index, row_ids, row_config) for index, (row_ids, row_config) in enumerate(
+            zip(ids, row_configs(config, len(prompts), seeds, options), strict=True))]
         verifier = self._batch_verifier(batch_size)
         limit = live_limit(verifier)
         places = batch_size if limit is None else min(batch_size, limit)
@@ -361,20 +333,16 @@ class Generator:
 
     def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
         """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
-        sequence (a static cache), a :class:`~specdec.backends.static_rows.RowsStaticVerifier` of the same
-        mode, tree ops and buckets with ``batch_size`` places (made at the first batch of that size, closed
-        with this generator), which verifies every row in one forward."""
+        sequence (a static cache), the one its engine's row makes for a batch (``batch`` of
+        :data:`~specdec.backends.engines.TABLE`: made at the first batch of that size, closed with this
+        generator), which verifies every row in one forward."""
         verifier = self.verifier
-        if batch_size < 2 or type(verifier) is not StaticVerifier:
+        row = row_of(verifier)
+        if batch_size < 2 or row is None or row.batch is None:
             return verifier
         rows = self._rows.get(batch_size)
         if rows is None:
-            alone = verifier.forward  # its forward: the buckets of one sequence
-            extra = tuple(b for b in ROWS_BUCKETS if b > alone.buckets[-1])  # every row's tree in one forward
-            rows = self._rows[batch_size] = RowsStaticVerifier(
-                self.model, verifier.ops, verifier.chooser, places=batch_size, mode=alone.mode,
-                buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket,
-            )  # fmt: skip
+            rows = self._rows[batch_size] = row.batch(verifier, batch_size)
         return rows
 
     def _locked(
@@ -383,42 +351,6 @@ class Generator:
         """``rows`` under this generator's turn, from the first row to the last (or until the iterator is closed)."""
         with self._turn(what):
             yield from rows
-
-    def _batch_prompts(self, prompts: Sequence[Prompt], config: DecodingConfig) -> list[list[int]]:
-        """Every prompt's token ids, each checked against the vocabulary and the context (errors name the index)."""
-        batch = []
-        limit, vocab = self.verifier.context_length, self.verifier.vocab_size
-        for index, prompt in enumerate(prompts):
-            try:
-                ids = prompt_ids(prompt, self.tokenizer, config.chat_template)
-            except SpecDecError as error:
-                raise SpecDecError(f"prompt {index}: {error}") from None
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise SpecDecError(f"prompt {index}: token id {bad} is outside the model's vocabulary [0, {vocab})")
-            if limit is not None and len(ids) > limit:
-                raise SpecDecError(f"prompt {index} has {len(ids)} tokens, past the model's context length of {limit}")
-            batch.append(ids)
-        return batch
-
-    @staticmethod
-    def _row_configs(
-        config: DecodingConfig, count: int, seeds: Sequence[int] | None, options: Mapping[str, Any]
-    ) -> list[DecodingConfig]:
-        """Each row's config: ``config`` with the row's own sampling seed (:meth:`iter_batch`)."""
-        if seeds is not None:
-            if options.get("seed") is not None:
-                raise SpecDecError("give seed= (row i samples with seed + i) or seeds= (one per prompt), not both")
-            if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != count or any(
-                isinstance(s, bool) or not isinstance(s, int) for s in seeds
-            ):  # fmt: skip
-                raise SpecDecError(f"seeds must be a list of {count} ints (one per prompt), got {seeds!r}")
-            row_seeds: list[int | None] = list(seeds)
-        else:
-            base = config.decision.seed
-            row_seeds = [None if base is None else base + index for index in range(count)]
-        return [config if seed is None else dataclasses.replace(config, decision=config.decision.with_seed(seed))
-                for seed in row_seeds]  # fmt: skip
 
     def _batch(
         self, verifier: Verifier[Any], requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
@@ -445,15 +377,6 @@ class Generator:
             self._save_learned(stepped)
 
 
-def _split(options: Mapping[str, Any], function: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(Generator options, decoding options)`` of ``run``/``generate`` keywords; an unknown one is a TypeError."""
-    unknown = sorted(set(options) - GENERATOR_OPTIONS - DECODING_OPTIONS - {"tokenizer", "on_tokens"})
-    if unknown:
-        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
-    return ({k: v for k, v in options.items() if k in GENERATOR_OPTIONS},
-            {k: v for k, v in options.items() if k in DECODING_OPTIONS})
-
-
 def run(
     model: ModelSpec,
     prompt: Prompt,
@@ -471,7 +394,7 @@ def run(
     ``planner_cache``, ...), ``tokenizer`` and ``on_tokens``: each is described in docs/usage.md.
     Returns a :class:`~specdec.types.GenerationResult` (``tokens``, ``text``, ``stats``).
     """
-    construction, decoding = _split(options, "run")
+    construction, decoding = split_options(options, "run")
     with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:
         return generator.generate(prompt, on_tokens=options.get("on_tokens"), **decoding)
 
@@ -494,7 +417,7 @@ def run_batch(
     """
     if options.get("on_tokens") is not None:
         raise SpecDecError("run_batch does not stream tokens: use Generator.iter_batch for results as rows complete")
-    construction, decoding = _split(options, "run_batch")
+    construction, decoding = split_options(options, "run_batch")
     with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:
         return generator.generate_batch(prompts, batch_size=batch_size, seeds=seeds, **decoding)
 
@@ -506,5 +429,5 @@ def generate(
     **options: Unpack[RunOptions],
 ) -> list[int]:
     """Token ids in, new token ids out: :func:`run` without the text; the same options."""
-    _split(options, "generate")
+    split_options(options, "generate")
     return run(model, input_ids, drafter, **options).tokens

@@ -29,11 +29,11 @@ forward: the prefill's hundreds of rows are compute-bound, so batching prefills 
 **Lossless, row by row.** Every row decides its tokens from its own logits with its own chooser
 (the position-keyed sampler: a row's draws depend on its seed and positions only), so its output
 is its single-sequence output; on ``engine="specdec"`` the rows' logits are bitwise their lone
-logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.runner_verifier`).
+logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.specdec_engine.forward`).
 
 **Verifiers.** A :class:`~specdec.types.BatchVerifier` verifies all rows in one call
 (``engine="specdec"``: one forward; a static cache's rows verifier,
-:class:`~specdec.backends.static_rows.RowsStaticVerifier`, that a Generator on a static cache
+:class:`~specdec.backends.buckets.rows.RowsStaticVerifier`, that a Generator on a static cache
 batches with: one forward; the model's own forward, ``"dynamic"``: one row after another,
 lossless but no faster than decoding the prompts in turn) and says how many sequences it holds
 at once. A plain
@@ -73,7 +73,7 @@ def check_memory(
     ``max_new_tokens`` and its largest tree; the batch's, the sum of its ``batch_size``
     largest rows (any of them may be live together), or ``batch_size`` times the largest where
     every place is as large as the largest row's (a verifier with ``regions_alike``: one static
-    cache cut into equal regions, :mod:`specdec.backends.static_rows`). Raises :class:`SpecDecError` when that is
+    cache cut into equal regions, :mod:`specdec.backends.buckets.rows`). Raises :class:`SpecDecError` when that is
     more than :data:`MEMORY_SHARE` of ``available`` bytes, naming the largest batch size that fits.
     """
     if not isinstance(verifier, BatchVerifier) or not requests:

@@ -75,9 +75,10 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from typing_extensions import Unpack
 
-from specdec.api import GENERATOR_OPTIONS, Generator
+from specdec.api import Generator
 from specdec.datastores.shared_store import SharedStore
 from specdec.errors import SpecDecError
+from specdec.options import GENERATOR_OPTIONS
 from specdec.types import Drafter, DrafterFactory, GenerationResult
 
 # transformers' processors that change which token is chosen and that specdec does not

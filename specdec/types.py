@@ -347,7 +347,7 @@ class KernelChoice:
     tokens (one tree's nodes; a batched verifier's rows of all its trees) runs the variant of
     the first range with ``rows <= up_to``, and ``beyond`` past the last range. Variants are
     names a verifier offers (:meth:`Verifier.kernel_variants`): ``"default"`` the model's own
-    forward's kernels, ``"cpu"`` specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`, on
+    forward's kernels, ``"cpu"`` specdec's CPU kernels (:mod:`specdec.backends.specdec_engine.cpu_kernels`, on
     ``engine="specdec"``).
     A new kind of kernel is a new name, not a new field: the value and the protocol stay.
     Calibration decides the choice where it measured each variant (:mod:`specdec.budget.calibration`).

@@ -1,4 +1,4 @@
-"""The skinny linear's contract (``specdec/backends/csrc/skinny_linear.h``) computed exactly in torch.
+"""The skinny linear's contract (``specdec/backends/specdec_engine/csrc/skinny_linear.h``) computed exactly in torch.
 
 The tests' oracle for every kernel path: a path is held bitwise to the contract it keeps, whatever its
 number of lanes ``L`` (16 for float and bfloat16 on the AVX-512, ``"avx2-lanes16"`` and portable paths;

@@ -28,7 +28,7 @@ from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec import api, batching, engine
-from specdec.backends.runner import ARCHITECTURES as NATIVE
+from specdec.backends.specdec_engine.model_runner import ARCHITECTURES as NATIVE
 from specdec.backends.verifier import TorchTreeOps
 from specdec.batching import check_memory
 from specdec.budget.acceptance import AcceptanceModel
@@ -151,7 +151,7 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
 
 def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
     """Its own verifier holds one sequence; a batch runs on a rows verifier of as many places (test_static_rows)."""
-    from specdec.backends.static_rows import RowsStaticVerifier
+    from specdec.backends.buckets.rows import RowsStaticVerifier
 
     model = tiny_model("llama")
     prompts = ragged_prompts("static", 3)
@@ -170,7 +170,7 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_verify_batch_gives_each_row_its_lone_verification_bit_for_bit(dtype: torch.dtype) -> None:
-    native_or_skip("cpu_kernels", specdec.backends.cpu_kernels.load)
+    native_or_skip("cpu_kernels", specdec.backends.specdec_engine.cpu_kernels.load)
     model = own_tiny_model("qwen2").to(dtype)
     generator = specdec.Generator(model, drafter="none", engine="specdec")
     verifier = generator.verifier

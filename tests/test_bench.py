@@ -591,7 +591,7 @@ def test_a_redo_runs_each_forward_with_the_kernels_the_run_used() -> None:
     """A recalibration in the middle of a run (steps far slower than calibrated: a busy machine) may switch
     the verifier's kernels, whose logits differ in the last bits: the redo runs every forward with the
     kernels that forward ran (seen in CI: a redo after such a switch did not reproduce its run)."""
-    from specdec.backends.runner_verifier import CPU_KERNEL, RunnerVerifier
+    from specdec.backends.specdec_engine.forward import CPU_KERNEL, RunnerVerifier
     from specdec.types import DEFAULT_KERNEL, KernelChoice
 
     model = tiny_model("llama")
@@ -810,7 +810,7 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
                          (report["gflop_per_node"] + attention) * 3 / report["gemm_peak_gflops"] * 1e3)
     assert (f"With the attention's arithmetic at context 8 ({attention} GFLOP per node more): "
             f"1: ") in table and f", 3: {with_attention:.1f} ms." in table
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     if cpu_kernels.available():  # the path kernels=cpu ran: SPECDEC_CPU_ISA's, or the best this CPU has
         assert report["kernel_path"]["isa"] == cpu_kernels.cpu_isa()
@@ -831,7 +831,7 @@ def test_cost_curves_of_verifier_variants(tmp_path: Path) -> None:
 
 
 def test_linears_bench_times_every_kernel_path_streamed_and_resident(tmp_path: Path) -> None:
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
     from specdec.bench.linears import default_paths, measure, weight_runs, write
 
     if not cpu_kernels.available():

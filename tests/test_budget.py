@@ -500,8 +500,8 @@ def test_changed_kernels_are_calibrated_again(
 ) -> None:
     """A table measured the CPU kernels of one build: a specdec whose kernel sources changed (another
     build key) must not plan with those costs, so it is another identity (another file)."""
-    from specdec.backends import cpu_kernels
-    from specdec.backends.runner_verifier import RunnerVerifier
+    from specdec.backends.specdec_engine import cpu_kernels
+    from specdec.backends.specdec_engine.forward import RunnerVerifier
 
     verifier = make_verifier(tiny_model("llama"))
     assert isinstance(verifier, RunnerVerifier) and verifier.forward.kernels_available

@@ -1,4 +1,4 @@
-"""Compiled static-cache forwards kept on disk for later processes (specdec.backends.compile_cache, issue 30).
+"""Compiled static-cache forwards kept on disk for later processes (specdec.backends.buckets.compile_cache, issue 30).
 
 Each test points ``SPECDEC_COMPILED_DIR`` at a folder of its own. What torch stores and
 reads is inductor's business; what is tested here is specdec's part: where it goes, that a
@@ -6,7 +6,7 @@ folder made for another torch or CPU or with a damaged seal is emptied with one 
 a compile failing on what the folder held is retried without it (one warning, plain greedy
 tokens), ``specdec compile`` and ``specdec cache``. One test compiles for real (one bucket,
 cold, then again from the folder, then from a corrupted folder) and counts inductor's cache
-hits; the others replace the compiler by the eager forward (``static.compile_forward``).
+hits; the others replace the compiler by the eager forward (``bucket_forward.compile_forward``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from torch._dynamo.utils import counters
 
 import specdec
 from specdec import cachefiles
-from specdec.backends import buckets, compile_cache, static
+from specdec.backends.buckets import compile_cache, sizes
+from specdec.backends.buckets import forward as bucket_forward
 from specdec.commands import main, precompile
 
 
@@ -136,7 +137,7 @@ def test_a_compile_that_fails_on_the_folder_empties_it_and_compiles_again(
     compiled: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
 ) -> None:
     compile_forward, built = fails_once()
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     path = compile_cache.activate()
     assert path is not None
     (path / "damaged.so").write_bytes(b"garbage")
@@ -149,7 +150,7 @@ def test_a_compile_that_fails_on_the_folder_empties_it_and_compiles_again(
     assert len(built) == 2 and generator.verifier.forward._runners[1].mode == "inductor"
     assert sorted(p.name for p in path.iterdir()) == [compile_cache.KEY_FILE]
     # Once per process: a second failure falls back to eager forwards (the warning says so).
-    monkeypatch.setattr(static, "compile_forward", fails_once()[0])
+    monkeypatch.setattr(bucket_forward, "compile_forward", fails_once()[0])
     other = private_model(seed=4)
     generator = specdec.Generator(other, drafter="none", engine="compiled", budget="full")
     assert generator.generate(prompt, max_new_tokens=10).tokens == hf_greedy(other, prompt, 10)
@@ -190,14 +191,14 @@ def test_the_compile_command_builds_every_bucket_and_says_where(
         built.append(1)
         return function
 
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     model = private_model(seed=8)
     monkeypatch.setattr(precompile, "Generator", lambda name, **kw: specdec.Generator(model, **kw))
     assert main(["compile", "--quiet", "--drafter", "pld", "--engine", "compiled"]) == 0
     out = capsys.readouterr().out
-    sizes = buckets.BUCKETS
-    assert f"compiled {len(sizes)} buckets" in out and "peak memory" in out
-    assert f"stored in {compile_cache.folder()}" in out and len(built) == len(sizes)
+    buckets = sizes.BUCKETS
+    assert f"compiled {len(buckets)} buckets" in out and "peak memory" in out
+    assert f"stored in {compile_cache.folder()}" in out and len(built) == len(buckets)
     assert main(["compile", "--max-tokens", "0"]) == 2
 
 
@@ -206,7 +207,7 @@ def test_the_compile_command_on_a_cpu_llama_builds_the_native_kernels_and_compil
 ) -> None:
     """engine="auto" on a CPU runs specdec's own forward for the Llama family: nothing for inductor to do."""
     built: list[int] = []
-    monkeypatch.setattr(static, "compile_forward", lambda function: built.append(1) or function)
+    monkeypatch.setattr(bucket_forward, "compile_forward", lambda function: built.append(1) or function)
     model = private_model(seed=8)
     monkeypatch.setattr(precompile, "Generator", lambda name, **kw: specdec.Generator(model, **kw))
     assert main(["compile", "--quiet", "--drafter", "pld"]) == 0

@@ -1,4 +1,4 @@
-"""specdec's CPU kernels (``specdec.backends.cpu_kernels``): one fixed order of operations each.
+"""specdec's CPU kernels (``specdec.backends.specdec_engine.cpu_kernels``): one fixed order of operations each.
 
 Skinny linear: the op against ``torch.nn.functional.linear`` computed in float64 (random shapes
 and leading dimensions, tails of every length, with and without bias, float32 / bfloat16 /
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from linear_contract import LANES, fma32
 from linear_contract import skinny_linear as contract_linear
 
-from specdec.backends import cpu_kernels as skinny
+from specdec.backends.specdec_engine import cpu_kernels as skinny
 from specdec.backends.tree import ancestor_matrix
 
 

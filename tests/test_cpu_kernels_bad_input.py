@@ -1,6 +1,6 @@
 """Bad input to specdec's CPU kernels (``torch.ops.specdec_cpu.*``): a RuntimeError naming it, never a crash.
 
-Every op of ``specdec/backends/csrc`` (skinny_linear, skinny_linears, tree_attention,
+Every op of ``specdec/backends/specdec_engine/csrc`` (skinny_linear, skinny_linears, tree_attention,
 tree_attention_segments, write_segments, decoder_layers) gets hand cases in the child-process
 harness of ``child_cases.py`` (one child runs them all, each in three modes: torch on one thread,
 on several, from a Python thread; a crash fails the case that caused it, with its signal): a valid
@@ -21,7 +21,7 @@ from child_cases import OTHER, Case, T, failures, run_cases
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specdec.backends import cpu_kernels
+from specdec.backends.specdec_engine import cpu_kernels
 
 
 @pytest.fixture(scope="module")

@@ -491,7 +491,7 @@ def test_a_compiled_folder_that_cannot_be_made_leaves_inductor_its_own(tmp_path:
     """engine='compiled' sealed its folder in the cache and raised ``OSError`` where it could not; now one
     warning and inductor's own folder (its default), as when the user points inductor elsewhere."""
     from specdec import cachefiles
-    from specdec.backends import compile_cache
+    from specdec.backends.buckets import compile_cache
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -1,4 +1,4 @@
-"""CUDA-graph attention widths in tiers (specdec.backends.static, ``StaticVerifier._window_for``).
+"""CUDA-graph attention widths in tiers (specdec.backends.buckets.forward, ``StaticVerifier._window_for``).
 
 A captured graph replays the shapes it was captured with, so the ``cudagraphs`` mode once
 attended over the whole cache at every step. A cache only grows: after one long prompt, or
@@ -29,8 +29,8 @@ from oracle_drafter import OracleTreeDrafter
 from test_lossless import hf_greedy
 from tiny_models import VOCAB, tiny_model
 
-from specdec.backends import bucket_runner
-from specdec.backends.static import StaticVerifier
+from specdec.backends.buckets import runner as bucket_runner
+from specdec.backends.buckets.forward import StaticVerifier
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
 

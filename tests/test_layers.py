@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("commands", ("specdec.commands",)),
     ("bench / integrations", ("specdec.bench", "specdec.integrations")),
     ("api", ("specdec.api", "specdec.hf", "specdec.testing", "specdec.coercion", "specdec.model_cache",
-             "specdec")),  # "specdec": the package's face, __init__.py
+             "specdec.options", "specdec.batch_rows", "specdec")),  # "specdec": the package's face, __init__.py
     ("engine / drafters / budget", ("specdec.engine", "specdec.batching", "specdec.decoding", "specdec.drafters",
                                     "specdec.budget")),
     ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.model_memory",
@@ -178,4 +178,22 @@ def test_the_checks_see_what_they_must() -> None:
     assert list(private_imports("specdec.types", private)) == [
         "specdec.types imports specdec.backends.verifier._hidden, line 1"]
     assert layer("specdec.coercion") == layer("specdec.model_cache") == layer("specdec.api")
-    assert layer("specdec.backends.bucket_runner") == layer("specdec.backends.static")
+    assert layer("specdec.options") == layer("specdec.batch_rows") == layer("specdec.api")
+    assert layer("specdec.backends.buckets.runner") == layer("specdec.backends.buckets.forward")
+
+
+# The engines' wings of specdec/backends/ (docs/architecture.md): each imports the hall and itself, never another wing.
+WINGS = ("specdec.backends.hf", "specdec.backends.specdec_engine", "specdec.backends.buckets")
+
+
+def wing(module: str) -> str | None:
+    """The wing of :data:`WINGS` that ``module`` stands in, or None (the hall, or outside backends)."""
+    return next((w for w in WINGS if module == w or module.startswith(w + ".")), None)
+
+
+def test_no_wing_imports_another() -> None:
+    assert wing("specdec.backends.buckets.rows") == "specdec.backends.buckets" and wing("specdec.backends.tree") is None
+    assert all(w in MODULES for w in WINGS)  # the wings are packages the walk found
+    wrong = [f"{module} imports {target}, line {line}" for module in MODULES if wing(module)
+             for target, line in imports(module) if wing(target) not in (None, wing(module))]
+    assert not wrong, "a wing reaching into another (shared code goes in the hall):\n" + "\n".join(wrong)

@@ -43,5 +43,5 @@ def test_specdec_runs_without_matplotlib() -> None:
     ])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "pip install 'specdec[bench]'" in done.stdout
+    assert "pip install 'specdec-lossless[bench]'" in done.stdout
     assert done.stdout.strip().endswith("ok False")

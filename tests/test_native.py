@@ -184,14 +184,14 @@ def test_a_process_whose_builds_are_cached_imports_no_build_tooling() -> None:
     and leaves the ops' shape functions registered as Meta kernels (``native.register_meta``)."""
     import subprocess
 
-    from specdec.backends import cpu_kernels
     from specdec.backends.cuda_ext import build
+    from specdec.backends.specdec_engine import cpu_kernels
 
     native_or_skip("cpu_kernels", cpu_kernels.load)
     native_or_skip("tree_ops", build.load)
     code = (
         "import sys, torch, transformers\n"
-        "from specdec.backends import cpu_kernels\n"
+        "from specdec.backends.specdec_engine import cpu_kernels\n"
         "from specdec.backends.cuda_ext import build\n"
         "cpu_kernels.load(); build.load()\n"
         "heavy = sorted(m for m in ('setuptools', 'torch.utils.cpp_extension') if m in sys.modules)\n"

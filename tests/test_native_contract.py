@@ -1,6 +1,6 @@
 """The portable kernels' contract checks without torch (``tests/native/*.cpp``), compiled per target.
 
-Each check program includes a kernel's portable source (``specdec/backends/csrc/*.inc``), runs it on
+Each check program includes a kernel's portable source (``specdec/backends/specdec_engine/csrc/*.inc``), runs it on
 random shapes against the contract written out one output at a time, and exits non-zero on any
 bit that differs. Compiled here for the baseline target (on x86-64: no FMA instruction, so every
 fused multiply-add is the C library's), for AVX2+FMA where this CPU has it, and for aarch64 (NEON)

@@ -1,4 +1,5 @@
-"""specdec's own decoder forward (``specdec.backends.runner``) and its verifier (``engine="specdec"``).
+"""specdec's own decoder forward (``specdec.backends.specdec_engine.model_runner``) and its verifier
+(``engine="specdec"``).
 
 Checked: the runner's logits equal the model's own ``sdpa`` forward on tiny fp64 models of every
 architecture it knows (prefill and a tree step after it), and it refuses the others naming why;
@@ -26,10 +27,9 @@ from test_lossless import hf_greedy, random_prompt
 from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
-from specdec.backends import cpu_kernels
-from specdec.backends.runner import ARCHITECTURES as RUNNER_ARCHITECTURES
-from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, unsupported_reason
-from specdec.backends.runner_verifier import (
+from specdec.backends.slot_cache import StaticKVCache
+from specdec.backends.specdec_engine import cpu_kernels
+from specdec.backends.specdec_engine.forward import (
     CPU_KERNEL_MAX_ROWS,
     PLAIN_TRIAL_STEPS,
     NativeForward,
@@ -37,7 +37,8 @@ from specdec.backends.runner_verifier import (
     RunnerVerifier,
     _forced_kernels,
 )
-from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.specdec_engine.model_runner import ARCHITECTURES as RUNNER_ARCHITECTURES
+from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment, unsupported_reason
 from specdec.backends.tree import ancestor_matrix
 from specdec.models import cache_keyword
 from specdec.types import DraftTree, KernelChoice
@@ -356,7 +357,7 @@ def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
 ) -> None:
     """Prompts up to ``PREFILL_MAX_ROWS`` tokens take the variant the kernel choice gives
     ``CPU_KERNEL_MAX_ROWS`` rows (the CPU kernels prefill ~2x faster here); longer ones torch's."""
-    from specdec.backends import runner_verifier
+    from specdec.backends.specdec_engine import forward as engine_forward
 
     model = tiny_model("llama")
     verifier = RunnerVerifier(model)
@@ -369,14 +370,14 @@ def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
         return inner(segments, kernels)
 
     monkeypatch.setattr(verifier.forward.runner, "forward", forward)
-    prompt = [random.Random(5).randrange(2, VOCAB) for _ in range(runner_verifier.CPU_KERNEL_MAX_ROWS + 20)]
+    prompt = [random.Random(5).randrange(2, VOCAB) for _ in range(engine_forward.CPU_KERNEL_MAX_ROWS + 20)]
     verifier.prefill(prompt)
     assert used == [verifier.forward.cpu_kernels]
-    monkeypatch.setattr(runner_verifier, "PREFILL_MAX_ROWS", len(prompt) - 1)
+    monkeypatch.setattr(engine_forward, "PREFILL_MAX_ROWS", len(prompt) - 1)
     verifier.prefill(prompt)
     assert used[-1] is PLAIN
     verifier.use_kernels(KernelChoice.uniform("default"))
-    monkeypatch.setattr(runner_verifier, "PREFILL_MAX_ROWS", len(prompt))
+    monkeypatch.setattr(engine_forward, "PREFILL_MAX_ROWS", len(prompt))
     verifier.prefill(prompt[:10])
     assert used[-1] is PLAIN
 
@@ -386,7 +387,8 @@ def test_the_one_call_layer_loop_gives_the_same_bits_on_every_instruction_set(is
     """``decoder_layers`` with a forced kernel path (AVX-512, AVX2, portable: what a CPU without AVX-512 runs)
     against another path: the portable one (plain C++ loops), or for the portable path itself the best other
     16-lane path this CPU has. The kernels' paths compute the same bits, and the op adds only ATen
-    operations. ``isa="auto"`` runs :func:`~specdec.backends.cpu_kernels.cpu_isa`'s path, one of these, so
+    operations. ``isa="auto"`` runs :func:`~specdec.backends.specdec_engine.cpu_kernels.cpu_isa`'s path, one of
+    these, so
     it is no path of its own.
     The AVX2 paths (``"avx2"``, ``"avx2-blocks"``), whose skinny linear keeps an 8-lane contract of its own, are
     held instead to the loop written out in Python with their own kernels: logits and caches bit for bit."""

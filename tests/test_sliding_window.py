@@ -1,7 +1,7 @@
 """Sliding-window models (Mistral with a window, Gemma 2, Gemma 3, gpt-oss) verify losslessly on the
 dynamic cache, with their sliding layers' memory bounded by the window (specdec/backends/sliding.py),
 and on the fixed-shape buckets, whose sliding layers are rings of window - 1 + the largest bucket slots
-(specdec/backends/static_cache.py) with window masks per layer type built from the slots the rings hold.
+(specdec/backends/slot_cache.py) with window masks per layer type built from the slots the rings hold.
 
 Tiny fp64 models (tests/tiny_models.py) whose window (8) is far shorter than the prompts and the
 generations, so every run crosses several windows, and trees are deeper than the window: identity
@@ -318,7 +318,7 @@ SMALL_RING = WINDOW - 1 + 16  # the ring of a static verifier whose largest buck
 def _on_small_rings(arch: str, seed: str, new: int) -> tuple[Any, Any, int, list[int], list[int]]:
     """An eager static verifier with buckets up to 16 (rings of :data:`SMALL_RING`) after a prompt of 2 rings:
     ``(verifier, state, pending, prompt, truth)``, ``truth`` ``new`` tokens of ``generate``."""
-    from specdec.backends.static import StaticVerifier
+    from specdec.backends.buckets.forward import StaticVerifier
 
     model = model_of(arch)
     prompt = filler(random.Random(seed), 2 * SMALL_RING)
@@ -383,7 +383,7 @@ def test_bucket_rewind_within_and_past_the_ring(arch: str) -> None:
 
 def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch.Tensor:
     """The logits ``[N, V]`` of ``tree``'s nodes after ``prompt``, from one eager bucket forward."""
-    from specdec.backends.static import StaticVerifier
+    from specdec.backends.buckets.forward import StaticVerifier
 
     verifier = StaticVerifier(model, mode="eager")
     state, _, _ = verifier.prefill(prompt)
@@ -438,7 +438,7 @@ def test_bucket_logits_are_the_models_own(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ["mistral-swa", "gemma2"])
 def test_rows_of_a_batch_on_the_buckets_match_generate(arch: str) -> None:
-    """A batch on one static cache (specdec/backends/static_rows.py): each row's committed slots start at its
+    """A batch on one static cache (specdec/backends/buckets/rows.py): each row's committed slots start at its
     region's base, so a slot's position is counted from there; each row has a ring of its own in the sliding
     layers. Prompts longer than the ring: the regions grow while other rows are live, and every tree's writes
     wrap around its row's ring."""
@@ -462,7 +462,7 @@ def test_bucket_masks_of_a_chain_are_transformers_own(length: int) -> None:
     (the rest masked), or, for a prompt longer than the ring, over the prompt's own keys."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
 
-    from specdec.backends.static import StaticVerifier
+    from specdec.backends.buckets.forward import StaticVerifier
 
     model = model_of("gemma3_text")
     verifier = StaticVerifier(model, mode="eager")

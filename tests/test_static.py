@@ -22,9 +22,9 @@ from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends import engine_for_cache, make_verifier, resolve_engine
-from specdec.backends.buckets import BUCKETS, WINDOW_STEP, bucket_for, capacity_for
-from specdec.backends.static import StaticVerifier
-from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.sizes import BUCKETS, WINDOW_STEP, bucket_for
+from specdec.backends.slot_cache import StaticKVCache, capacity_for
 from specdec.budget.calibration import calibrate
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode

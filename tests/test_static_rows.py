@@ -1,4 +1,4 @@
-"""A batch's rows on one static cache (``specdec.backends.static_rows``): one forward per step, every row lossless.
+"""A batch's rows on one static cache (``specdec.backends.buckets.rows``): one forward per step, every row lossless.
 
 Checked on tiny fp64 models of every architecture (``engine="buckets"``: the same buckets,
 buffers and self-check as the compiled and captured modes): every row's tokens equal its lone
@@ -27,8 +27,8 @@ from test_batch import MAX_NEW, alone, frequent_token, ragged_prompts
 from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
-from specdec.backends.static import StaticVerifier
-from specdec.backends.static_rows import RowsForward, RowsStaticVerifier
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.rows import RowsForward, RowsStaticVerifier
 from specdec.errors import SpecDecError
 from specdec.sampling import PositionKeyedSampler, SamplingParams
 from specdec.types import DraftTree

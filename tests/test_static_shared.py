@@ -1,8 +1,8 @@
-"""Compiled forwards shared per model (specdec.backends.static_shared) and the self-check at first use (issue 30).
+"""Compiled forwards shared per model (specdec.backends.buckets.shared) and the self-check at first use (issue 30).
 
-Compiles are counted, not timed: ``static_shared.COMPILED`` (compiled functions specdec
+Compiles are counted, not timed: ``shared.COMPILED`` (compiled functions specdec
 built) and dynamo's own count of graphs it compiled. The self-check tests replace the
-compiler (``static.compile_forward``) by a wrapper of the eager forward that corrupts, jitters
+compiler (``bucket_forward.compile_forward``) by a wrapper of the eager forward that corrupts, jitters
 or refuses: what is under test is what the verifier does with a forward's output, and a real
 compilation per case would cost tens of seconds. The sharing test compiles for real (one
 bucket, twice: once before and once after an in-place weight update).
@@ -27,8 +27,11 @@ from tiny_models import VOCAB, tiny_model
 from torch._dynamo.utils import counters
 
 import specdec
-from specdec.backends import bucket_runner, buckets, static, static_shared
-from specdec.backends.static import StaticVerifier
+from specdec.backends.buckets import forward as bucket_forward
+from specdec.backends.buckets import runner as bucket_runner
+from specdec.backends.buckets import shared, sizes
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.slot_cache import MIN_CAPACITY
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
 from specdec.types import DraftTree, KernelChoice
@@ -43,7 +46,7 @@ def private_model(arch: str = "llama", seed: int = 0) -> Any:
 
 def compiled_count() -> tuple[int, int]:
     """(compiled functions specdec built, graphs dynamo compiled) in this process so far."""
-    return static_shared.COMPILED, counters["stats"]["unique_graphs"]
+    return shared.COMPILED, counters["stats"]["unique_graphs"]
 
 
 @pytest.fixture
@@ -84,16 +87,16 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
     after_update = specdec.run(model, prompts[0], "none", **options).tokens
     assert after_update == hf_greedy(model, prompts[0], 10)
     assert compiled_count()[0] == first[0] + 1
-    (store,) = static_shared.stores_of(model).values()
-    assert store.signature == static_shared.weights_signature(model) and len(store.forwards) == 1
+    (store,) = shared.stores_of(model).values()
+    assert store.signature == shared.weights_signature(model) and len(store.forwards) == 1
 
     # Held weakly: dropping the model (and the generator that uses it) frees its compiled forwards.
     alive = weakref.ref(model)
-    stores = len(static_shared._STORES)
+    stores = len(shared._STORES)
     del model, generator, store
     gc.collect()
     # its entry went with it (other tests' models may be collected by the same gc.collect(): at most, not exactly)
-    assert alive() is None and len(static_shared._STORES) <= stores - 1
+    assert alive() is None and len(shared._STORES) <= stores - 1
 
 
 def test_verifiers_of_other_settings_do_not_share() -> None:
@@ -121,7 +124,7 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
     """A forward is specialised to its cache's capacity: a short request after a long one runs on the
     long one's capacity (idle slots, no compilation), and forwards of a smaller capacity are dropped."""
     compile_forward, built = fake_compiler(lambda logits: logits)
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     model = private_model("llama", seed=6)
     short, long = [5, 6, 7, 8] * 3, [t % VOCAB for t in range(7, 157)]
 
@@ -133,7 +136,7 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
 
     assert verify(short, 10).forward.cache.capacity == 256 and len(built) == 1
     assert verify(long, 100).forward.cache.capacity == 512 and len(built) == 2
-    (store,) = static_shared.stores_of(model).values()
+    (store,) = shared.stores_of(model).values()
     assert list(store.forwards) == [("inductor", 1, 512)]  # the 256-slot forward is gone
     assert verify(short, 10).forward.cache.capacity == 512 and len(built) == 2
     assert StaticVerifier(model, mode="eager").forward.shared_store().reserved("eager") == 0  # eager compiles nothing
@@ -146,8 +149,8 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
 @pytest.fixture
 def pooled_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pool the eager mode's device state as the CUDA-graph modes' is pooled: the lending logic is the
-    same for every mode (buckets.POOLED_MODES only says which pay for it), and runs here without a GPU."""
-    monkeypatch.setattr(static, "POOLED_MODES", ("eager",))
+    same for every mode (sizes.POOLED_MODES only says which pay for it), and runs here without a GPU."""
+    monkeypatch.setattr(bucket_forward, "POOLED_MODES", ("eager",))
 
 
 @pytest.mark.slow  # ~13 s on a 2-core CPU
@@ -161,27 +164,27 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
     first = specdec.Generator(model, **options)
     assert first.generate(prompts[0], max_new_tokens=20).tokens == truths[0]
     held = first.verifier.forward.held
-    assert isinstance(first.verifier, StaticVerifier) and held.runners and static_shared.idle_count(model) == 0
+    assert isinstance(first.verifier, StaticVerifier) and held.runners and shared.idle_count(model) == 0
     first.close()
     first.close()  # idempotent
-    assert static_shared.idle_count(model) == 1
+    assert shared.idle_count(model) == 1
     with pytest.raises(specdec.SpecDecError, match="was closed"):
         first.generate(prompts[0], max_new_tokens=4)
 
     with specdec.Generator(model, **options) as second:  # takes the state: same cache, same runners
-        assert second.verifier.forward.held is held and static_shared.idle_count(model) == 0
+        assert second.verifier.forward.held is held and shared.idle_count(model) == 0
         assert all(runner.verifier is second.verifier.forward for runner in held.runners.values())
         third = specdec.Generator(model, **options)  # a live verifier's state is its own
         assert third.verifier.forward.held is not held
         assert second.generate(prompts[1], max_new_tokens=20).tokens == truths[1]
         assert third.generate(prompts[2], max_new_tokens=20).tokens == truths[2]
-    assert static_shared.idle_count(model) == 1
+    assert shared.idle_count(model) == 1
     del third  # not closed: collected, it gives its state back too, but one waits per setting at most
     gc.collect()
-    assert static_shared.idle_count(model) == static_shared.IDLE_PER_SETTING == 1
+    assert shared.idle_count(model) == shared.IDLE_PER_SETTING == 1
     # run() closes its generator: its state waits for the next call, which reuses it
     assert specdec.run(model, prompts[3], **options, max_new_tokens=20).tokens == truths[3]
-    assert static_shared.idle_count(model) == 1
+    assert shared.idle_count(model) == 1
     with specdec.Generator(model, **options) as fourth:
         assert fourth.verifier.forward.held is held
     IDENTITY_COUNTS["llama/pld/static-eager (lent device state)"] += 4
@@ -200,7 +203,7 @@ def test_a_lent_state_is_rebuilt_for_new_weights_and_dies_with_the_model(pooled_
     with specdec.Generator(model, **options) as generator:
         assert generator.verifier.forward.held is held and not held.runners  # rebuilt at first use
         assert generator.generate(prompt, max_new_tokens=12).tokens == hf_greedy(model, prompt, 12)
-    assert static_shared.idle_count(model) == 1
+    assert shared.idle_count(model) == 1
     alive = weakref.ref(model)
     del model, generator
     gc.collect()
@@ -219,25 +222,25 @@ def test_a_regrown_cache_drops_its_graphs_memory_pool_with_them() -> None:
     verifier.forward.held.graph_pool = marker = object()  # what a capture leaves (graph_pool())
     verifier.prefill(prompt, reserve=4)  # no growth: the graphs and their pool stay
     assert verifier.forward.held.graph_pool is marker and verifier.forward.held.runners
-    verifier.prefill(prompt, reserve=buckets.MIN_CAPACITY)  # grows: every graph and the pool go
-    assert verifier.forward.cache.capacity > buckets.MIN_CAPACITY
+    verifier.prefill(prompt, reserve=MIN_CAPACITY)  # grows: every graph and the pool go
+    assert verifier.forward.cache.capacity > MIN_CAPACITY
     assert verifier.forward.held.graph_pool is None and not verifier.forward.held.runners
 
 
 def test_modes_that_rebuild_cheaply_keep_nothing_back() -> None:
     model = private_model(seed=9)
-    assert "eager" not in buckets.POOLED_MODES and "cudagraphs" in buckets.POOLED_MODES
+    assert "eager" not in sizes.POOLED_MODES and "cudagraphs" in sizes.POOLED_MODES
     prompt = random_prompt(random.Random(9))[:16]
     result = specdec.run(model, prompt, "pld", max_new_tokens=8, engine="buckets")
     assert result.tokens == hf_greedy(model, prompt, 8)
-    assert static_shared.idle_count(model) == 0
+    assert shared.idle_count(model) == 0
 
 
 # -- the self-check ------------------------------------------------------------------------
 
 
 def fake_compiler(change: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Callable[..., Any], list[int]]:
-    """A stand-in for ``static.compile_forward``: the eager forward with ``change`` applied to its logits."""
+    """A stand-in for ``bucket_forward.compile_forward``: the eager forward with ``change`` applied to its logits."""
     built: list[int] = []
 
     def compile_forward(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -263,7 +266,7 @@ def test_a_wrong_compiled_forward_warns_once_and_the_tokens_stay_plain_greedys(
     monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
 ) -> None:
     compile_forward, built = fake_compiler(lambda logits: torch.roll(logits, 1, dims=-1))  # every argmax moves
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     model = private_model("qwen2")
     tokens, truth, generator = oracle_run(model, seed=1)
     assert tokens == truth
@@ -283,7 +286,7 @@ def test_a_forward_that_agrees_within_rounding_passes(
     monkeypatch: pytest.MonkeyPatch, record: list[warnings.WarningMessage]
 ) -> None:
     compile_forward, built = fake_compiler(lambda logits: logits * (1.0 + 1e-9))  # far below fp64's tolerance
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     tokens, truth, generator = oracle_run(private_model("llama", seed=3), seed=3)
     assert tokens == truth and not static_warnings(record)
     runners = generator.verifier.forward._runners.values()
@@ -297,7 +300,7 @@ def test_a_forward_that_fails_to_compile_falls_back_to_eager(
         raise RuntimeError("the compiler gave up")
 
     compile_forward, _ = fake_compiler(refuse)
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     tokens, truth, _ = oracle_run(private_model("llama", seed=4), seed=4)
     assert tokens == truth
     messages = static_warnings(record)
@@ -354,7 +357,7 @@ def test_a_second_run_on_cuda_replays_the_graphs_the_first_captured() -> None:
     graphs = [entry[1:] for entry in captures]
     assert graphs and len(graphs) == len(set(graphs)), captures  # no graph captured twice
     assert {run for run, _, _ in captures} == {0}, captures  # later runs replayed the first one's graphs
-    assert static_shared.idle_count(model) == 1
+    assert shared.idle_count(model) == 1
 
 
 @cuda
@@ -368,7 +371,7 @@ def test_graphs_are_captured_again_after_the_cache_grows(record: list[warnings.W
         prompt = [rng.randrange(VOCAB) for _ in range(length // 4)] * 4
         assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
     verifier = generator.verifier
-    assert isinstance(verifier, StaticVerifier) and verifier.forward.cache.capacity > buckets.MIN_CAPACITY
+    assert isinstance(verifier, StaticVerifier) and verifier.forward.cache.capacity > MIN_CAPACITY
     assert verifier.fallback_reason is None and not static_warnings(record)
     assert all(runner.mode == "cudagraphs" for runner in verifier.forward.held.runners.values())
 
@@ -379,24 +382,24 @@ def test_graphs_are_captured_again_after_the_cache_grows(record: list[warnings.W
 def test_disagreement_tolerates_rounding_and_near_ties_only() -> None:
     torch.manual_seed(0)
     eager = torch.randn(4, 50, dtype=torch.float32) * 10
-    assert static_shared.disagreement(eager.clone(), eager) is None
-    assert static_shared.disagreement(eager + 1e-4, eager) is None  # another kernel order's rounding
-    assert "max |logit difference|" in str(static_shared.disagreement(eager + 1.0, eager))
+    assert shared.disagreement(eager.clone(), eager) is None
+    assert shared.disagreement(eager + 1e-4, eager) is None  # another kernel order's rounding
+    assert "max |logit difference|" in str(shared.disagreement(eager + 1.0, eager))
     wrong = eager.clone()
     wrong[2, int(eager[2].argmin())] = eager[2].max() + 0.001  # a wrong token wins, its logit far off
-    assert str(static_shared.disagreement(wrong, eager)).startswith("node 2")
+    assert str(shared.disagreement(wrong, eager)).startswith("node 2")
     tie = eager.clone()
     top = int(eager[1].argmax())
     second = int(eager[1].topk(2).indices[1])
     tie[1, second] = tie[1, top] = eager[1, top]  # a near-tie: either token is a rounding away
     near = eager.clone()
     near[1, second] = eager[1, top] - 1e-5
-    assert static_shared.disagreement(tie, near) is None
-    assert "shape" in str(static_shared.disagreement(eager[:3], eager))
-    assert static_shared.disagreement(eager.masked_fill(eager > 5, float("nan")), eager) is not None
+    assert shared.disagreement(tie, near) is None
+    assert "shape" in str(shared.disagreement(eager[:3], eager))
+    assert shared.disagreement(eager.masked_fill(eager > 5, float("nan")), eager) is not None
     half = eager.to(torch.bfloat16)
-    assert static_shared.disagreement(half + 0.25, half) is None  # bf16's tolerance is wider
-    assert static_shared.disagreement(eager.double() + 0.25, eager.double()) is not None  # fp64's is not
+    assert shared.disagreement(half + 0.25, half) is None  # bf16's tolerance is wider
+    assert shared.disagreement(eager.double() + 0.25, eager.double()) is not None  # fp64's is not
 
 
 def test_compiled_forwards_run_under_the_verifiers_prepacking_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -410,7 +413,7 @@ def test_compiled_forwards_run_under_the_verifiers_prepacking_setting(monkeypatc
         return logits
 
     compile_forward, _ = fake_compiler(change)
-    monkeypatch.setattr(static, "compile_forward", compile_forward)
+    monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     prompt = [5, 6, 7, 8, 5, 6]
     for prepack in (False, True):
         verifier = StaticVerifier(private_model("llama", seed=9 + prepack), mode="inductor", buckets=(1, 4))

@@ -22,7 +22,7 @@ from packaging import version
 from tiny_models import ARCHITECTURES, tiny_model
 
 import specdec
-from specdec.backends.runner import ARCHITECTURES as NATIVE_ARCHITECTURES
+from specdec.backends.specdec_engine.model_runner import ARCHITECTURES as NATIVE_ARCHITECTURES
 from specdec.models import cache_keyword
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]

@@ -5,12 +5,15 @@
 - ``"hf"``: Hugging Face's own forward on a ``DynamicCache`` per sequence, eager
   (:class:`~specdec.backends.verifier.ModelVerifier`);
 - ``"specdec"``: specdec's own forward of Llama-family decoders with its CPU kernels, a cache
-  per sequence, nothing compiled (:class:`~specdec.backends.runner_verifier.RunnerVerifier`);
+  per sequence, nothing compiled (:class:`~specdec.backends.specdec_engine.forward.RunnerVerifier`);
 - fixed-shape forwards, one per tree-size bucket, on a static cache
-  (:class:`~specdec.backends.static.StaticVerifier`): ``"compiled"`` (inductor), ``"graphs"``
+  (:class:`~specdec.backends.buckets.forward.StaticVerifier`): ``"compiled"`` (inductor), ``"graphs"``
   (replayed from CUDA graphs), ``"compiled-graphs"`` (both) and ``"buckets"`` (eager: tests,
   debugging);
-- ``"auto"``: :func:`auto_engine`.
+- ``"auto"``: :func:`~specdec.backends.engines.choose_engine`.
+
+Each name's builder, cache kind and what it supports stand in one table,
+:data:`specdec.backends.engines.TABLE`.
 
 The tree operations (inputs, acceptance, compaction; :data:`TREE_OPS`) are an internal choice:
 ``"auto"`` takes the compiled ``cuda_ext`` ops (C++ on the CPU, CUDA on a GPU) when they build
@@ -28,13 +31,13 @@ from typing import Any
 
 import torch
 
-from specdec.backends import sliding
-from specdec.backends.buckets import STATIC_ENGINES
+from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.sizes import STATIC_ENGINES
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
+from specdec.backends.engines import ENGINES, TABLE, choose_engine, engine_row
 from specdec.backends.forward import KVState, check_model
-from specdec.backends.runner import unsupported_reason
-from specdec.backends.runner_verifier import RunnerVerifier
-from specdec.backends.static import StaticVerifier
+from specdec.backends.specdec_engine.forward import RunnerVerifier
+from specdec.backends.specdec_engine.model_runner import unsupported_reason
 from specdec.backends.tree_ops import TorchTreeOps, TreeOps
 from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, warn_deprecated
@@ -42,7 +45,6 @@ from specdec.native import NativeBuildError
 from specdec.types import TokenChooser
 
 TREE_OPS = ("auto", "torch", "cuda_ext")
-ENGINES = ("auto", "hf", "specdec", *STATIC_ENGINES)
 # The former ``cache=`` names and the engine each one is ("static": engine_for_cache).
 CACHE_ENGINES = {"auto": "auto", "dynamic": "hf", "native": "specdec",
                  **{f"static-{mode}": engine for engine, mode in STATIC_ENGINES.items()}}  # fmt: skip
@@ -76,46 +78,25 @@ def make_tree_ops(tree_ops: str, device: torch.device) -> TreeOps:
 
 
 def auto_engine(model: Any, device: torch.device) -> str:
-    """What ``engine="auto"`` runs: ``"graphs"`` on CUDA; on a CPU ``"specdec"`` where specdec's own
-    forward runs the model (:func:`~specdec.backends.runner.unsupported_reason`), else ``"hf"``.
-    Neither CPU choice compiles anything, so the first call is as fast as later ones;
-    docs/static-cache.md measures them against the compiled buckets."""
-    if device.type == "cuda":
-        return "graphs"
-    if sliding.window_reason(model) is not None:  # [sliding hook] specdec's forward runs full attention only
-        return "hf" if sliding.records_the_past() else "buckets"
-    return "specdec" if unsupported_reason(model) is None else "hf"
+    """What ``engine="auto"`` runs for ``model`` on ``device`` (:func:`~specdec.backends.engines.choose_engine`)."""
+    return choose_engine(model, device)[0]
 
 
 def auto_engine_reason(model: Any, device: torch.device) -> str:
-    """Why :func:`auto_engine` picks what it picks for ``model`` on ``device``, in a few words (the demo prints it)."""
-    window = sliding.window_reason(model)  # [sliding hook]
-    if device.type == "cuda":
-        if window is not None:
-            return (f"a CUDA device: fixed-shape forwards replayed from CUDA graphs, with window masks for the "
-                    f"{window} (sliding layers in rings bounded by the window; not yet run on a GPU)")
-        return "a CUDA device: fixed-shape forwards replayed from CUDA graphs"
-    if window is not None and not sliding.records_the_past():
-        return (f"a CPU and {window}: the eager buckets, sliding layers in rings (this transformers' sliding layers "
-                "cannot take back a rejected draft; specdec's forward runs full attention only)")
-    if window is not None:
-        return (f"a CPU and {window}: Hugging Face's forward, its sliding layers' cache bounded by the window "
-                "(specdec's forward runs full attention only)")
-    reason = unsupported_reason(model)
-    if reason is None:
-        return "a CPU and a Llama-family model: specdec's own forward, nothing compiled"
-    return f"a CPU, and specdec's own forward does not run this model ({reason}): Hugging Face's forward"
+    """Why ``engine="auto"`` picks what it picks (:func:`~specdec.backends.engines.choose_engine`)."""
+    return choose_engine(model, device)[1]
 
 
 def resolve_engine(engine: str, device: torch.device, model: Any = None) -> str:
-    """The engine ``engine`` names on ``device`` (``"auto"`` asks :func:`auto_engine` about ``model``).
+    """The engine ``engine`` names on ``device`` (``"auto"`` asks
+    :func:`~specdec.backends.engines.choose_engine` about ``model``), checked against the table.
 
     >>> resolve_engine("hf", torch.device("cpu")), resolve_engine("auto", torch.device("cuda"))
     ('hf', 'graphs')
     """
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise SpecDecError(f"unknown engine {engine!r}; valid names: {', '.join(ENGINES)}")
-    return auto_engine(model, device) if engine == "auto" else engine
+    if engine == "auto":
+        return choose_engine(model, device)[0]
+    return engine_row(engine).name
 
 
 def engine_for_cache(cache: str, model: Any = None) -> str:
@@ -161,19 +142,14 @@ def former_spellings(
 def make_verifier(
     model: Any, engine: str = "auto", *, tree_ops: str = "auto", chooser: TokenChooser | None = None
 ) -> ModelVerifier:
-    """A verifier for ``model`` whose forward ``engine`` runs, with the named tree operations."""
+    """A verifier for ``model`` whose forward ``engine`` runs (its row of
+    :data:`~specdec.backends.engines.TABLE` builds it), with the named tree operations."""
     if tree_ops not in TREE_OPS:
         raise SpecDecError(f"unknown tree ops {tree_ops!r}; valid names: {', '.join(TREE_OPS)}")
     check_model(model)  # a model we cannot serve is the first thing to report
     device = next(model.parameters()).device
-    engine = resolve_engine(engine, device, model)
-    sliding.check_engine(model, engine)  # [sliding hook] sliding-window models: hf only; hybrids: refused
-    ops = make_tree_ops(tree_ops, device)
-    if engine in STATIC_ENGINES:
-        return StaticVerifier(model, ops=ops, chooser=chooser, mode=STATIC_ENGINES[engine])
-    if engine == "specdec":
-        return RunnerVerifier(model, ops=ops, chooser=chooser)
-    return ModelVerifier(model, ops=ops, chooser=chooser)
+    row = TABLE[resolve_engine(engine, device, model)]  # the name, checked once
+    return row.build(model, make_tree_ops(tree_ops, device), chooser)
 
 
 __all__ = [

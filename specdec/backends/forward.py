@@ -1,9 +1,9 @@
 """The parts a verifier is composed of, and what they share (:mod:`specdec.backends.verifier`).
 
 :class:`Forward` is what runs the model's forward and keeps the KV cache it writes (one per
-engine: :class:`~specdec.backends.hf_forward.HFForward`,
-:class:`~specdec.backends.runner_verifier.NativeForward`,
-:class:`~specdec.backends.static.BucketForward`, :class:`~specdec.backends.static_rows.RowsForward`);
+engine: :class:`~specdec.backends.hf.forward.HFForward`,
+:class:`~specdec.backends.specdec_engine.forward.NativeForward`,
+:class:`~specdec.backends.buckets.forward.BucketForward`, :class:`~specdec.backends.buckets.rows.RowsForward`);
 :class:`KVState` is a sequence's state, the same for every forward; :class:`Target` is what every
 part reads of the model (:func:`check_model` refuses the models verification would get wrong).
 """
@@ -118,10 +118,10 @@ class Forward(Protocol):
     cache it writes.
 
     One per engine: Hugging Face's own forward on a ``DynamicCache``
-    (:class:`~specdec.backends.hf_forward.HFForward`), specdec's own
-    (:class:`~specdec.backends.runner_verifier.NativeForward`), the fixed-shape
-    buckets on one static cache (:class:`~specdec.backends.static.BucketForward`) and on a cache
-    shared by a batch's rows (:class:`~specdec.backends.static_rows.RowsForward`). A state's
+    (:class:`~specdec.backends.hf.forward.HFForward`), specdec's own
+    (:class:`~specdec.backends.specdec_engine.forward.NativeForward`), the fixed-shape
+    buckets on one static cache (:class:`~specdec.backends.buckets.forward.BucketForward`) and on a cache
+    shared by a batch's rows (:class:`~specdec.backends.buckets.rows.RowsForward`). A state's
     ``cache`` is the forward's: it makes it (:meth:`prefill`), writes it and compacts it.
     """
 

@@ -30,7 +30,7 @@ which the trimming keeps as Hugging Face's layer would have them.
 
 The fixed-shape buckets (``engine="buckets"``, ``"compiled"``, ``"graphs"``, ``"compiled-graphs"``)
 run these models on their static cache, whose sliding layers are rings of ``window - 1 + the largest
-bucket`` slots per sequence (:func:`setup_buckets`, :mod:`~specdec.backends.static_cache`): bounded by
+bucket`` slots per sequence (:func:`setup_buckets`, :mod:`~specdec.backends.slot_cache`): bounded by
 the window, as the model's own static cache is; the full layers of a mixed model keep every token.
 The sliding layers' masks are built inside the bucket's forward from its device buffers and the
 ring's record of which slot each ring slot holds (:func:`ring_allowed`, :func:`bucket_masks`), so
@@ -237,7 +237,7 @@ def check_engine(model: Any, engine: str) -> None:
         )
 
 
-# -- the fixed-shape buckets (specdec/backends/bucket_runner.py: tree_forward) ------------------------------
+# -- the fixed-shape buckets (specdec/backends/buckets/runner.py: tree_forward) ------------------------------
 
 
 def bucket_layout(model: Any) -> tuple[int, bool] | None:
@@ -255,7 +255,7 @@ def bucket_layout(model: Any) -> tuple[int, bool] | None:
 def ring_capacity(window: int, largest_tree: int) -> int:
     """Slots of a sliding layer's ring per place: ``window - 1`` committed keys and the largest tree a forward
     writes there (padding included), so a forward never overwrites a key one of its nodes needs
-    (:mod:`specdec.backends.static_cache`).
+    (:mod:`specdec.backends.slot_cache`).
 
     >>> ring_capacity(4096, 128)
     4223
@@ -264,7 +264,7 @@ def ring_capacity(window: int, largest_tree: int) -> int:
 
 
 def setup_buckets(verifier: Any) -> None:
-    """A bucket engine's ``verifier`` (:class:`~specdec.backends.static.StaticVerifier`, or its batch of rows:
+    """A bucket engine's ``verifier`` (:class:`~specdec.backends.buckets.forward.StaticVerifier`, or its batch of rows:
     ``places`` and ``scratch``) on a sliding-window model: its cache's masks (:func:`bucket_layout`) and a ring
     of :func:`ring_capacity` slots per place for each sliding layer; nothing for a full-attention model."""
     cache = verifier.cache
@@ -289,7 +289,7 @@ def ring_allowed(
     bounds: torch.Tensor | None,
     prompt: bool = False,
 ) -> torch.Tensor:
-    """Bool ``[T, R]``: which slots of a sliding layer's ring (:mod:`~specdec.backends.static_cache`) each node
+    """Bool ``[T, R]``: which slots of a sliding layer's ring (:mod:`~specdec.backends.slot_cache`) each node
     attends to: a committed key or an ancestor, inside the node's window (key position > node position -
     ``window``, as ``sliding_window_overlay`` of Hugging Face's masks has it). Records the nodes' slots in the
     cache's ``ring_ids`` first (the forward writes them there).

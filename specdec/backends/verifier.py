@@ -6,10 +6,10 @@ by calling three parts:
 
 - a :class:`~specdec.backends.forward.Forward`: what runs the model's forward and the KV cache it
   writes (new sequence, tree forward, compaction, rewind, release, capacity):
-  :class:`~specdec.backends.hf_forward.HFForward` (``engine="hf"``,
-  Hugging Face's own forward on a ``DynamicCache``), :class:`~specdec.backends.runner_verifier.NativeForward`
-  (``"specdec"``), :class:`~specdec.backends.static.BucketForward` (the fixed-shape buckets:
-  ``"compiled"``, ``"graphs"``, ...) and :class:`~specdec.backends.static_rows.RowsForward` (the
+  :class:`~specdec.backends.hf.forward.HFForward` (``engine="hf"``,
+  Hugging Face's own forward on a ``DynamicCache``), :class:`~specdec.backends.specdec_engine.forward.NativeForward`
+  (``"specdec"``), :class:`~specdec.backends.buckets.forward.BucketForward` (the fixed-shape buckets:
+  ``"compiled"``, ``"graphs"``, ...) and :class:`~specdec.backends.buckets.rows.RowsForward` (the
   buckets with a batch's rows on one cache);
 - :class:`~specdec.backends.tree_ops.TreeOps`: the three tree operations (inputs, acceptance,
   compaction), the compiled ``cuda_ext`` ones or :class:`~specdec.backends.tree_ops.TorchTreeOps`,
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from specdec.backends.forward import Forward, KVState, Target, check_model, kv_bytes_per_token
-from specdec.backends.hf_forward import HFForward
+from specdec.backends.hf.forward import HFForward
 from specdec.backends.identity import model_identity, weights_fingerprint
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix
@@ -343,7 +343,7 @@ class ModelVerifier:
         is grown to the capacity those sequences need (so no later request of that length
         regrows it and recompiles), and each bucket runs once on a throw-away sequence; a live
         sequence is kept (:meth:`preserving`). Compiled code is cached on disk by inductor
-        (:mod:`specdec.backends.compile_cache`), so a later process pays much less than the
+        (:mod:`specdec.backends.buckets.compile_cache`), so a later process pays much less than the
         first. ``on_bucket(size)`` is called after each bucket (progress).
         """
         if self.buckets is None:

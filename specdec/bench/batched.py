@@ -52,13 +52,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specdec.api import GENERATOR_OPTIONS, Generator
+from specdec.api import Generator
 from specdec.bench.methods import PEERS, MethodSpec, parse_methods, peer_arguments
 from specdec.bench.plot import pyplot, save_figure
 from specdec.bench.report import markdown_table
 from specdec.drafters.recycling_state import clear_shared, restore_shared, snapshot_shared
 from specdec.errors import SpecDecError
 from specdec.models import encode_prompt, eos_token_ids
+from specdec.options import GENERATOR_OPTIONS
 from specdec.testing import compare_outputs
 from specdec.types import GenerationResult
 

@@ -8,8 +8,8 @@ attribute of the verifier, but ``kernels=VARIANT``, which runs that kernel varia
 ``engine=specdec``). The default variants are the CPU paths' comparison (docs/budget.md):
 
 - ``hf``: Hugging Face's own forward on its ``DynamicCache``;
-- ``specdec``: specdec's own forward (:mod:`specdec.backends.runner`) with torch's kernels;
-- ``specdec+cpu``: that, with specdec's CPU kernels (:mod:`specdec.backends.cpu_kernels`:
+- ``specdec``: specdec's own forward (:mod:`specdec.backends.specdec_engine.model_runner`) with torch's kernels;
+- ``specdec+cpu``: that, with specdec's CPU kernels (:mod:`specdec.backends.specdec_engine.cpu_kernels`:
   skinny linear layers and tree attention);
 - ``specdec+cpu-attention``: torch's linear layers with specdec's tree attention.
 
@@ -152,7 +152,7 @@ def kernel_path() -> dict[str, str]:
     """Which of specdec's CPU kernel paths ``kernels=cpu`` runs in this process (``SPECDEC_CPU_ISA`` or the
     best this CPU has), and how its skinny linear blocks the rows: ``{"isa": ..., "blocking": ...}``;
     ``{"isa": "unavailable", ...}`` where the extension does not build here."""
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     if not cpu_kernels.available():
         return {"isa": "unavailable", "blocking": "specdec's CPU kernels do not build here"}

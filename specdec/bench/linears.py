@@ -59,7 +59,7 @@ def _layers(model: Any) -> Sequence[torch.nn.Module]:
 
 def default_paths() -> list[str]:
     """The kernel paths this CPU runs, best first, but ``portable`` unless it is the only one."""
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     supported = cpu_kernels.supported_isas()
     return [path for path in supported if path != "portable"] or supported
@@ -67,7 +67,7 @@ def default_paths() -> list[str]:
 
 def check_paths(paths: Sequence[str]) -> None:
     """Raise :class:`SpecDecError` for a kernel path this CPU does not run (before any model is loaded)."""
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     supported = cpu_kernels.supported_isas()
     for path in paths:
@@ -77,7 +77,7 @@ def check_paths(paths: Sequence[str]) -> None:
 
 def _one_pass(path: str, runs: list[list[torch.Tensor]], inputs: dict[int, torch.Tensor], repeat: int) -> None:
     """One timed pass: every run's weights against the rows, ``repeat`` times over."""
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     for _ in range(repeat):
         for weights in runs:
@@ -91,7 +91,7 @@ def _one_pass(path: str, runs: list[list[torch.Tensor]], inputs: dict[int, torch
 
 def measure(model: Any, rows: Sequence[int], paths: Sequence[str] | None, repeats: int) -> dict[str, Any]:
     """``{"ms": {path: {mode: [fastest ms per row count]}}, "gflops_per_thread": ..., ...}`` (module docstring)."""
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     parameter = next(model.parameters())
     if parameter.device.type != "cpu" or parameter.dtype not in cpu_kernels.DTYPES:

@@ -44,7 +44,7 @@ import torch
 from transformers import CompileConfig
 
 from specdec.api import Generator
-from specdec.backends.runner_verifier import RunnerVerifier
+from specdec.backends.specdec_engine.forward import NativeForward
 from specdec.datastores.format import read_header
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, StopRules
 from specdec.drafters import DrafterContext, make_factory
@@ -222,9 +222,10 @@ class ForwardMeter:
 
         The runner object is specdec's, not the user's model: its ``forward`` is wrapped in place.
         """
-        if not isinstance(verifier, RunnerVerifier):  # a static cache's `runner` is a method: its forwards are
+        forward = getattr(verifier, "forward", None)
+        if not isinstance(forward, NativeForward):  # a static cache's `runner` is a method: its forwards are
             return  # the model's own, which the hooks count already
-        runner: Any = verifier.forward.runner  # wrapped in place below (specdec's object, not the user's)
+        runner: Any = forward.runner  # wrapped in place below (specdec's object, not the user's)
         if getattr(runner, "metered", False):
             return
         inner = runner.forward_rows  # every runner forward (a lone sequence's, a batch's) goes through it

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specdec.api import GENERATOR_OPTIONS, Generator, run
+from specdec.api import Generator, run
 from specdec.bench.methods import MethodSpec, parse_methods
 from specdec.bench.plot import grouped_bars, pyplot, save_figure
 from specdec.bench.report import markdown_table
@@ -62,6 +62,7 @@ from specdec.drafters import recycling_state
 from specdec.errors import SpecDecError
 from specdec.hf import HFGenerate, hf_generate
 from specdec.models import encode_prompt
+from specdec.options import GENERATOR_OPTIONS
 from specdec.testing import compare_outputs
 from specdec.types import GenerationResult
 

@@ -1,7 +1,7 @@
 """The speedup plot: one group of bars per category, one bar per method, baseline at 1.0.
 
 Drawn with matplotlib's Agg backend (files only, no display), so it works on a server. matplotlib is the
-``bench`` extra (``pip install 'specdec[bench]'``), imported only when a plot is drawn: ``import specdec`` and
+``bench`` extra (``pip install 'specdec-lossless[bench]'``), imported only when a plot is drawn: ``import specdec`` and
 ``specdec.run`` never need it.
 """
 
@@ -25,7 +25,7 @@ def pyplot() -> Any:
         import matplotlib
     except ImportError as error:
         raise ImportError(
-            "specdec's benchmark plots need matplotlib, the 'bench' extra: pip install 'specdec[bench]'"
+            "specdec's benchmark plots need matplotlib, the 'bench' extra: pip install 'specdec-lossless[bench]'"
         ) from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

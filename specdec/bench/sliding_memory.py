@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-from specdec.backends.static import StaticVerifier
+from specdec.backends.buckets.forward import StaticVerifier
 from specdec.backends.verifier import ModelVerifier
 from specdec.types import DraftTree
 

@@ -16,7 +16,7 @@ the first generation on a machine pays it, with a progress bar on a terminal
 
 **Kernel choice**: every size is also timed with each other kernel variant the verifier
 offers for it (:meth:`~specdec.types.TunableVerifier.kernel_variants`: specdec's CPU kernels,
-:mod:`specdec.backends.cpu_kernels`, on ``engine="specdec"`` up to 64 rows), in the same
+:mod:`specdec.backends.specdec_engine.cpu_kernels`, on ``engine="specdec"`` up to 64 rows), in the same
 rounds. :func:`choose_kernels` turns the timings into a :class:`~specdec.types.KernelChoice`:
 one node runs the variant that was fastest there; from two nodes up each calibrated size
 runs its fastest variant, up to the first size where the default kernels win, and every

@@ -96,7 +96,7 @@ def _torch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _specdec_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    from specdec.backends import cpu_kernels
+    from specdec.backends.specdec_engine import cpu_kernels
 
     return cpu_kernels.skinny_linear(x, weight)
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from specdec import cachefiles
-from specdec.backends import compile_cache
+from specdec.backends.buckets import compile_cache
 from specdec.budget.planner_stats import enabled, summarize
 from specdec.errors import SpecDecError
 

@@ -5,7 +5,7 @@ are compiled ahead of time (C++, once per machine): there the command builds and
 calibrates, and says so; ``--engine compiled`` compiles inductor's buckets.
 
 A static-cache verifier compiles each tree-size bucket's forward at its first use; inductor
-keeps the generated code in specdec's cache (:mod:`specdec.backends.compile_cache`), so a
+keeps the generated code in specdec's cache (:mod:`specdec.backends.buckets.compile_cache`), so a
 later process that compiles the same bucket reads it instead of generating and building it
 again. This command builds them all up front, as ``specdec.run(model, ..., engine="compiled")``
 would (the same drafter, dtype, device and calibrated kernels), with a progress bar; it prints
@@ -27,9 +27,9 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.api import Generator
-from specdec.backends import compile_cache
-from specdec.backends.runner_verifier import RunnerVerifier
-from specdec.backends.static import StaticVerifier
+from specdec.backends.buckets import compile_cache
+from specdec.backends.buckets.forward import BucketForward
+from specdec.backends.engines import row_of
 from specdec.commands.arguments import add_engine_arguments, add_model_argument, engine_options
 from specdec.errors import SpecDecError
 
@@ -47,16 +47,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     generator = Generator(args.model, drafter=args.drafter, device=args.device, dtype=args.dtype,
                           **engine_options(args))  # fmt: skip
     verifier = generator.verifier
-    if isinstance(verifier, RunnerVerifier):  # engine="specdec" (module docstring)
+    row = row_of(verifier)  # what its engine precompiles: engines.TABLE
+    if row is not None and row.precompiles == "kernels":  # engine="specdec" (module docstring)
         spent = generator.warm_up(args.max_tokens)
         built = verifier.forward.kernels_build()
         print(f"engine {verifier.engine!r} (specdec's own forward) here: its kernels ({built}) "
               f"are built, loaded and calibrated ({spent:.1f} s); nothing else to compile "
               "(--engine compiled compiles inductor's buckets)")
         return 0
-    if not isinstance(verifier, StaticVerifier):
-        raise SpecDecError(f"engine {verifier.engine!r} compiles nothing (--engine compiled: inductor's buckets)")
     buckets = verifier.forward  # the fixed-shape forwards this command compiles
+    if row is None or row.precompiles != "buckets" or not isinstance(buckets, BucketForward):
+        raise SpecDecError(f"engine {verifier.engine!r} compiles nothing (--engine compiled: inductor's buckets)")
     if "inductor" not in buckets.mode:
         print(f"engine {verifier.engine!r}: nothing is compiled ahead of time (graphs are captured per process)")
         return 0

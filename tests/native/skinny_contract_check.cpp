@@ -1,5 +1,5 @@
 // A standalone check of skinny_portable.inc (no torch): the blocked kernels against the contract of
-// specdec/backends/csrc/skinny_linear.h written out one output at a time, bitwise, over random shapes
+// specdec/backends/specdec_engine/csrc/skinny_linear.h written out one output at a time, bitwise, over random shapes
 // (every tail length, 1-100 x rows, in-features up to 1300, weight-row counts that are and are not
 // multiples of 8), float and bfloat16 weights. Compiled for whatever target the compiler is told, so it
 // runs the portable copy where torch is absent: scripts/cross_check.sh builds it for aarch64 and runs
@@ -17,7 +17,7 @@
 #include <vector>
 
 namespace kernel {
-#include "../../specdec/backends/csrc/skinny_portable.inc"
+#include "../../specdec/backends/specdec_engine/csrc/skinny_portable.inc"
 }  // namespace kernel
 
 // The contract, one output at a time: 16 lanes, fma per lane in increasing k, zeros past K, the lane tree.

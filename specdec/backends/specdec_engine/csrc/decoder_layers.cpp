@@ -1,4 +1,4 @@
-// specdec decoder layers: the layer loop of specdec/backends/runner.py (DecoderRunner.forward_rows)
+// specdec decoder layers: the layer loop of specdec/backends/specdec_engine/model_runner.py (DecoderRunner.forward_rows)
 // for Llama-family layers, in C++: torch.ops.specdec_cpu.decoder_layers (registered in cpu_kernels.cpp).
 //
 // Why: a verification forward of the default model runs 30 layers of ~60 small operations each

@@ -2,7 +2,7 @@
 
 A :class:`DeviceSet` (KV cache, bucket runners, windows, the graphs' memory pool) is held by one
 verifier at a time; in the pooled modes a finished verifier gives it back
-(:func:`release`, :mod:`specdec.backends.static_shared`) and the model's next verifier takes it,
+(:func:`release`, :mod:`specdec.backends.buckets.shared`) and the model's next verifier takes it,
 captured graphs and all.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from specdec.backends import static_shared
-from specdec.backends.bucket_runner import BucketRunner
-from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.buckets import shared
+from specdec.backends.buckets.runner import BucketRunner
+from specdec.backends.slot_cache import StaticKVCache
 
 
 @dataclass
@@ -24,7 +24,7 @@ class DeviceSet:
     """What a static verifier holds on the device: its KV cache, each bucket's runner (buffers, and the
     captured graph in the CUDA-graph modes), the window tensors and the graphs' memory pool, and the
     weights signature they were made for. Lent to one verifier at a time and, in :data:`POOLED_MODES`,
-    given back to the model's pool when that verifier is done (:mod:`specdec.backends.static_shared`)."""
+    given back to the model's pool when that verifier is done (:mod:`specdec.backends.buckets.shared`)."""
 
     cache: StaticKVCache
     weights: tuple[int, int]
@@ -51,4 +51,4 @@ class DeviceSet:
 def release(model: weakref.ReferenceType[Any], setting: Any, held: DeviceSet) -> None:
     """Give a finished verifier's device state back to the model's pool (a ``weakref.finalize`` callback:
     it must not refer to the verifier)."""
-    static_shared.give_back(model, setting, held)
+    shared.give_back(model, setting, held)

@@ -1,7 +1,7 @@
 """Compiled static-cache forwards that survive the process: inductor's on-disk caches in specdec's cache.
 
 Why: ``engine="compiled"`` compiles one forward per tree-size bucket with ``torch.compile``
-(:mod:`specdec.backends.static`), and :mod:`specdec.backends.static_shared` shares them only
+(:mod:`specdec.backends.buckets.forward`), and :mod:`specdec.backends.buckets.shared` shares them only
 within a process: every new process paid the whole compile again. torch keeps what it
 compiled on disk when told where: inductor's FX graph cache (the generated code of each
 graph, looked up by a hash of the graph, its input metadata, the compile settings and the

@@ -26,7 +26,7 @@ one shape can use it; a model whose layers differ is refused there with a clear 
 **Rings** (sliding-window models, :func:`~specdec.backends.sliding.setup_buckets`): a sliding layer
 of window ``W`` keeps, instead of ``S`` slots, a ring of ``R = W - 1 + the largest bucket`` slots
 per place (``places`` regions of ``span`` slots cut a cache that a batch's rows share, then
-``scratch`` slots for their padding nodes: :mod:`specdec.backends.static_rows`; one sequence: one
+``scratch`` slots for their padding nodes: :mod:`specdec.backends.buckets.rows`; one sequence: one
 place, no scratch). Slot ``s`` (offset ``k`` in place ``p``) lives at ring slot ``p R + k mod R``
 (:meth:`StaticKVCache.ring_of`; a scratch slot after the places' rings), and ``ring_ids`` (a device
 tensor, ``-1`` where nothing was written) says which slot each ring slot holds now, so the
@@ -51,6 +51,22 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.errors import SpecDecError, UnsupportedModelError
+
+MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
+
+
+def capacity_for(needed: int) -> int:
+    """Slots for ``needed`` tokens: a power of two, at least :data:`MIN_CAPACITY`.
+
+    Compiled forwards and CUDA graphs are specialised to the capacity, so each growth
+    recompiles or recaptures every bucket; growing geometrically bounds that to a few
+    times per verifier however requests vary (256, 512, ..., 4096 slots: five growths),
+    at the price of attending over at most twice the slots a request needs.
+
+    >>> capacity_for(1), capacity_for(256), capacity_for(257), capacity_for(3000)
+    (256, 256, 512, 4096)
+    """
+    return max(MIN_CAPACITY, 1 << max(needed - 1, 0).bit_length())
 
 
 def _cache_base() -> type[Any]:
@@ -180,7 +196,7 @@ class StaticKVCache:
     def regrow_regions(self, capacity: int, regions: list[tuple[int, int, int]]) -> None:
         """Reallocate to ``capacity`` slots, copying each ``(source, target, length)`` run of slots over;
         every other slot starts at zero (the batch of rows that shares one cache moves its regions apart:
-        :mod:`specdec.backends.static_rows`; :meth:`grow` keeps one region, the committed slots). A ring stays
+        :mod:`specdec.backends.buckets.rows`; :meth:`grow` keeps one region, the committed slots). A ring stays
         as it is (a slot's ring slot depends on its place and offset only): ``ring_ids`` follow the moves, and
         ring slots of slots outside them are marked empty."""
         old_keys, old_values = self.keys, self.values

@@ -276,7 +276,7 @@ def decoder_layers(
 ) -> torch.Tensor:
     """A Llama-family decoder's layer loop in one call: ``hidden`` ``[1, R, E]`` after every layer.
 
-    What :meth:`specdec.backends.runner.DecoderRunner.forward_rows` does per layer with
+    What :meth:`specdec.backends.specdec_engine.model_runner.DecoderRunner.forward_rows` does per layer with
     :func:`skinny_linears`, :func:`skinny_linear`, :func:`write_segments` and
     :func:`tree_attention_segments`, and Hugging Face's RMSNorm, rotary and SiLU written out as
     the same ATen calls (``csrc/decoder_layers.cpp``), made from C++: the ~60 small operations a

@@ -7,7 +7,7 @@ forward of a 135M model, whatever the tree size (design.md, section 6). The engi
 fast there share one trick, a **fixed envelope**: tensor shapes never change at run time,
 only tensor contents do. This module does that for tree verification:
 
-- the KV cache is a :class:`~specdec.backends.static_cache.StaticKVCache`, allocated once
+- the KV cache is a :class:`~specdec.backends.slot_cache.StaticKVCache`, allocated once
   per verifier for prompt + ``max_new_tokens`` + the largest bucket, grown only when a
   longer request comes;
 - a tree of ``N`` nodes is **padded** to the smallest bucket ``T >= N`` (1, 2, 4, ..., 128):
@@ -31,7 +31,7 @@ only tensor contents do. This module does that for tree verification:
   prepacked weights (``inductor``, the CPU's choice), or captured into a CUDA graph and
   replayed (``cudagraphs``, the GPU's choice; ``inductor-cudagraphs`` captures the
   compiled forward), each compiled/captured lazily at its bucket's first use, compiled
-  functions shared by every verifier of the model (:mod:`specdec.backends.static_shared`),
+  functions shared by every verifier of the model (:mod:`specdec.backends.buckets.shared`),
   and each checked at its first use against the eager forward on the same inputs (a
   mismatch: eager forwards from then on, with one warning);
 - acceptance runs through the backend's tree ops, whose one host sync per step reads the
@@ -63,24 +63,23 @@ from typing import Any
 
 import torch
 
-from specdec.backends import compile_cache, sliding, static_shared
-from specdec.backends.bucket_runner import BucketRunner, tree_forward
-from specdec.backends.buckets import (
+from specdec.backends import sliding
+from specdec.backends.buckets import compile_cache, shared
+from specdec.backends.buckets.device_set import DeviceSet, release
+from specdec.backends.buckets.dynamo import CODE_TAGS, compile_forward, fresh_code
+from specdec.backends.buckets.runner import BucketRunner, tree_forward
+from specdec.backends.buckets.shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
+from specdec.backends.buckets.sizes import (
     BUCKETS,
-    MIN_CAPACITY,
     MODES,
     POOLED_MODES,
     STATIC_ENGINES,
     WINDOW_STEP,
     bucket_for,
-    capacity_for,
     default_mode,
 )
-from specdec.backends.device_set import DeviceSet, release
-from specdec.backends.dynamo import CODE_TAGS, compile_forward, fresh_code
 from specdec.backends.forward import KVState, ModelKernels, Target
-from specdec.backends.static_cache import StaticKVCache
-from specdec.backends.static_shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
+from specdec.backends.slot_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 from specdec.backends.tree_ops import TreeOps
 from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, UnsupportedModelError
@@ -160,7 +159,7 @@ class BucketForward(ModelKernels):
         signature = weights_signature(self.model)
         pooled = self.mode in POOLED_MODES
         setting = self._pool_setting()
-        held: DeviceSet | None = static_shared.take_idle(self.model, setting) if pooled else None
+        held: DeviceSet | None = shared.take_idle(self.model, setting) if pooled else None
         if held is None:
             held = DeviceSet(StaticKVCache(num_layers, self.first_capacity, self.device), signature)
         else:
@@ -227,7 +226,7 @@ class BucketForward(ModelKernels):
     @property
     def live_limit(self) -> int | None:
         """One: the verifier's one cache serves one sequence at a time (a Generator batches on a
-        :class:`~specdec.backends.static_rows.RowsStaticVerifier` instead)."""
+        :class:`~specdec.backends.buckets.rows.RowsStaticVerifier` instead)."""
         return 1
 
     def row_bytes(self, tokens: int) -> int | None:
@@ -288,7 +287,7 @@ class BucketForward(ModelKernels):
         """Make room for ``needed`` slots; a larger cache means new buffers, so new forwards.
 
         Compiled modes reserve at least the capacity the model's shared forwards were compiled
-        for (:meth:`~specdec.backends.static_shared.ForwardStore.reserved`): a few more idle slots
+        for (:meth:`~specdec.backends.buckets.shared.ForwardStore.reserved`): a few more idle slots
         (attention reads only the window a sequence reached) instead of a compilation.
         """
         if "inductor" in self.mode and self._fallback_reason is None:
@@ -339,7 +338,7 @@ class BucketForward(ModelKernels):
         """``runner.run()``, checked at its first use against the eager forward on the same inputs.
 
         A compiled or captured forward that fails to build, or whose first output disagrees
-        with the eager forward's (:func:`~specdec.backends.static_shared.disagreement`), must not
+        with the eager forward's (:func:`~specdec.backends.buckets.shared.disagreement`), must not
         emit a token: this step and every later one of this verifier (and of the model's later
         verifiers) run eagerly, with one warning naming the mode. The eager forward runs first,
         so the cache ends up holding what the checked forward wrote, as on any later step.
@@ -368,7 +367,7 @@ class BucketForward(ModelKernels):
 
     def _compile_again(self, runner: BucketRunner, reason: str) -> torch.Tensor | None:
         """A compile that failed while reading compiled code from disk: empty that folder and compile the
-        bucket once more without it (:func:`~specdec.backends.compile_cache.discard`, once per process);
+        bucket once more without it (:func:`~specdec.backends.buckets.compile_cache.discard`, once per process);
         the retry's logits, or None (nothing to retry, or it failed too: the caller falls back)."""
         if runner.shared is None or runner.mode != "inductor" or not compile_cache.discard(reason):
             return None

@@ -1,7 +1,7 @@
 """Compiled verification forwards, shared by every static-cache verifier of a model in the process.
 
 Why: a static-cache verifier compiles one forward per tree-size bucket at its first use
-(:mod:`specdec.backends.static`), and ``specdec.run`` makes a new verifier per call. Each
+(:mod:`specdec.backends.buckets.forward`), and ``specdec.run`` makes a new verifier per call. Each
 compiled forward had a code object of its own, so every ``run(..., engine="compiled")``
 compiled every bucket again: tens of seconds per call, 0.06-0.13x Hugging Face's
 ``generate`` one call at a time (issue 30). Here the compiled functions belong to the

@@ -1,6 +1,6 @@
 """A batch's rows on one static cache, verified in one forward: the static cache's batch verifier.
 
-Why: a :class:`~specdec.backends.static.StaticVerifier` holds one sequence, so a batch on a
+Why: a :class:`~specdec.backends.buckets.forward.StaticVerifier` holds one sequence, so a batch on a
 static cache ran its rows one after another. On a GPU, where the static cache with CUDA graphs
 is the default, that kept specdec's tokens per second flat in the batch size while Hugging
 Face's batched ``generate`` grew with it (docs/bench has the GPU runs).
@@ -11,7 +11,7 @@ buckets up to 512). Place ``p`` owns
 slots ``p*S .. (p+1)*S - 1``. A step concatenates every row's tree into one tree of
 ``T = sum N_b`` nodes, padded up to a bucket as a lone tree is: row ``b``'s nodes are written at
 ``p_b*S + C_b + i`` with positions ``C_b + depth``, and see the committed slots of their own
-region (``bounds`` of :func:`~specdec.backends.bucket_runner.tree_forward`) and their own ancestors;
+region (``bounds`` of :func:`~specdec.backends.buckets.runner.tree_forward`) and their own ancestors;
 padding nodes write to scratch slots and see only themselves. So every row is verified by one
 forward, and all a bucket has carries over unchanged from the one-sequence verifier: its
 buffers, its compiled function or captured CUDA graph, its self-check at first use against the
@@ -26,7 +26,7 @@ than rows with caches of their own (``engine="specdec"``, the CPU's batch path, 
 
 **Growth.** A row that needs more than ``S`` slots (a longer prompt joining, a row reaching the
 end of its region) makes every region the next power of two: the live rows' committed slots move
-to their new regions (:meth:`~specdec.backends.static_cache.StaticKVCache.regrow_regions`) and
+to their new regions (:meth:`~specdec.backends.slot_cache.StaticKVCache.regrow_regions`) and
 every bucket's forward is built or captured again, as when a lone static cache grows.
 
 **Lossless.** A row's nodes see exactly what they see in a lone verification (their committed
@@ -52,10 +52,11 @@ import numpy as np
 import torch
 
 from specdec.backends import sliding
-from specdec.backends.bucket_runner import BucketHost, BucketRunner
-from specdec.backends.buckets import BUCKETS, MIN_CAPACITY, capacity_for
+from specdec.backends.buckets.forward import BucketForward
+from specdec.backends.buckets.runner import BucketHost, BucketRunner
+from specdec.backends.buckets.sizes import BUCKETS
 from specdec.backends.forward import KVState, Target, kv_bytes_per_token
-from specdec.backends.static import BucketForward
+from specdec.backends.slot_cache import MIN_CAPACITY, capacity_for
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import TreeOps
 from specdec.backends.verifier import ModelVerifier
@@ -114,7 +115,7 @@ class RowsBucketRunner(BucketRunner):
 class RowsForward(BucketForward):
     """The forward of a static-cache verifier of up to ``places`` sequences at once, all rows in one forward
     per step (module docstring). ``mode`` and ``buckets`` (by the rows' total nodes) as for
-    :class:`~specdec.backends.static.BucketForward`; ``row_nodes``: the most nodes one row's tree may have
+    :class:`~specdec.backends.buckets.forward.BucketForward`; ``row_nodes``: the most nodes one row's tree may have
     (:attr:`max_tree_nodes`; at most the largest bucket; None: 128, or the largest bucket if smaller).
     A state's ``seat`` is its place."""
 
@@ -297,6 +298,18 @@ class RowsStaticVerifier(ModelVerifier):
     ) -> None:
         forward = RowsForward(Target.of(model), places=places, mode=mode, buckets=buckets, row_nodes=row_nodes)
         super().__init__(model, ops, chooser, forward=forward)
+
+
+def rows_verifier(verifier: ModelVerifier, places: int) -> ModelVerifier:
+    """The verifier a batch of ``places`` runs on where ``verifier`` holds one sequence on buckets: a
+    :class:`RowsStaticVerifier` of the same mode, tree ops, chooser and buckets (and larger ones, for every
+    row's tree in one forward); ``verifier`` itself where its forward is not the one-sequence buckets'."""
+    alone = verifier.forward
+    if not isinstance(alone, BucketForward) or isinstance(alone, RowsForward):
+        return verifier
+    extra = tuple(b for b in ROWS_BUCKETS if b > alone.buckets[-1])  # every row's tree in one forward
+    return RowsStaticVerifier(verifier.model, verifier.ops, verifier.chooser, places=places, mode=alone.mode,
+                              buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket)
 
 
 def scratch_for(buckets: Sequence[int]) -> int:

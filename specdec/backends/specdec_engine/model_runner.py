@@ -14,14 +14,15 @@ changes the user's model while it runs, which another thread can see.
 norms), written out: the model's own embedding, norms, rotary embedding, activation and
 ``apply_rotary_pos_emb`` are called as they are (so their numerics are the model's), the
 linear layers' weights are read in place through the verifier's linear kernel (e.g.
-:func:`specdec.backends.cpu_kernels.skinny_linear`, several weights of one input in one call), attention is one
+:func:`specdec.backends.specdec_engine.cpu_kernels.skinny_linear`, several weights of one input in one call), attention
+is one
 ``scaled_dot_product_attention`` per layer over the grouped heads as they are (no repeat),
-and keys and values go straight into a :class:`~specdec.backends.static_cache.StaticKVCache`
+and keys and values go straight into a :class:`~specdec.backends.slot_cache.StaticKVCache`
 at the tree's slots. Nothing of the model is changed or wrapped; a runner holds references
 only, so many verifiers (and threads) can share one.
 
 With specdec's CPU kernels the whole layer loop can run as one C++ call
-(:func:`specdec.backends.cpu_kernels.decoder_layers`: the same ATen operations and kernels,
+(:func:`specdec.backends.specdec_engine.cpu_kernels.decoder_layers`: the same ATen operations and kernels,
 without ~60 Python-level operations per layer, ~2 ms of a default-model forward here); the
 runner hands it a model only after a probe on random rows gave the loop's bits
 (:meth:`DecoderRunner.layers_in_one_call`), so a model whose norm, rotary or activation is not
@@ -44,8 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.backends.cpu_kernels import LayerWeights
-from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.slot_cache import StaticKVCache
+from specdec.backends.specdec_engine.cpu_kernels import LayerWeights
 from specdec.errors import UnsupportedModelError
 
 # model_type values whose decoder layer is Llama's (norm -> attention -> residual -> norm -> MLP -> residual).
@@ -126,16 +127,16 @@ class Segment:
 @dataclass(frozen=True)
 class Kernels:
     """How a forward computes: ``linear(x, weight, bias)`` for every linear layer, and
-    ``attention`` (:func:`specdec.backends.cpu_kernels.tree_attention`'s signature) for the
+    ``attention`` (:func:`specdec.backends.specdec_engine.cpu_kernels.tree_attention`'s signature) for the
     attention of each segment, or None for ``torch.nn.functional.scaled_dot_product_attention``.
     ``linears`` (optional): the same products as ``linear`` for several weights of one input in one
-    call (:func:`specdec.backends.cpu_kernels.skinny_linears`): the query/key/value and the
+    call (:func:`specdec.backends.specdec_engine.cpu_kernels.skinny_linears`): the query/key/value and the
     gate/up projections. ``attention_segments`` (optional, with ``attention``): every segment's
-    attention in one call (:func:`specdec.backends.cpu_kernels.tree_attention_segments`), with
-    ``write_segments`` (:func:`specdec.backends.cpu_kernels.write_segments`) writing every segment's
+    attention in one call (:func:`specdec.backends.specdec_engine.cpu_kernels.tree_attention_segments`), with
+    ``write_segments`` (:func:`specdec.backends.specdec_engine.cpu_kernels.write_segments`) writing every segment's
     cache beforehand; a batch runs segment by segment unless both are given. ``layers``
     (optional, with all of the above): the whole layer loop in one call
-    (:func:`specdec.backends.cpu_kernels.decoder_layers`), taken where the runner's probe found it
+    (:func:`specdec.backends.specdec_engine.cpu_kernels.decoder_layers`), taken where the runner's probe found it
     bitwise equal to the loop written out here (:meth:`DecoderRunner.layers_in_one_call`)."""
 
     linear: Linear

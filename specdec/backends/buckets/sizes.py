@@ -1,7 +1,8 @@
 """Bucket arithmetic of the fixed-shape engines: tree-size buckets, cache capacities, modes.
 
 A tree of ``N`` nodes runs the forward of the smallest bucket ``T >= N`` (:func:`bucket_for`);
-a static cache holds :func:`capacity_for` slots (a power of two), attention reads a window of
+a static cache holds :func:`~specdec.backends.slot_cache.capacity_for` slots (a power of two), attention reads a
+window of
 :data:`WINDOW_STEP`-slot multiples; each engine of :data:`STATIC_ENGINES` names its mode.
 """
 
@@ -19,26 +20,10 @@ MODES = ("eager", "inductor", "cudagraphs", "inductor-cudagraphs")
 STATIC_ENGINES = {"buckets": "eager", "compiled": "inductor", "graphs": "cudagraphs",
                   "compiled-graphs": "inductor-cudagraphs"}  # fmt: skip
 # Modes whose device state (cache, buffers, captured graphs) a finished verifier gives back for the model's
-# next verifier (static_shared.give_back): capturing costs more than a short generation; the others rebuild
+# next verifier (shared.give_back): capturing costs more than a short generation; the others rebuild
 # their buffers in microseconds and share their compiled functions already.
 POOLED_MODES: tuple[str, ...] = ("cudagraphs", "inductor-cudagraphs")
 WINDOW_STEP = 64  # attention windows are multiples of this many slots (module docstring)
-MIN_CAPACITY = 256  # the cache's first slot count; it grows to the next power of two (each growth recompiles)
-
-
-def capacity_for(needed: int) -> int:
-    """Slots for ``needed`` tokens: a power of two, at least :data:`MIN_CAPACITY`.
-
-    Compiled forwards and CUDA graphs are specialised to the capacity, so each growth
-    recompiles or recaptures every bucket; growing geometrically bounds that to a few
-    times per verifier however requests vary (256, 512, ..., 4096 slots: five growths),
-    at the price of attending over at most twice the slots a request needs.
-
-    >>> capacity_for(1), capacity_for(256), capacity_for(257), capacity_for(3000)
-    (256, 256, 512, 4096)
-    """
-    return max(MIN_CAPACITY, 1 << max(needed - 1, 0).bit_length())
-
 
 
 def default_mode(device: torch.device) -> str:

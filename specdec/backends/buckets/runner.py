@@ -3,7 +3,7 @@
 :func:`tree_forward` is the forward every mode runs (eager, compiled by inductor, captured);
 :class:`BucketRunner` holds one bucket's buffers and runs it the way its mode says, for the
 verifier that holds it now (:class:`BucketHost`: a
-:class:`~specdec.backends.static.StaticVerifier`).
+:class:`~specdec.backends.buckets.forward.StaticVerifier`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from specdec.backends import sliding
-from specdec.backends.static_cache import StaticKVCache
-from specdec.backends.static_shared import SharedForward
+from specdec.backends.buckets.shared import SharedForward
+from specdec.backends.slot_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
 from specdec.errors import SpecDecError
 from specdec.types import DraftTree
@@ -64,10 +64,10 @@ def tree_forward(
     ``W`` slots of the cache's window (all ``S`` when it has none). Only tensor contents and
     ``W`` (a dynamic size) vary between calls, so this function compiles and captures once per ``T``.
     ``cache_keyword``: the name ``model``'s forward takes its cache by (:func:`~specdec.models.cache_keyword`).
-    ``bounds`` int64 ``[2, T]`` (rows of a batch, :mod:`specdec.backends.static_rows`): node ``i``'s
+    ``bounds`` int64 ``[2, T]`` (rows of a batch, :mod:`specdec.backends.buckets.rows`): node ``i``'s
     committed slots are ``bounds[0, i] <= s < bounds[1, i]`` instead of ``s < C``.
     A sliding-window model's (the cache's ``sliding``): its sliding layers attend over their rings
-    (:mod:`~specdec.backends.static_cache`) with a mask of the ring slots that hold a node's committed keys
+    (:mod:`~specdec.backends.slot_cache`) with a mask of the ring slots that hold a node's committed keys
     or ancestors inside its window (:func:`~specdec.backends.sliding.ring_allowed`), and a model that mixes
     sliding and full layers takes both masks in a dict keyed by layer type.
     """
@@ -75,7 +75,7 @@ def tree_forward(
     columns = torch.arange(width, device=slots.device)  # [W]
     if bounds is None:  # one sequence: its committed slots are 0 .. C-1
         committed = columns.unsqueeze(0) < slots[:1].unsqueeze(1)  # [1, W]
-    else:  # rows of a batch, each in its own region of slots (static_rows): node i's are bounds[0, i] .. bounds[1, i]-1
+    else:  # rows of a batch, each in its own region of slots (rows.py): node i's are bounds[0, i] .. bounds[1, i]-1
         committed = (columns.unsqueeze(0) >= bounds[0].unsqueeze(1)) & (columns.unsqueeze(0) < bounds[1].unsqueeze(1))
     tree = torch.zeros((slots.shape[0], width), dtype=torch.bool, device=slots.device)
     tree = tree.index_copy(1, slots, ancestors)  # [T, W]: the ancestors' slots
@@ -128,7 +128,7 @@ class BucketRunner:
         self.positions = torch.zeros((1, size), dtype=torch.int64, device=device)
         self.slots = torch.arange(size, dtype=torch.int64, device=device)
         self.ancestors = torch.eye(size, dtype=torch.bool, device=device)
-        self.bounds: torch.Tensor | None = None  # per-node committed ranges: rows of a batch only (static_rows)
+        self.bounds: torch.Tensor | None = None  # per-node committed ranges: rows of a batch only (buckets.rows)
         # Host staging for the uploads: one int64 row of tokens, positions and slots, pinned on CUDA.
         self._staging = torch.zeros((3, size), dtype=torch.int64)
         self._staging_ancestors = torch.zeros((size, size), dtype=torch.bool)
@@ -138,7 +138,7 @@ class BucketRunner:
         self.writer = verifier.cache.writer(self.slots)
         self.generation = verifier.cache.generation
         self.filled = size  # nodes of the tree in the buffers (the rest is padding)
-        # The compiled function is the model's, shared with every verifier of it (static_shared).
+        # The compiled function is the model's, shared with every verifier of it (buckets.shared).
         self.shared: SharedForward | None = verifier.shared_forward(size, mode) if "inductor" in mode else None
         # Whether this forward's output is known to agree with the eager forward's (StaticVerifier._run).
         self._checked = mode == "eager" or (mode == "inductor" and self.shared is not None and self.shared.checked)

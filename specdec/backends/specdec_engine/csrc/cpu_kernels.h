@@ -36,7 +36,7 @@ namespace specdec_cpu_kernels {
 // kAvx512Blocks: the AVX-512 kernels with the skinny linear's register blocks at every row count,
 // where kAvx512 streams the weight rows for up to 3 x rows (skinny_linear.cpp, rows()). The same
 // bits (the contract); which is faster depends on the CPU's memory system, so the calibration
-// times both (the "cpu-blocks" kernel variant, specdec/backends/runner_verifier.py).
+// times both (the "cpu-blocks" kernel variant, specdec/backends/specdec_engine/forward.py).
 // kAvx2Lanes16: the AVX2 kernels keeping the AVX-512 path's contract, where kAvx2's skinny linear keeps
 // an 8-lane one of its own (skinny_linear.h, skinny_linear_avx2.cpp): what a CPU with AVX-512 times
 // beside its AVX-512 kernels per tree size (the "cpu-avx2" kernel variant), which may mix the two
@@ -63,7 +63,7 @@ inline bool avx2_lanes8_family(Isa isa) { return isa == Isa::kAvx2 || isa == Isa
 // 'avx2', 'avx2-blocks', 'avx2-lanes16', 'portable') parsed and checked against the CPU (an unknown or
 // unsupported name raises, naming `op`).
 // auto_isa: what 'auto' runs: the best, or the path set_auto_isa forced for the whole process
-// (SPECDEC_CPU_ISA, read by specdec/backends/cpu_kernels.py).
+// (SPECDEC_CPU_ISA, read by specdec/backends/specdec_engine/cpu_kernels.py).
 bool cpu_has(Isa isa);
 Isa best_isa();
 Isa auto_isa();

@@ -1,14 +1,15 @@
-"""Verification through specdec's own forward (:mod:`specdec.backends.runner`) on a cache per sequence.
+"""Verification through specdec's own forward (:mod:`specdec.backends.specdec_engine.model_runner`) on a cache per
+sequence.
 
-``engine="specdec"``: the model's forward is :class:`~specdec.backends.runner.DecoderRunner`
+``engine="specdec"``: the model's forward is :class:`~specdec.backends.specdec_engine.model_runner.DecoderRunner`
 (Llama-family decoders), eager, each sequence with its own
-:class:`~specdec.backends.static_cache.StaticKVCache` sized for its prompt and its token
+:class:`~specdec.backends.slot_cache.StaticKVCache` sized for its prompt and its token
 budget (grown if it must), written in place at the tree's slots and compacted in place.
 No compilation and no warm-up: the first step of the first call is as fast as any later
 one.
 
 **Kernels**: five variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
-kernels (:mod:`specdec.backends.cpu_kernels`: skinny linear layers and tree attention), the
+kernels (:mod:`specdec.backends.specdec_engine.cpu_kernels`: skinny linear layers and tree attention), the
 choice for forwards of up to :data:`CPU_KERNEL_MAX_ROWS` rows from the start, where they are
 available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_product_attention``
 (what the prompt's hundreds of rows take); ``"cpu-attention"``: torch's linear layers with
@@ -19,7 +20,7 @@ forwards of 1-3 rows): ``"cpu"`` with the few-row products blocked as larger one
 streamed, the same bits, faster on some CPUs than the streams (an Intel Xeon's; docs/budget.md);
 ``"cpu-avx2"`` (CPUs with AVX-512,
 forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on AVX2 kernels that keep the AVX-512 path's
-bits (:data:`~specdec.backends.cpu_kernels.AVX2_ISA`), faster than AVX-512 at few rows on some CPUs (an
+bits (:data:`~specdec.backends.specdec_engine.cpu_kernels.AVX2_ISA`), faster than AVX-512 at few rows on some CPUs (an
 AMD Zen 4). The calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on; where
 none is cached (a generator that never drafts never calibrates), the first plain steps time the
@@ -44,11 +45,10 @@ from typing import Any
 
 import torch
 
-from specdec.backends import cpu_kernels
-from specdec.backends.buckets import capacity_for
 from specdec.backends.forward import KVState, Target
-from specdec.backends.runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
-from specdec.backends.static_cache import StaticKVCache
+from specdec.backends.slot_cache import StaticKVCache, capacity_for
+from specdec.backends.specdec_engine import cpu_kernels
+from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import TreeOps
 from specdec.backends.verifier import ModelVerifier
@@ -56,7 +56,7 @@ from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice, TokenChooser
 
 # The most nodes one verification may hold: the engine's own cap on tree size.
 MAX_NODES = 512
-CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.cpu_kernels)
+CPU_KERNEL = "cpu"  # specdec's CPU kernels (specdec.backends.specdec_engine.cpu_kernels)
 CPU_ATTENTION = "cpu-attention"  # torch's linear layers, specdec's tree attention
 CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blocked, not streamed (AVX-512, AVX2)
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
@@ -111,7 +111,8 @@ class PlainStepTrial:
 
 @functools.cache
 def _forced_kernels(isa: str) -> Kernels:
-    """Specdec's CPU kernels with every op forced to ``isa`` (:data:`~specdec.backends.cpu_kernels.ISAS`)."""
+    """Specdec's CPU kernels with every op forced to ``isa``
+    (:data:`~specdec.backends.specdec_engine.cpu_kernels.ISAS`)."""
     return Kernels(
         functools.partial(cpu_kernels.skinny_linear, isa=isa), functools.partial(cpu_kernels.tree_attention, isa=isa),
         functools.partial(cpu_kernels.skinny_linears, isa=isa),
@@ -126,7 +127,7 @@ class NativeForward:
 
     Kernels: module docstring. The CPU kernels serve forwards of up to
     :data:`CPU_KERNEL_MAX_ROWS` rows from construction, where they build and serve the model
-    (:func:`specdec.backends.cpu_kernels.supports`); :meth:`use_kernels` changes that.
+    (:func:`specdec.backends.specdec_engine.cpu_kernels.supports`); :meth:`use_kernels` changes that.
     """
 
     KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS, CPU_AVX2)
@@ -188,7 +189,7 @@ class NativeForward:
         return cpu_kernels.cpu_isa() if self.kernels_available else "-"
 
     def kernels_build(self) -> str:
-        """The CPU kernels' build (:func:`~specdec.backends.cpu_kernels.build_key`) and the kernel path
+        """The CPU kernels' build (:func:`~specdec.backends.specdec_engine.cpu_kernels.build_key`) and the kernel path
         ``auto`` runs (``cpu_isa``: forced by ``SPECDEC_CPU_ISA`` or the CPU's best) where they serve this
         model, else ``"-"``: part of the calibration's identity, so costs measured on one path (or one
         machine's ISA) never plan another's."""
@@ -288,7 +289,7 @@ class NativeForward:
 
     def row_bytes(self, tokens: int) -> int | None:
         """Peak KV-cache bytes of one sequence of up to ``tokens`` tokens: its cache's slots
-        (:func:`~specdec.backends.buckets.capacity_for`: a power of two, at least 256) x layers x keys and
+        (:func:`~specdec.backends.slot_cache.capacity_for`: a power of two, at least 256) x layers x keys and
         values x KV heads x head size x the dtype's bytes. (A cache that must grow mid-sequence holds
         its old slots beside the new ones for the length of one copy: at most half as much again.)"""
         runner = self.runner

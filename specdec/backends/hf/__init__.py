@@ -1,0 +1,1 @@
+"""Engine ``"hf"``: Hugging Face's own forward on its ``DynamicCache`` (:mod:`.forward`)."""
