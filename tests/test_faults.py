@@ -34,10 +34,12 @@ from specdec.datastores.format import _PREFIX
 IDENTITY = TokenizerIdentity("fault-test", 96, "fault-test")
 
 
-def run_child(code: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter that imports this checkout's specdec; never raises on its exit."""
+def run_child(code: str, timeout: float = 600, env: dict[str, str] | None = None,
+              args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (with ``args`` as its ``sys.argv[1:]``) in a fresh interpreter that imports this checkout's
+    specdec; never raises on its exit."""
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
                           timeout=timeout, env=environment, check=False)
 
 
@@ -393,11 +395,12 @@ _HUGE = """
 import json, resource, sys
 from tiny_models import tiny_model
 import specdec
-model = tiny_model("llama")  # max_position_embeddings=256
+device, engines = sys.argv[1], sys.argv[2].split(",")
+model = tiny_model("llama").to(device)  # max_position_embeddings=256
 prompt = [3, 1, 4, 1, 5, 9, 2, 6]
 def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-for engine in ("hf", "specdec", "buckets"):
+for engine in engines:
     generator = specdec.Generator(model, drafter="pld", engine=engine, budget=8)
     generator.generate(prompt, max_new_tokens=8)
     generator.generate_batch([prompt, prompt[::-1]], max_new_tokens=8)  # every path warm before measuring
@@ -410,16 +413,39 @@ for engine in ("hf", "specdec", "buckets"):
 """
 
 
-@pytest.mark.slow  # 30 s to minutes on a busy 2-core CPU: 18 generations of 249 tokens
-def test_huge_max_new_tokens_are_capped_at_the_context_on_every_engine() -> None:
+def _cuda_or_skip() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the captured-graph engines run only on CUDA")
+
+
+# Every engine of the table, in groups a child runs together: the eager ones; inductor's (it compiles each
+# bucket and each batch's rows once, ~50 s idle on 2 cores); the captured-graph ones (CUDA only).
+HUGE_GROUPS = {"eager": ("cpu", "hf,specdec,buckets"), "compiled": ("cpu", "compiled"),
+               "graphs": ("cuda", "graphs,compiled-graphs")}  # fmt: skip
+
+
+def test_huge_groups_cover_every_engine() -> None:
+    from specdec.backends.engines import TABLE
+
+    assert sorted(e for _, engines in HUGE_GROUPS.values() for e in engines.split(",")) == sorted(TABLE)
+
+
+@pytest.mark.slow  # 30 s to minutes on a busy 2-core CPU: 6 generations of 249 tokens per engine
+@pytest.mark.parametrize("group", list(HUGE_GROUPS))
+def test_huge_max_new_tokens_are_capped_at_the_context_on_every_engine(group: str) -> None:
     """``max_new_tokens`` of 10**6 and 10**12 on a 256-position model, one prompt and a batch of two, on every
-    CPU engine: accepted, the output stops at the context, and the KV cache is sized by the context, not by
+    engine: accepted, the output stops at the context, and the KV cache is sized by the context, not by
     ``max_new_tokens`` (2_000_000 grew RSS by 1,029 MB on engine="specdec" and the bucket engines; 10**12
     failed to allocate). The bound, 200 MB, is a fifth of what one such cache took."""
-    done = run_child(_HUGE, timeout=900)
+    device, engines = HUGE_GROUPS[group]
+    if device == "cuda":
+        _cuda_or_skip()
+    done = run_child(_HUGE, timeout=900, args=(device, engines))
     assert done.returncode == 0, died(done)
     rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("@@row")]
-    assert len(rows) == 6, died(done)
+    assert len(rows) == 2 * len(engines.split(",")), died(done)
     reference = rows[0]["tokens"]
     assert len(reference) == 256 - 8 + 1  # the context's last position, then the token it predicts
     for row in rows:
