@@ -131,3 +131,25 @@ def test_soak_reports_a_changed_token_in_a_batch_row(monkeypatch: pytest.MonkeyP
     batched = [row for row in report.rows if row.mode.endswith("batch of 2")]
     assert batched and {row.index for row in report.failures} == {row.index for row in batched}
     assert all(row.verdict.startswith("DIFFERENT: ") for row in report.failures)
+
+
+def test_with_threads_the_rss_rule_reads_the_floor_so_a_coincidence_passes_and_a_leak_fails() -> None:
+    """Beside a second thread a reading may hold the other generation's live memory: one spike of 200 MiB
+    every seventh prompt passes the rule with two threads (it would fail with one), while a steady leak of
+    4 MiB a prompt fails with two threads as with one."""
+    spiky = iter([1000.0 + (200.0 if i % 7 == 6 else 0.0) for i in range(100)])
+    two = run_soak(40, 10, threads=2, rss=lambda: next(spiky), rss_growth_mb=16.0)
+    assert two.rss_growth_mb == pytest.approx(0.0) and two.problems() == []
+    spiky = iter([1000.0 + (200.0 if i % 7 == 6 else 0.0) for i in range(100)])
+    one = run_soak(40, 10, threads=1, rss=lambda: next(spiky), rss_growth_mb=16.0)
+    assert one.rss_growth_mb == pytest.approx(200.0) and one.problems() != []
+    leaking = iter(range(1000, 2000, 4))
+    leak = run_soak(40, 10, threads=2, rss=lambda: float(next(leaking)), rss_growth_mb=16.0)
+    assert leak.rss_growth_mb is not None and leak.rss_growth_mb > 100  # ~4 MiB x 30 (rows out of turn)
+    assert [p for p in leak.problems() if p.startswith("RSS grew")]
+
+
+def test_a_reading_is_taken_after_the_allocator_hands_back_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(soak, "release_free_memory", lambda: calls.append(1) or True)
+    assert soak.rss_mb() > 0 and calls == [1]
