@@ -33,7 +33,7 @@ logits wherever specdec's CPU kernels run the forward (:mod:`specdec.backends.sp
 
 **Verifiers.** A :class:`~specdec.types.BatchVerifier` verifies all rows in one call
 (``engine="specdec"``: one forward; a static cache's rows verifier,
-:class:`~specdec.backends.buckets.rows.RowsStaticVerifier`, that a Generator on a static cache
+:func:`~specdec.backends.buckets.rows.rows_bucket_verifier`, that a Generator on a static cache
 batches with: one forward; the model's own forward, ``"dynamic"``: one row after another,
 lossless but no faster than decoding the prompts in turn) and says how many sequences it holds
 at once. A plain
@@ -72,7 +72,7 @@ def check_memory(
     A row's peak is :meth:`~specdec.types.BatchVerifier.row_bytes` of its prompt, its
     ``max_new_tokens`` and its largest tree; the batch's, the sum of its ``batch_size``
     largest rows (any of them may be live together), or ``batch_size`` times the largest where
-    every place is as large as the largest row's (a verifier with ``regions_alike``: one static
+    every place is as large as the largest row's (a verifier whose forward has ``regions_alike``: one static
     cache cut into equal regions, :mod:`specdec.backends.buckets.rows`). Raises :class:`SpecDecError` when that is
     more than :data:`MEMORY_SHARE` of ``available`` bytes, naming the largest batch size that fits.
     """
@@ -89,7 +89,7 @@ def check_memory(
             return None
         sizes.append(size)
     largest = sorted(sizes, reverse=True)
-    if getattr(verifier, "regions_alike", False):
+    if getattr(getattr(verifier, "forward", None), "regions_alike", False):
         largest = [largest[0]] * len(largest)
     peak = sum(largest[:places])
     if available is None or peak <= MEMORY_SHARE * available:

@@ -211,7 +211,8 @@ class LiveSequence:
         del self.output[length:]
         self.streamed = min(self.streamed, length)
         stats = self.record.finish(len(self.output), reason)
-        if getattr(self.verifier, "fallback_reason", None):  # a compiled or captured path gave way mid-run
+        # A compiled or captured path of a ModelVerifier's forward gave way mid-run.
+        if getattr(getattr(self.verifier, "forward", None), "fallback_reason", None):
             stats.engine = f"{stats.engine} (fell back to eager forwards)"
         return GenerationResult(tokens=self.output, stats=stats, prompt_tokens=self.prompt,
                                 seed=self.config.decision.seed)

@@ -151,7 +151,7 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
 
 def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
     """Its own verifier holds one sequence; a batch runs on a rows verifier of as many places (test_static_rows)."""
-    from specdec.backends.buckets.rows import RowsStaticVerifier
+    from specdec.backends.buckets.rows import RowsForward
 
     model = tiny_model("llama")
     prompts = ragged_prompts("static", 3)
@@ -160,8 +160,8 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=12)
     assert [r.tokens for r in results] == alone(model, prompts, "buckets", max_new_tokens=12)
     rows = generator._batch_verifier(4)
-    assert isinstance(rows, RowsStaticVerifier) and rows.live_limit == 4 and generator._batch_verifier(4) is rows
-    assert rows.buckets[-1] == 512 and rows.max_tree_nodes == generator.verifier.max_tree_nodes == 128
+    assert isinstance(rows.forward, RowsForward) and rows.live_limit == 4 and generator._batch_verifier(4) is rows
+    assert rows.buckets[-1] == 512 and rows.forward.max_tree_nodes == generator.verifier.forward.max_tree_nodes == 128
     assert generator._batch_verifier(1) is generator.verifier
     generator.close()
     with pytest.raises(SpecDecError, match="closed"):

@@ -591,7 +591,7 @@ def test_a_redo_runs_each_forward_with_the_kernels_the_run_used() -> None:
     """A recalibration in the middle of a run (steps far slower than calibrated: a busy machine) may switch
     the verifier's kernels, whose logits differ in the last bits: the redo runs every forward with the
     kernels that forward ran (seen in CI: a redo after such a switch did not reproduce its run)."""
-    from specdec.backends.specdec_engine.forward import CPU_KERNEL, RunnerVerifier
+    from specdec.backends.specdec_engine.forward import CPU_KERNEL, SpecdecForward
     from specdec.types import DEFAULT_KERNEL, KernelChoice
 
     model = tiny_model("llama")
@@ -600,7 +600,7 @@ def test_a_redo_runs_each_forward_with_the_kernels_the_run_used() -> None:
         (method,) = build_methods(parse_methods(["ps=pld:temperature=0.9:seed=5:budget=full"]), model,
                                   CharTokenizer(), meter)
         inner = method._trees._inner  # type: ignore[attr-defined]
-        assert isinstance(inner, RunnerVerifier)
+        assert isinstance(inner.forward, SpecdecForward)
         prompt = CharTokenizer().encode("one two one two one two one")
         method.generate(prompt, 4)  # the calibration picks kernels once, here
         first, other = KernelChoice.uniform(DEFAULT_KERNEL), KernelChoice.uniform(CPU_KERNEL)

@@ -501,10 +501,10 @@ def test_changed_kernels_are_calibrated_again(
     """A table measured the CPU kernels of one build: a specdec whose kernel sources changed (another
     build key) must not plan with those costs, so it is another identity (another file)."""
     from specdec.backends.specdec_engine import cpu_kernels
-    from specdec.backends.specdec_engine.forward import RunnerVerifier
+    from specdec.backends.specdec_engine.forward import SpecdecForward
 
     verifier = make_verifier(tiny_model("llama"))
-    assert isinstance(verifier, RunnerVerifier) and verifier.forward.kernels_available
+    assert isinstance(verifier.forward, SpecdecForward) and verifier.forward.kernels_available
     identity = calibration_identity(verifier)
     # The build's key and the kernel path "auto" runs: costs measured on one path never plan another's.
     assert identity["kernels_build"] == f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}"

@@ -21,7 +21,7 @@ def test_each_row_builds_a_verifier_of_its_engine_and_cache_kind() -> None:
                 make_verifier(model, name, tree_ops="torch")
             continue
         verifier = make_verifier(model, name, tree_ops="torch")
-        assert verifier.engine == name and verifier.cache_kind == row.cache_kind and row_of(verifier) is row
+        assert verifier.engine == name and verifier.forward.cache_kind == row.cache_kind and row_of(verifier) is row
         verifier.close()
     assert row_of(object()) is None
 

@@ -1,4 +1,4 @@
-"""CUDA-graph attention widths in tiers (specdec.backends.buckets.forward, ``StaticVerifier._window_for``).
+"""CUDA-graph attention widths in tiers (specdec.backends.buckets.forward, ``BucketForward._window_for``).
 
 A captured graph replays the shapes it was captured with, so the ``cudagraphs`` mode once
 attended over the whole cache at every step. A cache only grows: after one long prompt, or
@@ -30,7 +30,7 @@ from test_lossless import hf_greedy
 from tiny_models import VOCAB, tiny_model
 
 from specdec.backends.buckets import runner as bucket_runner
-from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.forward import bucket_verifier
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
 
@@ -71,10 +71,10 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]
 CORRUPT_WIDTHS: set[int] = set()
 
 
-def graph_verifier(model: Any) -> StaticVerifier:
+def graph_verifier(model: Any) -> Any:
     """A static verifier in the ``cudagraphs`` mode on a CPU model (its constructor refuses that mode off
     CUDA, so it is made eager and switched before its first forward; nothing was captured yet)."""
-    verifier = StaticVerifier(model, mode="eager")
+    verifier = bucket_verifier(model, engine="buckets")
     verifier.forward.mode = "cudagraphs"
     return verifier
 
@@ -86,7 +86,7 @@ def long_context_model(seed: int) -> Any:
     return model
 
 
-def oracle_decode(verifier: StaticVerifier, model: Any, prompt: list[int], new_tokens: int, seed: int) -> None:
+def oracle_decode(verifier: Any, model: Any, prompt: list[int], new_tokens: int, seed: int) -> None:
     truth = hf_greedy(model, prompt, new_tokens)
     drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=12, depth=5)
     assert decode(verifier, drafter, prompt, DecodingConfig(StopRules(new_tokens))).tokens == truth
@@ -97,7 +97,7 @@ def test_a_short_sequence_after_a_long_one_replays_graphs_of_its_own_tier(captur
     rng = random.Random(3)
     verifier = graph_verifier(model)
     assert verifier.identity()["graph_widths"] == "tiers"  # cost tables measured on whole-cache graphs are not read
-    assert "graph_widths" not in StaticVerifier(model, mode="eager").identity()
+    assert "graph_widths" not in bucket_verifier(model, engine="buckets").identity()
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(700)], 20, seed=1)
     assert verifier.forward.cache.capacity == 1024  # 700 + 20 + the largest bucket (128)
     long_widths = {width for _, width in captured}
@@ -134,7 +134,7 @@ def test_each_tier_is_checked_at_its_first_replay(captured: list[tuple[int, int]
     verifier = graph_verifier(model)
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(700)], 20, seed=5)  # capacity 1024
     oracle_decode(verifier, model, [rng.randrange(VOCAB) for _ in range(20)], 30, seed=6)  # width 256
-    assert verifier.fallback_reason is None and verifier.forward.cache.capacity == 1024
+    assert verifier.forward.fallback_reason is None and verifier.forward.cache.capacity == 1024
     checked_before = {size for size, _ in captured}
     CORRUPT_WIDTHS.add(512)
     captured.clear()
@@ -144,4 +144,4 @@ def test_each_tier_is_checked_at_its_first_replay(captured: list[tuple[int, int]
     assert captured[0][1] == 512 and captured[0][0] in checked_before  # a bucket checked at other widths
     messages = [str(w.message) for w in record if "engine='graphs'" in str(w.message)]
     assert len(messages) == 1 and "disagree with the eager forward" in messages[0]
-    assert verifier.fallback_reason is not None
+    assert verifier.forward.fallback_reason is not None

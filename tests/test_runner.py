@@ -32,10 +32,10 @@ from specdec.backends.specdec_engine import cpu_kernels
 from specdec.backends.specdec_engine.forward import (
     CPU_KERNEL_MAX_ROWS,
     PLAIN_TRIAL_STEPS,
-    NativeForward,
     PlainStepTrial,
-    RunnerVerifier,
+    SpecdecForward,
     _forced_kernels,
+    specdec_verifier,
 )
 from specdec.backends.specdec_engine.model_runner import ARCHITECTURES as RUNNER_ARCHITECTURES
 from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment, unsupported_reason
@@ -171,7 +171,7 @@ def test_native_generations_equal_plain_greedy(arch: str, variant: str, kernels:
         for drafter in (oracle, "none", "pld", "sam+recycling"):
             generator = specdec.Generator(model, drafter=drafter, engine="specdec", budget="full")
             verifier = generator.verifier
-            assert isinstance(verifier, RunnerVerifier)
+            assert isinstance(verifier.forward, SpecdecForward)
             verifier.use_kernels(KernelChoice.uniform(variant))
             expected = {"cpu": verifier.forward.cpu_kernels, "cpu-attention": verifier.forward.cpu_attention,
                         "cpu-blocks": verifier.forward.cpu_blocks}.get(variant, PLAIN)  # fmt: skip
@@ -360,7 +360,7 @@ def test_a_prompt_is_prefilled_by_the_kernels_chosen_for_the_largest_timed_tree(
     from specdec.backends.specdec_engine import forward as engine_forward
 
     model = tiny_model("llama")
-    verifier = RunnerVerifier(model)
+    verifier = specdec_verifier(model)
     verifier.use_kernels(KernelChoice.uniform("cpu"))
     used: list[Kernels] = []
     inner = verifier.forward.runner.forward
@@ -435,7 +435,7 @@ def test_the_blocked_variant_is_offered_where_it_differs_and_gives_the_streams_b
     only on the AVX-512 and AVX2 paths (each blocks its own kernels: ``cpu_kernels.BLOCKS_ISAS``); a forward of 1, 2
     and 3 rows through it gives ``"cpu"``'s logits bit for bit."""
     model = own_tiny_model("llama").to(dtype)
-    verifier = RunnerVerifier(model)
+    verifier = specdec_verifier(model)
     blocked = cpu_kernels.cpu_isa() in cpu_kernels.BLOCKS_ISAS
     assert (verifier.forward.cpu_blocks is not None) == blocked
     for rows in (1, 3):
@@ -461,7 +461,7 @@ def test_the_avx2_variant_is_chosen_per_size_and_keyed_by_the_path(kernels: Kern
     from specdec.budget.calibration import calibration_identity, choose_kernels
 
     model = own_tiny_model("llama")
-    verifier = RunnerVerifier(model)
+    verifier = specdec_verifier(model)
     offered = cpu_kernels.cpu_isa() == "avx512"
     for rows in (1, 4, 8):
         assert ("cpu-avx2" in verifier.kernel_variants(rows)) == offered
@@ -524,7 +524,7 @@ def test_plain_steps_time_their_variants_until_a_kernel_choice_is_set(kernels: K
     truth = hf_greedy(model, prompt, 24)
     generator = specdec.Generator(model, drafter="none", engine="specdec")
     forward = generator.verifier.forward
-    assert isinstance(forward, NativeForward)
+    assert isinstance(forward, SpecdecForward)
     candidates = {"avx512": ("cpu", "cpu-blocks", "cpu-avx2"), "avx2": ("cpu", "cpu-blocks")}.get(cpu_kernels.cpu_isa())
     if candidates is None:
         assert forward.plain_trial is None and forward.kernels == KernelChoice(((CPU_KERNEL_MAX_ROWS, "cpu"),))

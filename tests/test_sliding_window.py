@@ -23,6 +23,7 @@ from tiny_models import SLIDING_ARCHITECTURES, VOCAB, WINDOW, tiny_model
 
 import specdec
 from specdec.backends import auto_engine, make_verifier, sliding
+from specdec.backends.hf import windows as hf_windows
 from specdec.backends.verifier import ModelVerifier
 from specdec.errors import UnsupportedModelError
 from specdec.types import DraftTree
@@ -248,12 +249,14 @@ def test_window_mask_of_a_chain_is_transformers_own() -> None:
     from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
 
     model = model_of("gemma3_text")
-    cache = sliding.new_cache(model.config, slack=3)
-    assert isinstance(cache, sliding.WindowedCache)
+    window = sliding.window_of(model)
+    assert window is not None
+    cache = hf_windows.new_cache(model.config, window, slack=3)
+    assert isinstance(cache, hf_windows.WindowedCache)
     for committed in (0, 3, WINDOW - 1, WINDOW, 5 * WINDOW):
         tree = DraftTree.chain(5, [6] * (2 * WINDOW))
         full = torch.ones((1, 1, tree.size, committed + tree.size), dtype=torch.bool)
-        masks = sliding.tree_mask(cache, tree, committed, full, None)
+        masks = hf_windows.tree_mask(cache, tree, committed, full, None)
         assert masks["full_attention"] is full
         visible = min(committed, WINDOW - 1)
         expected = sdpa_mask(batch_size=1, q_length=tree.size, kv_length=visible + tree.size, q_offset=committed,
@@ -318,11 +321,11 @@ SMALL_RING = WINDOW - 1 + 16  # the ring of a static verifier whose largest buck
 def _on_small_rings(arch: str, seed: str, new: int) -> tuple[Any, Any, int, list[int], list[int]]:
     """An eager static verifier with buckets up to 16 (rings of :data:`SMALL_RING`) after a prompt of 2 rings:
     ``(verifier, state, pending, prompt, truth)``, ``truth`` ``new`` tokens of ``generate``."""
-    from specdec.backends.buckets.forward import StaticVerifier
+    from specdec.backends.buckets.forward import bucket_verifier
 
     model = model_of(arch)
     prompt = filler(random.Random(seed), 2 * SMALL_RING)
-    verifier = StaticVerifier(model, mode="eager", buckets=(1, 2, 4, 8, 16))
+    verifier = bucket_verifier(model, engine="buckets", buckets=(1, 2, 4, 8, 16))
     state, pending, _ = verifier.prefill(prompt)
     return verifier, state, pending, prompt, hf_greedy(model, prompt, new)
 
@@ -381,11 +384,15 @@ def test_bucket_rewind_within_and_past_the_ring(arch: str) -> None:
     assert prompts == [targets[1]]  # the far rewind only
 
 
-def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch.Tensor:
-    """The logits ``[N, V]`` of ``tree``'s nodes after ``prompt``, from one eager bucket forward."""
-    from specdec.backends.buckets.forward import StaticVerifier
+def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree, windowed: bool = True) -> torch.Tensor:
+    """The logits ``[N, V]`` of ``tree``'s nodes after ``prompt``, from one eager bucket forward; ``windowed``
+    False: its forward made without the model's sliding-window layout (no rings, no window masks)."""
+    from specdec.backends.buckets.forward import BucketForward
+    from specdec.backends.forward import Target
+    from specdec.backends.verifier import ModelVerifier
 
-    verifier = StaticVerifier(model, mode="eager")
+    window = sliding.window_of(model) if windowed else None
+    verifier = ModelVerifier(model, forward=BucketForward(Target.of(model), engine="buckets", window=window))
     state, _, _ = verifier.prefill(prompt)
     with torch.inference_mode():
         logits, _ = verifier.forward.tree(state, tree)
@@ -394,7 +401,7 @@ def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree) -> torch
 
 def test_warm_up_keeps_a_live_sequences_rings() -> None:
     """warm_up (and calibration) run throw-away sequences on the verifier's one cache while a sequence is live:
-    its rings are kept whole (StaticVerifier.preserving), so it goes on as if nothing had happened."""
+    its rings are kept whole (BucketForward.preserving), so it goes on as if nothing had happened."""
     verifier, state, pending, _, truth = _on_small_rings("mistral-swa", "warm-up", 4 * SMALL_RING)
     done = 0
     for warm in (False, True, False):
@@ -430,9 +437,7 @@ def test_bucket_logits_are_the_models_own(arch: str) -> None:
     tolerance = 1e-5 if arch == "gemma2" else 1e-9
     off = (ours - torch.stack(expected)).abs().max()
     assert off < tolerance, (arch, off)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sliding, "bucket_layout", lambda model: None)
-        unmasked = _bucket_tree_logits(model, prompt, tree)
+    unmasked = _bucket_tree_logits(model, prompt, tree, windowed=False)
     assert (unmasked - torch.stack(expected)).abs().max() > 1e-2, arch
 
 
@@ -462,10 +467,10 @@ def test_bucket_masks_of_a_chain_are_transformers_own(length: int) -> None:
     (the rest masked), or, for a prompt longer than the ring, over the prompt's own keys."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
 
-    from specdec.backends.buckets.forward import StaticVerifier
+    from specdec.backends.buckets.forward import bucket_verifier
 
     model = model_of("gemma3_text")
-    verifier = StaticVerifier(model, mode="eager")
+    verifier = bucket_verifier(model, engine="buckets")
     seen: list[Any] = []
     forward = model.forward
 
@@ -506,7 +511,7 @@ def test_compiled_buckets_match_generate() -> None:
         assert list(result.accepted_tokens) == truth[done : done + tree.size]
         done += tree.size
         pending = result.bonus
-    assert verifier.fallback_reason is None
+    assert verifier.forward.fallback_reason is None
 
 
 def test_sampling_on_the_buckets_equals_plain_sampling() -> None:
@@ -537,7 +542,7 @@ def test_graphs_on_cuda_match_generate(arch: str) -> None:
     for drafter in ("pld", OracleTreeDrafter(truth, VOCAB, seed=3, size=40, depth=WINDOW * 5 // 2)):
         generator = specdec.Generator(model, drafter=drafter, engine="graphs", budget="full")
         assert generator.generate(prompt, max_new_tokens=len(truth)).tokens == truth, (arch, drafter)
-        assert generator.verifier.fallback_reason is None, generator.verifier.fallback_reason
+        assert generator.verifier.forward.fallback_reason is None, generator.verifier.forward.fallback_reason
         generator.close()
         IDENTITY_COUNTS[f"{arch}/graphs/{getattr(drafter, 'name', drafter)}"] += 1
 

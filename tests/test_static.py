@@ -22,7 +22,7 @@ from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
 from specdec.backends import engine_for_cache, make_verifier, resolve_engine
-from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.forward import BucketForward, bucket_verifier
 from specdec.backends.buckets.sizes import BUCKETS, WINDOW_STEP, bucket_for
 from specdec.backends.slot_cache import StaticKVCache, capacity_for
 from specdec.budget.calibration import calibrate
@@ -51,7 +51,7 @@ def test_static_eager_random_trees_match_plain_greedy(arch: str, attn: str) -> N
         # The same Generator serves every prompt: one cache, reused runners.
         assert generator.generate(prompt, max_new_tokens=50).tokens == truth
         IDENTITY_COUNTS[f"{arch}/oracle-tree/static-eager/{attn}"] += 1
-    assert isinstance(generator.verifier, StaticVerifier)
+    assert isinstance(generator.verifier.forward, BucketForward)
     assert set(generator.verifier.forward._runners) == {1}  # plain decoding only ever used the one-node bucket
 
 
@@ -79,7 +79,7 @@ def test_cache_grows_for_a_longer_request_and_keeps_identity() -> None:
     calibrated.generate(short, max_new_tokens=20)  # long enough to plan a draft, which needs the cost
     generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     verifier = generator.verifier
-    assert isinstance(verifier, StaticVerifier)
+    assert isinstance(verifier.forward, BucketForward)
     assert generator.generate(short, max_new_tokens=20).tokens == hf_greedy(model, short, 20)
     first_capacity = verifier.forward.cache.capacity
     long = [rng_token % VOCAB for rng_token in range(7, 7 + 150)]  # 150 + 100 + 128 slots: more than 256
@@ -117,7 +117,7 @@ def test_calibration_inside_a_sequence_leaves_it_intact() -> None:
     model = tiny_model("qwen2")
     prompt = [3, 9, 27, 81 % VOCAB, 50, 12, 3, 9, 27]
     truth = hf_greedy(model, prompt, 40)
-    verifier = StaticVerifier(model, mode="eager")
+    verifier = bucket_verifier(model, engine="buckets")
     state, pending, _ = verifier.prefill(prompt, reserve=40)
     out = [pending]
     for token in truth[1:20]:  # the truth as a chain of one: 19 plain steps
@@ -137,7 +137,7 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None
     model = tiny_model("llama")
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     implementation = model.config._attn_implementation
-    verifier = StaticVerifier(model, mode="inductor", buckets=(1, 8))
+    verifier = bucket_verifier(model, engine="compiled", buckets=(1, 8))
     rng = random.Random(3)
     for drafter in ("none", "recycling"):
         prompt = random_prompt(rng)
@@ -161,25 +161,26 @@ def test_inductor_mode_matches_plain_greedy_and_leaves_the_model_alone() -> None
                                                   DecodingConfig(StopRules(10))).tokens
 
 
-@pytest.mark.parametrize("mode", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])  # inductor compiles
-def test_forwards_attend_over_a_window_that_widens_without_recompiling(mode: str) -> None:
+@pytest.mark.parametrize("engine", ["buckets", pytest.param("compiled", marks=pytest.mark.slow)])  # inductor compiles
+def test_forwards_attend_over_a_window_that_widens_without_recompiling(engine: str) -> None:
     """A bucket attends over the leading ``WINDOW_STEP``-multiple of slots the sequence has reached, not
     the whole cache; the window's width is a dynamic size of the compiled forward, so a sequence that
     crosses into wider windows reuses the bucket's one compiled graph, and stays identical."""
     model = tiny_model("qwen2")
-    verifier = StaticVerifier(model, mode=mode, buckets=(1, 4))
+    verifier = bucket_verifier(model, engine=engine, buckets=(1, 4))
+    mode = verifier.forward.mode
     rng = random.Random(11)
     prompt = random_prompt(rng)[:20]
     result = decode(verifier, specdec.make_factory("pld").create(), prompt, DecodingConfig(StopRules(20)))
     assert result.tokens == hf_greedy(model, prompt, 20)
-    widths = sorted(verifier.forward._windows)
+    widths = sorted(verifier.forward.held.windows)
     assert widths and all(w % WINDOW_STEP == 0 and w < verifier.forward.cache.capacity for w in widths), widths
     prompt = random_prompt(rng)[:20]
     with torch._dynamo.config.patch(error_on_recompile=True):
         result = decode(verifier, specdec.make_factory("pld").create(), prompt, DecodingConfig(StopRules(150)))
     assert result.tokens == hf_greedy(model, prompt, 150)
     IDENTITY_COUNTS[f"qwen2/pld/static-{mode}+windows"] += 2
-    wider = sorted(set(verifier.forward._windows) - set(widths))
+    wider = sorted(set(verifier.forward.held.windows) - set(widths))
     assert len(wider) >= 2, (widths, wider)  # the second sequence crossed at least two window edges
     widest = verifier.forward._window_for(10**6, mode)
     assert widest is not None and widest.shape[0] == verifier.forward.cache.capacity  # never wider than the cache
@@ -202,7 +203,7 @@ def test_inductor_mode_recompiles_after_an_in_place_weight_update() -> None:
                 parameter.normal_(0.0, 0.3)
     model.generation_config.eos_token_id = None  # as tiny_model does: plain decoding runs the full length
     model.generation_config.pad_token_id = 0
-    verifier = StaticVerifier(model, mode="inductor", buckets=(1,))
+    verifier = bucket_verifier(model, engine="compiled", buckets=(1,))
     prompt = [7, 3, 9, 1, 4]
     first = decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(12))).tokens
     assert first == hf_greedy(model, prompt, 12)
@@ -215,7 +216,7 @@ def test_inductor_mode_recompiles_after_an_in_place_weight_update() -> None:
 
 def test_a_later_prefill_takes_the_cache() -> None:
     model = tiny_model("llama")
-    verifier = StaticVerifier(model, mode="eager")
+    verifier = bucket_verifier(model, engine="buckets")
     state, pending, _ = verifier.prefill([1, 2, 3])
     verifier.prefill([4, 5, 6])
     with pytest.raises(SpecDecError, match="taken by a later prefill"):
@@ -231,13 +232,14 @@ def test_engine_names_are_checked_and_auto_resolves() -> None:
     with pytest.raises(SpecDecError, match="engine 'graphs' needs a model on a CUDA device"):
         make_verifier(model, engine="graphs")
     with pytest.raises(SpecDecError, match="buckets must include 1"):
-        StaticVerifier(model, mode="eager", buckets=(2, 4))
+        bucket_verifier(model, engine="buckets", buckets=(2, 4))
     assert resolve_engine("auto", torch.device("cpu"), model) == "specdec"  # specdec's own forward runs llama
     assert resolve_engine("auto", torch.device("cpu"), tiny_model("gpt2")) == "hf"  # it does not run gpt2
     assert resolve_engine("auto", torch.device("cuda"), model) == "graphs"
-    for engine, kind in [("hf", "ModelVerifier"), ("specdec", "RunnerVerifier"), ("buckets", "StaticVerifier")]:
+    for engine, kind in [("hf", "HFForward"), ("specdec", "SpecdecForward"), ("buckets", "BucketForward")]:
         verifier = make_verifier(model, engine)
-        assert type(verifier).__name__ == kind and verifier.engine == engine
+        assert type(verifier).__name__ == "ModelVerifier" and type(verifier.forward).__name__ == kind
+        assert verifier.engine == engine
 
 
 def test_former_cache_names_map_to_engines_with_a_deprecation_warning() -> None:
@@ -269,7 +271,7 @@ def test_trees_are_capped_at_the_largest_bucket() -> None:
     model = tiny_model("phi3")
     prompt = [9, 8, 7, 6, 5, 4, 3, 2] * 3
     truth = hf_greedy(model, prompt, 30)
-    verifier = StaticVerifier(model, mode="eager", buckets=(1, 2, 4))
+    verifier = bucket_verifier(model, engine="buckets", buckets=(1, 2, 4))
     drafter = OracleTreeDrafter(truth, VOCAB, seed=0, size=20, depth=7)
     result = decode(verifier, drafter, prompt, DecodingConfig(StopRules(30)))
     assert result.tokens == truth
@@ -327,7 +329,7 @@ def test_warm_up_makes_every_bucket_and_the_capacity_a_request_needs() -> None:
     model = tiny_model("llama")
     generator = specdec.Generator(model, drafter="pld", engine="buckets", budget="full")
     verifier = generator.verifier
-    assert isinstance(verifier, StaticVerifier)
+    assert isinstance(verifier.forward, BucketForward)
     prompt = [5, 6, 7, 8] * 30  # + 60 new tokens: within the tiny model's 256 positions
     # A live sequence, mid-way, survives a warm-up: its next verification is what it would have been.
     state, pending, _ = verifier.prefill(prompt[:50], reserve=20)

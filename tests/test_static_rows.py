@@ -27,8 +27,8 @@ from test_batch import MAX_NEW, alone, frequent_token, ragged_prompts
 from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 
 import specdec
-from specdec.backends.buckets.forward import StaticVerifier
-from specdec.backends.buckets.rows import RowsForward, RowsStaticVerifier
+from specdec.backends.buckets.forward import BucketForward, bucket_verifier
+from specdec.backends.buckets.rows import RowsForward, rows_bucket_verifier
 from specdec.errors import SpecDecError
 from specdec.sampling import PositionKeyedSampler, SamplingParams
 from specdec.types import DraftTree
@@ -61,7 +61,7 @@ def test_rows_on_one_static_cache_equal_their_lone_plain_decoding(arch: str, mon
     accepted = 0
     for drafter in (oracle, "none", "pld", "sam+recycling"):
         generator = specdec.Generator(model, drafter=drafter, engine="buckets", budget="full")
-        assert isinstance(generator.verifier, StaticVerifier) and generator.verifier.live_limit == 1
+        assert isinstance(generator.verifier.forward, BucketForward) and generator.verifier.live_limit == 1
         results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=MAX_NEW, eos_token_id=eos)
         for result, expected, prompt in zip(results, truth, prompts, strict=True):
             assert result.tokens == expected, f"{arch}/{drafter}: prompt {prompt}"
@@ -84,8 +84,8 @@ def test_sampled_rows_on_one_static_cache_equal_lone_sampling_with_the_rows_seed
 
 def lone_and_rows(places: int, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> tuple[Any, Any]:
     model = tiny_model("qwen2")
-    return (StaticVerifier(model, mode="eager", buckets=buckets),
-            RowsStaticVerifier(model, mode="eager", buckets=buckets, places=places))  # fmt: skip
+    return (bucket_verifier(model, engine="buckets", buckets=buckets),
+            rows_bucket_verifier(model, engine="buckets", buckets=buckets, places=places))  # fmt: skip
 
 
 @pytest.mark.parametrize("buckets", [(1, 2, 4, 8, 16, 32, 64, 128), (1, 2, 4, 8)])
@@ -167,11 +167,11 @@ def test_places_are_taken_given_back_and_refused_when_full() -> None:
         rows.verify_batch([fourth, other], [DraftTree.single(1), DraftTree.single(2)])
     assert rows.row_bytes(100) == rows.row_bytes(256) < rows.row_bytes(257)
     with pytest.raises(SpecDecError, match="places must be a positive int"):
-        RowsStaticVerifier(tiny_model("llama"), places=0)
-    wide = RowsStaticVerifier(tiny_model("llama"), places=2)  # every row's tree in one forward, each row's within 128
-    assert (wide.forward.largest_bucket, wide.max_tree_nodes) == (512, 128)
+        rows_bucket_verifier(tiny_model("llama"), places=0)
+    wide = rows_bucket_verifier(tiny_model("llama"), places=2)  # every row's tree in one forward, each row's within 128
+    assert (wide.forward.largest_bucket, wide.forward.max_tree_nodes) == (512, 128)
     with pytest.raises(SpecDecError, match="row_nodes must be an int from 1 to the largest bucket"):
-        RowsStaticVerifier(tiny_model("llama"), places=2, row_nodes=600)
+        rows_bucket_verifier(tiny_model("llama"), places=2, row_nodes=600)
 
 
 def test_the_memory_check_counts_every_place_as_large_as_the_largest_row() -> None:
@@ -182,8 +182,8 @@ def test_the_memory_check_counts_every_place_as_large_as_the_largest_row() -> No
     _, rows = lone_and_rows(3)
     config = DecodingConfig(StopRules(20))
     requests = [BatchRequest(i, [1] * n, config) for i, n in enumerate((10, 10, 300, 10))]
-    largest = rows.row_bytes(300 + 20 + rows.max_tree_nodes)
-    assert largest > rows.row_bytes(10 + 20 + rows.max_tree_nodes)
+    largest = rows.row_bytes(300 + 20 + rows.forward.max_tree_nodes)
+    assert largest > rows.row_bytes(10 + 20 + rows.forward.max_tree_nodes)
     assert check_memory(rows, requests, 3, None) == 3 * largest
     with pytest.raises(SpecDecError, match="pass batch_size=2"):
         check_memory(rows, requests, 3, int(2.5 * largest / 0.8))
@@ -193,7 +193,7 @@ def test_warm_up_and_calibration_leave_the_live_rows_alone() -> None:
     from specdec.budget.calibration import calibrate
 
     model = tiny_model("llama")
-    rows = RowsStaticVerifier(model, mode="eager", places=2)
+    rows = rows_bucket_verifier(model, engine="buckets", places=2)
     prompt = ragged_prompts("rows-warm", 1)[0]
     truth = alone(model, [prompt], "hf", max_new_tokens=12)[0]
     state, pending, _ = rows.prefill(prompt, reserve=12)
@@ -218,7 +218,7 @@ def test_rows_on_cuda_graphs_equal_their_lone_plain_decoding() -> None:
             results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
             assert [r.tokens for r in results] == truth
             rows = generator._batch_verifier(4)
-            assert isinstance(rows, RowsStaticVerifier) and rows.fallback_reason is None
+            assert isinstance(rows.forward, RowsForward) and rows.forward.fallback_reason is None
             assert all(runner.mode == "cudagraphs" for runner in rows.forward.held.runners.values())
             generator.close()
             IDENTITY_COUNTS[f"llama/static rows on cuda graphs/{drafter}"] += len(prompts)

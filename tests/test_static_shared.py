@@ -27,10 +27,10 @@ from tiny_models import VOCAB, tiny_model
 from torch._dynamo.utils import counters
 
 import specdec
+from specdec.backends.buckets import device_set, shared, sizes
 from specdec.backends.buckets import forward as bucket_forward
 from specdec.backends.buckets import runner as bucket_runner
-from specdec.backends.buckets import shared, sizes
-from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.forward import BucketForward, bucket_verifier
 from specdec.backends.slot_cache import MIN_CAPACITY
 from specdec.decoding import DecodingConfig, StopRules
 from specdec.engine import decode
@@ -78,7 +78,7 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
         generator = specdec.Generator(model, drafter="none", engine="compiled", budget="full")
         assert generator.generate(prompts[2], max_new_tokens=10).tokens == hf_greedy(model, prompts[2], 10)
     assert compiled_count() == first  # neither specdec nor dynamo compiled anything for the later calls
-    assert isinstance(generator.verifier, StaticVerifier) and generator.verifier.forward._runners[1].checked
+    assert isinstance(generator.verifier.forward, BucketForward) and generator.verifier.forward._runners[1].checked
     IDENTITY_COUNTS["llama/none/static-inductor (shared forwards)"] += 3
 
     # Weights updated in place: frozen constants are stale, so the next call compiles afresh.
@@ -101,8 +101,8 @@ def test_a_second_run_compiles_nothing_and_the_forwards_die_with_the_model() -> 
 
 def test_verifiers_of_other_settings_do_not_share() -> None:
     model = private_model(seed=2)
-    eager = StaticVerifier(model, mode="eager", buckets=(1, 4))
-    compiled = StaticVerifier(model, mode="inductor", buckets=(1, 4))
+    eager = bucket_verifier(model, engine="buckets", buckets=(1, 4))
+    compiled = bucket_verifier(model, engine="compiled", buckets=(1, 4))
     store = eager.forward.shared_store()
     assert store is not None and store is compiled.forward.shared_store()  # same settings
     compiled.use_kernels(KernelChoice.uniform("default"))  # what a calibration sets: the same forwards
@@ -114,10 +114,10 @@ def test_verifiers_of_other_settings_do_not_share() -> None:
     compiled.forward.freezing = False  # weights as inputs: another compiled program
     assert compiled.forward.shared_store() is not eager.forward.shared_store()
     other = private_model(seed=2)
-    assert StaticVerifier(other, mode="inductor").forward.shared_store() is not store  # another model object
+    assert bucket_verifier(other, engine="compiled").forward.shared_store() is not store  # another model object
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
-    assert StaticVerifier(model, mode="inductor").forward.shared_store() is not store  # other weights
+    assert bucket_verifier(model, engine="compiled").forward.shared_store() is not store  # other weights
 
 
 def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,8 +128,8 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
     model = private_model("llama", seed=6)
     short, long = [5, 6, 7, 8] * 3, [t % VOCAB for t in range(7, 157)]
 
-    def verify(prompt: list[int], new_tokens: int) -> StaticVerifier:
-        verifier = StaticVerifier(model, mode="inductor", buckets=(1, 128))  # the cache holds a 128-node tree more
+    def verify(prompt: list[int], new_tokens: int) -> Any:
+        verifier = bucket_verifier(model, engine="compiled", buckets=(1, 128))  # the cache holds a 128-node tree more
         result = decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(new_tokens)))
         assert result.tokens == hf_greedy(model, prompt, new_tokens)
         return verifier
@@ -139,7 +139,8 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
     (store,) = shared.stores_of(model).values()
     assert list(store.forwards) == [("inductor", 1, 512)]  # the 256-slot forward is gone
     assert verify(short, 10).forward.cache.capacity == 512 and len(built) == 2
-    assert StaticVerifier(model, mode="eager").forward.shared_store().reserved("eager") == 0  # eager compiles nothing
+    eager = bucket_verifier(model, engine="buckets").forward
+    assert eager.shared_store().reserved("eager") == 0  # eager compiles nothing
     assert verify(short, 10).forward.cache.capacity == 512
 
 
@@ -150,7 +151,7 @@ def test_one_capacity_is_kept_and_later_verifiers_reserve_it(monkeypatch: pytest
 def pooled_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pool the eager mode's device state as the CUDA-graph modes' is pooled: the lending logic is the
     same for every mode (sizes.POOLED_MODES only says which pay for it), and runs here without a GPU."""
-    monkeypatch.setattr(bucket_forward, "POOLED_MODES", ("eager",))
+    monkeypatch.setattr(device_set, "POOLED_MODES", ("eager",))
 
 
 @pytest.mark.slow  # ~13 s on a 2-core CPU
@@ -164,7 +165,7 @@ def test_a_closed_generators_device_state_serves_the_next_one_and_only_one(poole
     first = specdec.Generator(model, **options)
     assert first.generate(prompts[0], max_new_tokens=20).tokens == truths[0]
     held = first.verifier.forward.held
-    assert isinstance(first.verifier, StaticVerifier) and held.runners and shared.idle_count(model) == 0
+    assert isinstance(first.verifier.forward, BucketForward) and held.runners and shared.idle_count(model) == 0
     first.close()
     first.close()  # idempotent
     assert shared.idle_count(model) == 1
@@ -214,7 +215,7 @@ def test_a_regrown_cache_drops_its_graphs_memory_pool_with_them() -> None:
     """Graphs captured for a smaller cache are dropped when it grows, and their pool handle with them: a
     capture into a pool whose graphs are all gone fails in the CUDA allocator (seen on an H200)."""
     model = private_model(seed=10)
-    verifier = StaticVerifier(model, mode="eager")
+    verifier = bucket_verifier(model, engine="buckets")
     prompt = random_prompt(random.Random(10))[:8]
     state, pending, _ = verifier.prefill(prompt, reserve=4)
     verifier.verify(state, DraftTree.chain(pending, [1, 2]))
@@ -257,7 +258,7 @@ def oracle_run(model: Any, seed: int, engine: str = "compiled") -> tuple[list[in
     generator = specdec.Generator(model, drafter="none", engine=engine, budget="full")
     drafter = OracleTreeDrafter(truth, VOCAB, seed=seed, size=12, depth=5)
     result = decode(generator.verifier, drafter, prompt, DecodingConfig(StopRules(40)))
-    fallback = generator.verifier.fallback_reason is not None  # type: ignore[attr-defined]
+    fallback = generator.verifier.forward.fallback_reason is not None  # type: ignore[attr-defined]
     assert result.stats.engine == engine + (" (fell back to eager forwards)" if fallback else "")
     return result.tokens, truth, generator
 
@@ -272,7 +273,7 @@ def test_a_wrong_compiled_forward_warns_once_and_the_tokens_stay_plain_greedys(
     assert tokens == truth
     (message,) = static_warnings(record)
     assert "engine='compiled': its forwards disagree with the eager forward" in message and "bucket" in message
-    assert generator.verifier.fallback_reason is not None  # the result said so (oracle_run)
+    assert generator.verifier.forward.fallback_reason is not None  # the result said so (oracle_run)
     assert all(runner.mode == "eager" for runner in generator.verifier.forward._runners.values())
     # The model's next verifier does not compile again: it runs eagerly, with its own warning.
     compiled = len(built)
@@ -371,8 +372,8 @@ def test_graphs_are_captured_again_after_the_cache_grows(record: list[warnings.W
         prompt = [rng.randrange(VOCAB) for _ in range(length // 4)] * 4
         assert generator.generate(prompt, max_new_tokens=60).tokens == hf_greedy(model, prompt, 60)
     verifier = generator.verifier
-    assert isinstance(verifier, StaticVerifier) and verifier.forward.cache.capacity > MIN_CAPACITY
-    assert verifier.fallback_reason is None and not static_warnings(record)
+    assert isinstance(verifier.forward, BucketForward) and verifier.forward.cache.capacity > MIN_CAPACITY
+    assert verifier.forward.fallback_reason is None and not static_warnings(record)
     assert all(runner.mode == "cudagraphs" for runner in verifier.forward.held.runners.values())
 
 
@@ -416,7 +417,7 @@ def test_compiled_forwards_run_under_the_verifiers_prepacking_setting(monkeypatc
     monkeypatch.setattr(bucket_forward, "compile_forward", compile_forward)
     prompt = [5, 6, 7, 8, 5, 6]
     for prepack in (False, True):
-        verifier = StaticVerifier(private_model("llama", seed=9 + prepack), mode="inductor", buckets=(1, 4))
+        verifier = bucket_verifier(private_model("llama", seed=9 + prepack), engine="compiled", buckets=(1, 4))
         assert verifier.forward.weight_prepack is False  # the default
         verifier.forward.weight_prepack = prepack
         decode(verifier, specdec.make_factory("none").create(), prompt, DecodingConfig(StopRules(3)))

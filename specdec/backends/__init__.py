@@ -5,9 +5,9 @@
 - ``"hf"``: Hugging Face's own forward on a ``DynamicCache`` per sequence, eager
   (:class:`~specdec.backends.verifier.ModelVerifier`);
 - ``"specdec"``: specdec's own forward of Llama-family decoders with its CPU kernels, a cache
-  per sequence, nothing compiled (:class:`~specdec.backends.specdec_engine.forward.RunnerVerifier`);
+  per sequence, nothing compiled (:func:`~specdec.backends.specdec_engine.forward.specdec_verifier`);
 - fixed-shape forwards, one per tree-size bucket, on a static cache
-  (:class:`~specdec.backends.buckets.forward.StaticVerifier`): ``"compiled"`` (inductor), ``"graphs"``
+  (:func:`~specdec.backends.buckets.forward.bucket_verifier`): ``"compiled"`` (inductor), ``"graphs"``
   (replayed from CUDA graphs), ``"compiled-graphs"`` (both) and ``"buckets"`` (eager: tests,
   debugging);
 - ``"auto"``: :func:`~specdec.backends.engines.choose_engine`.
@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.forward import bucket_verifier
 from specdec.backends.buckets.sizes import STATIC_ENGINES
 from specdec.backends.cuda_ext import BackendUnavailableError, ExtTreeOps
 from specdec.backends.engines import ENGINES, TABLE, choose_engine, engine_row
 from specdec.backends.forward import KVState, check_model
-from specdec.backends.specdec_engine.forward import RunnerVerifier
+from specdec.backends.specdec_engine.forward import specdec_verifier
 from specdec.backends.specdec_engine.model_runner import unsupported_reason
 from specdec.backends.tree_ops import TorchTreeOps, TreeOps
 from specdec.backends.verifier import ModelVerifier
@@ -159,15 +159,15 @@ __all__ = [
     "TREE_OPS",
     "KVState",
     "ModelVerifier",
-    "RunnerVerifier",
-    "StaticVerifier",
     "TorchTreeOps",
     "TreeOps",
     "auto_engine",
     "auto_engine_reason",
+    "bucket_verifier",
     "engine_for_cache",
     "former_spellings",
     "make_tree_ops",
     "make_verifier",
     "resolve_engine",
+    "specdec_verifier",
 ]

@@ -25,10 +25,12 @@ from typing import Any
 import torch
 
 from specdec.backends import sliding
-from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.forward import bucket_verifier
 from specdec.backends.buckets.rows import rows_verifier
 from specdec.backends.buckets.sizes import STATIC_ENGINES
-from specdec.backends.specdec_engine.forward import RunnerVerifier
+from specdec.backends.forward import Target
+from specdec.backends.hf.forward import HFForward
+from specdec.backends.specdec_engine.forward import specdec_verifier
 from specdec.backends.specdec_engine.model_runner import unsupported_reason
 from specdec.backends.tree_ops import TreeOps
 from specdec.backends.verifier import ModelVerifier
@@ -52,20 +54,20 @@ class Engine:
 
 
 def _hf(model: Any, ops: TreeOps, chooser: TokenChooser | None) -> ModelVerifier:
-    sliding.check_engine(model, "hf")  # [sliding hook] sliding-window layers: a windowed cache; hybrids: refused
-    return ModelVerifier(model, ops=ops, chooser=chooser)
+    forward = HFForward(Target.of(model), ops, sliding.engine_window(model, "hf"))  # refuses what it cannot verify
+    return ModelVerifier(model, ops, chooser, forward=forward)
 
 
 def _specdec(model: Any, ops: TreeOps, chooser: TokenChooser | None) -> ModelVerifier:
-    sliding.check_engine(model, "specdec")  # [sliding hook] specdec's forward runs full attention only
-    return RunnerVerifier(model, ops=ops, chooser=chooser)
+    sliding.engine_window(model, "specdec")  # refuses sliding-window layers: specdec's forward runs full attention
+    return specdec_verifier(model, ops, chooser)
 
 
-def _buckets(mode: str) -> Builder:
-    """The builder of the bucket engine of ``mode`` (its forward checks the model's layers itself)."""
+def _buckets(engine: str) -> Builder:
+    """The builder of the fixed-shape engine ``engine`` (its forward checks the model's layers itself)."""
 
     def build(model: Any, ops: TreeOps, chooser: TokenChooser | None) -> ModelVerifier:
-        return StaticVerifier(model, ops=ops, chooser=chooser, mode=mode)
+        return bucket_verifier(model, ops, chooser, engine=engine)
 
     return build
 
@@ -73,7 +75,7 @@ def _buckets(mode: str) -> Builder:
 TABLE: dict[str, Engine] = {
     "hf": Engine("hf", _hf, "dynamic"),
     "specdec": Engine("specdec", _specdec, "native", precompiles="kernels"),
-    **{name: Engine(name, _buckets(mode), f"static-{mode}", mode=mode, cuda_only="cudagraphs" in mode,
+    **{name: Engine(name, _buckets(name), f"static-{mode}", mode=mode, cuda_only="cudagraphs" in mode,
                     precompiles="buckets", batch=rows_verifier)
        for name, mode in STATIC_ENGINES.items()},
 }  # fmt: skip
@@ -98,7 +100,7 @@ def choose_engine(model: Any, device: torch.device) -> tuple[str, str]:
     anything, so the first call is as fast as later ones; docs/static-cache.md measures them
     against the compiled buckets.
     """
-    window = sliding.window_reason(model)  # [sliding hook]
+    window = sliding.window_reason(model)
     if device.type == "cuda":
         if window is not None:
             return "graphs", (f"a CUDA device: fixed-shape forwards replayed from CUDA graphs, with window masks for "

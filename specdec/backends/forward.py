@@ -2,7 +2,7 @@
 
 :class:`Forward` is what runs the model's forward and keeps the KV cache it writes (one per
 engine: :class:`~specdec.backends.hf.forward.HFForward`,
-:class:`~specdec.backends.specdec_engine.forward.NativeForward`,
+:class:`~specdec.backends.specdec_engine.forward.SpecdecForward`,
 :class:`~specdec.backends.buckets.forward.BucketForward`, :class:`~specdec.backends.buckets.rows.RowsForward`);
 :class:`KVState` is a sequence's state, the same for every forward; :class:`Target` is what every
 part reads of the model (:func:`check_model` refuses the models verification would get wrong).
@@ -113,24 +113,20 @@ class Target:
         return cls(model, parameter.device, parameter.dtype, cache_keyword(model), additive)
 
 
-class Forward(Protocol):
-    """What runs the model's forward for a :class:`~specdec.backends.verifier.ModelVerifier`, and the KV
-    cache it writes.
-
-    One per engine: Hugging Face's own forward on a ``DynamicCache``
-    (:class:`~specdec.backends.hf.forward.HFForward`), specdec's own
-    (:class:`~specdec.backends.specdec_engine.forward.NativeForward`), the fixed-shape
-    buckets on one static cache (:class:`~specdec.backends.buckets.forward.BucketForward`) and on a cache
-    shared by a batch's rows (:class:`~specdec.backends.buckets.rows.RowsForward`). A state's
-    ``cache`` is the forward's: it makes it (:meth:`prefill`), writes it and compacts it.
-    """
+class ForwardFacts(Protocol):
+    """What a :class:`Forward` is: fixed when it is made, or read off its state (the verifier's description,
+    calibration keys and the batch planner read them from ``verifier.forward``)."""
 
     target: Target
-    kernels: KernelChoice  # the kernel choice in force (the verifier checks it against KERNELS)
 
     @property
-    def KERNELS(self) -> tuple[str, ...]:
-        """The kernel variants it can run."""
+    def engine(self) -> str:
+        """What runs the forward (:data:`specdec.backends.ENGINES`)."""
+        ...
+
+    @property
+    def cache_kind(self) -> str:
+        """The forward's kind in calibration keys."""
         ...
 
     @property
@@ -144,18 +140,8 @@ class Forward(Protocol):
         ...
 
     @property
-    def engine(self) -> str:
-        """What runs the forward (:data:`specdec.backends.ENGINES`)."""
-        ...
-
-    @property
-    def cache_kind(self) -> str:
-        """The forward's kind in calibration keys."""
-        ...
-
-    @property
-    def kernel_path(self) -> str:
-        """The CPU kernels' path its forwards take (``"-"``: not specdec's CPU kernels)."""
+    def live_limit(self) -> int | None:
+        """How many sequences it holds at once (None: no limit of its own)."""
         ...
 
     @property
@@ -163,13 +149,29 @@ class Forward(Protocol):
         """Why compiled or captured forwards gave way to eager ones (None: they did not, or there are none)."""
         ...
 
-    @property
-    def live_limit(self) -> int | None:
-        """How many sequences it holds at once (None: no limit of its own)."""
-        ...
-
     def identity(self) -> dict[str, str]:
         """What a forward's cost depends on beyond the model's identity (added to it)."""
+        ...
+
+    def row_bytes(self, tokens: int) -> int | None:
+        """Peak KV-cache bytes one sequence of ``tokens`` tokens adds (None: unknown, or nothing per sequence)."""
+        ...
+
+
+class ForwardKernels(Protocol):
+    """Which kernels a :class:`Forward` runs: the variants it has, the choice in force (the verifier checks
+    it against :attr:`KERNELS`) and the build behind them."""
+
+    kernels: KernelChoice
+
+    @property
+    def KERNELS(self) -> tuple[str, ...]:
+        """The kernel variants it can run."""
+        ...
+
+    @property
+    def kernel_path(self) -> str:
+        """The CPU kernels' path its forwards take (``"-"``: not specdec's CPU kernels)."""
         ...
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
@@ -179,6 +181,12 @@ class Forward(Protocol):
     def kernels_build(self) -> str:
         """The build of the CPU kernels it runs and their path (``"-"``: none; a calibration key)."""
         ...
+
+
+class ForwardSteps(Protocol):
+    """A sequence's steps through a :class:`Forward`: its prefill, each tree's forward, the accepted path's
+    compaction, rewinds and its end. A state's ``cache`` is the forward's: it makes it (:meth:`prefill`),
+    writes it and compacts it."""
 
     def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
         """Run ``input_ids`` ``[1, L]`` into a new sequence's cache: ``(cache, logits [L or 1, V])``;
@@ -211,17 +219,30 @@ class Forward(Protocol):
         """The sequence is over (its ``cache`` is dropped by the verifier afterwards)."""
         ...
 
+
+class ForwardLifecycle(Protocol):
+    """A :class:`Forward`'s life beyond one sequence: blocks that must leave the live sequences as they were,
+    and its end."""
+
     def preserving(self) -> AbstractContextManager[None]:
         """A block whose prefills and verifications leave every live sequence as it was."""
-        ...
-
-    def row_bytes(self, tokens: int) -> int | None:
-        """Peak KV-cache bytes one sequence of ``tokens`` tokens adds (None: unknown, or nothing per sequence)."""
         ...
 
     def close(self) -> None:
         """Done with the forward: what it holds on the device may go back to the model's pool."""
         ...
+
+
+class Forward(ForwardFacts, ForwardKernels, ForwardSteps, ForwardLifecycle, Protocol):
+    """What runs the model's forward for a :class:`~specdec.backends.verifier.ModelVerifier`, and the KV
+    cache it writes: its facts, its kernels, a sequence's steps and its lifecycle, each a protocol of its own.
+
+    One per engine: Hugging Face's own forward on a ``DynamicCache``
+    (:class:`~specdec.backends.hf.forward.HFForward`), specdec's own
+    (:class:`~specdec.backends.specdec_engine.forward.SpecdecForward`), the fixed-shape
+    buckets on one static cache (:class:`~specdec.backends.buckets.forward.BucketForward`) and on a cache
+    shared by a batch's rows (:class:`~specdec.backends.buckets.rows.RowsForward`).
+    """
 
 
 class ModelKernels:

@@ -23,7 +23,7 @@ The tensors are allocated by the first write (a prefill), from the shapes and dt
 model writes, so any architecture whose layers all keep ``[B, H, *, D]`` keys and values of
 one shape can use it; a model whose layers differ is refused there with a clear error.
 
-**Rings** (sliding-window models, :func:`~specdec.backends.sliding.setup_buckets`): a sliding layer
+**Rings** (sliding-window models, :func:`~specdec.backends.buckets.windows.setup_rings`): a sliding layer
 of window ``W`` keeps, instead of ``S`` slots, a ring of ``R = W - 1 + the largest bucket`` slots
 per place (``places`` regions of ``span`` slots cut a cache that a batch's rows share, then
 ``scratch`` slots for their padding nodes: :mod:`specdec.backends.buckets.rows`; one sequence: one
@@ -31,13 +31,13 @@ place, no scratch). Slot ``s`` (offset ``k`` in place ``p``) lives at ring slot 
 (:meth:`StaticKVCache.ring_of`; a scratch slot after the places' rings), and ``ring_ids`` (a device
 tensor, ``-1`` where nothing was written) says which slot each ring slot holds now, so the
 forward's mask knows which ring slots hold committed keys and at which positions
-(:func:`~specdec.backends.sliding.ring_allowed`). Why nothing a node needs is overwritten: a
+(:func:`~specdec.backends.buckets.windows.ring_allowed`). Why nothing a node needs is overwritten: a
 forward writes at most ``B <= R - W + 1`` consecutive offsets ``C .. C + B - 1`` of a place
 (padding included), whose ring slots are those of offsets ``C + i - R <= C - W``, while the
 nodes (positions ``>= C``) need the committed keys ``> C - W`` only. The full-attention layers
 of a mixed model keep every token, as above. The committed tokens of each place are logged on
 the host (:meth:`StaticKVCache.log_prompt`, :meth:`log_writes`, :meth:`compact`), so a rewind
-past what the ring still holds recomputes them (:func:`~specdec.backends.sliding.bucket_rewind`).
+past what the ring still holds recomputes them (:func:`~specdec.backends.buckets.windows.bucket_rewind`).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class StaticKVCache:
         # attends over: a tensor, not an int, so a compiled forward takes W as a dynamic size.
         self.window: torch.Tensor | None = None
         self.generation = 0  # bumped at every (re)allocation: compiled/captured forwards hold old buffers
-        # A sliding-window model's (window, mixed) (specdec.backends.sliding.bucket_layout), which the forward's
+        # A sliding-window model's (window, mixed) (specdec.backends.buckets.windows.setup_rings), which the forward's
         # masks read; None: every layer is full attention. Its sliding layers are rings (set_ring).
         self.sliding: tuple[int, bool] | None = None
         # The rings of the sliding layers (module docstring; set_ring): which layers, slots per place.

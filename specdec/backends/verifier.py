@@ -7,7 +7,7 @@ by calling three parts:
 - a :class:`~specdec.backends.forward.Forward`: what runs the model's forward and the KV cache it
   writes (new sequence, tree forward, compaction, rewind, release, capacity):
   :class:`~specdec.backends.hf.forward.HFForward` (``engine="hf"``,
-  Hugging Face's own forward on a ``DynamicCache``), :class:`~specdec.backends.specdec_engine.forward.NativeForward`
+  Hugging Face's own forward on a ``DynamicCache``), :class:`~specdec.backends.specdec_engine.forward.SpecdecForward`
   (``"specdec"``), :class:`~specdec.backends.buckets.forward.BucketForward` (the fixed-shape buckets:
   ``"compiled"``, ``"graphs"``, ...) and :class:`~specdec.backends.buckets.rows.RowsForward` (the
   buckets with a batch's rows on one cache);
@@ -37,6 +37,7 @@ import torch
 from specdec.backends.forward import Forward, KVState, Target, check_model, kv_bytes_per_token
 from specdec.backends.hf.forward import HFForward
 from specdec.backends.identity import model_identity, weights_fingerprint
+from specdec.backends.sliding import engine_window
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import Acceptance, TorchTreeOps, TreeOps, accept_each
@@ -90,7 +91,7 @@ class ModelVerifier:
         forward: Forward | None = None,
     ) -> None:  # fmt: skip
         self.ops: TreeOps = ops or TorchTreeOps()
-        self.forward: Forward = forward or HFForward(Target.of(model), self.ops)
+        self.forward: Forward = forward or HFForward(Target.of(model), self.ops, engine_window(model, "hf"))
         if self.forward.target.model is not model:
             raise SpecDecError("the forward was made for another model")
         self.model = model
@@ -104,11 +105,6 @@ class ModelVerifier:
 
     # -- what the verifier is ------------------------------------------------------------------
     @property
-    def cache_kind(self) -> str:
-        """The forward's kind in calibration keys (``"dynamic"``, ``"native"``, ``"static-<mode>"``)."""
-        return self.forward.cache_kind
-
-    @property
     def engine(self) -> str:
         """What runs the forward (:data:`specdec.backends.ENGINES`)."""
         return self.forward.engine
@@ -118,36 +114,22 @@ class ModelVerifier:
         return self.ops.name
 
     @property
-    def kernel_path(self) -> str:
-        """The CPU kernels' path this verifier's forwards take (``"-"``: the model's own forward)."""
-        return self.forward.kernel_path
-
-    @property
-    def max_tree_nodes(self) -> int | None:
-        """The most nodes one verification takes (None: no limit of the verifier's own)."""
-        return self.forward.max_tree_nodes
-
-    @property
     def buckets(self) -> tuple[int, ...] | None:
         """The tree sizes with a forward of their own (None: every tree size runs a forward of its own)."""
         return self.forward.buckets
 
     @property
-    def fallback_reason(self) -> str | None:
-        """Why compiled or captured forwards gave way to eager ones (None: they did not)."""
-        return self.forward.fallback_reason
-
-    @property
     def description(self) -> VerifierDescription:
         """What this verifier is (:class:`~specdec.types.VerifierDescription`), as it is now."""
+        forward = self.forward
         return VerifierDescription(self.engine, self.name, self.device, self.dtype, self.vocab_size,
-                                   self.context_length, self.max_tree_nodes, self.kernel_path)  # fmt: skip
+                                   self.context_length, forward.max_tree_nodes, forward.kernel_path)  # fmt: skip
 
     def identity(self) -> dict[str, str]:
         """What a verification's cost depends on (:func:`~specdec.backends.identity.model_identity`, and the
         forward's own part of it)."""
         identity = model_identity(self.model, dtype=self.dtype, device=self.device, backend=self.name,
-                                  cache=self.cache_kind)  # fmt: skip
+                                  cache=self.forward.cache_kind)  # fmt: skip
         identity.update(self.forward.identity())
         return identity
 
@@ -157,11 +139,6 @@ class ModelVerifier:
 
     # -- kernels -------------------------------------------------------------------------------
     @property
-    def KERNELS(self) -> tuple[str, ...]:
-        """The kernel variants this verifier's forward can run."""
-        return self.forward.KERNELS
-
-    @property
     def kernels(self) -> KernelChoice:
         """The kernel choice in force (module docstring)."""
         return self.forward.kernels
@@ -170,20 +147,15 @@ class ModelVerifier:
         """The variants a forward over ``rows`` tokens can run (``("default",)``: the model's own forward)."""
         return self.forward.kernel_variants(rows)
 
-    def kernels_build(self) -> str:
-        """The build and path of the CPU kernels the forward runs, ``"-"`` where none (part of the calibration's
-        identity: :func:`~specdec.budget.calibration.calibration_identity`)."""
-        return self.forward.kernels_build()
-
     def use_kernels(self, choice: KernelChoice) -> None:
         """Run each later forward with the variant ``choice`` names for its size.
 
-        A variant this verifier knows (:attr:`KERNELS`) but does not offer for a size, or on
+        A variant this verifier's forward knows (``KERNELS``) but does not offer for a size, or on
         this model, runs the default kernels; a name it does not know is an error.
         """
-        unknown = [v for v in choice.variants() if v not in self.KERNELS]
+        unknown = [v for v in choice.variants() if v not in self.forward.KERNELS]
         if unknown:
-            known = ", ".join(self.KERNELS)
+            known = ", ".join(self.forward.KERNELS)
             raise SpecDecError(f"unknown kernel variant {unknown[0]!r}; this verifier runs {known}")
         self.forward.kernels = choice
 

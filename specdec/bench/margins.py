@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.backends import make_verifier
-from specdec.backends.specdec_engine.forward import CPU_KERNEL, NativeForward
+from specdec.backends.specdec_engine.forward import CPU_KERNEL, SpecdecForward
 from specdec.errors import SpecDecError
 from specdec.models import cache_keyword, returned_cache
 from specdec.types import DEFAULT_KERNEL, DraftTree, KernelChoice
@@ -82,7 +82,7 @@ def verifiers(model: Any) -> dict[str, Any]:
         return found
     native.use_kernels(KernelChoice.uniform(DEFAULT_KERNEL))
     found["specdec"] = native
-    if isinstance(native.forward, NativeForward) and native.forward.kernels_available:
+    if isinstance(native.forward, SpecdecForward) and native.forward.kernels_available:
         with_kernels = make_verifier(model, "specdec", tree_ops="torch")
         with_kernels.use_kernels(KernelChoice.uniform(CPU_KERNEL))
         found["specdec+cpu"] = with_kernels

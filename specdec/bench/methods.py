@@ -44,7 +44,7 @@ import torch
 from transformers import CompileConfig
 
 from specdec.api import Generator
-from specdec.backends.specdec_engine.forward import NativeForward
+from specdec.backends.specdec_engine.forward import SpecdecForward
 from specdec.datastores.format import read_header
 from specdec.decoding import DECODING_OPTIONS, DecodingConfig, StopRules
 from specdec.drafters import DrafterContext, make_factory
@@ -223,7 +223,7 @@ class ForwardMeter:
         The runner object is specdec's, not the user's model: its ``forward`` is wrapped in place.
         """
         forward = getattr(verifier, "forward", None)
-        if not isinstance(forward, NativeForward):  # a static cache's `runner` is a method: its forwards are
+        if not isinstance(forward, SpecdecForward):  # a static cache's `runner` is a method: its forwards are
             return  # the model's own, which the hooks count already
         runner: Any = forward.runner  # wrapped in place below (specdec's object, not the user's)
         if getattr(runner, "metered", False):

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-from specdec.backends.buckets.forward import StaticVerifier
+from specdec.backends.buckets.forward import BucketForward
+from specdec.backends.forward import Target
 from specdec.backends.verifier import ModelVerifier
 from specdec.types import DraftTree
 
@@ -71,9 +72,9 @@ def main() -> None:
     state = run_chains(ModelVerifier(model), prompt, truth, steps)
     tokens = [int(layer.keys.shape[-2]) for layer in state.cache.layers]
     print(f"engine='hf'   : tokens per layer {tokens}, KV {kv_bytes(state.cache.layers) / 2**10:.1f} KiB")
-    static = StaticVerifier(model, mode="eager")
-    run_chains(static, prompt, truth, steps)
-    cache = static.forward.cache
+    buckets = BucketForward(Target.of(model), engine="buckets")
+    run_chains(ModelVerifier(model, forward=buckets), prompt, truth, steps)
+    cache = buckets.cache
     assert cache.keys is not None
     slots = [int(keys.shape[2]) for keys in cache.keys]
     print(f"bucket engines: slots per layer {slots} for {PROMPT + steps} tokens (rings of {cache.ring} slots), "

@@ -59,7 +59,7 @@ DEFAULT_REPEATS = 3
 
 def calibration_identity(verifier: TunableVerifier[Any]) -> dict[str, str]:
     """What a calibration table is valid for (module docstring), as strings."""
-    build = getattr(verifier, "kernels_build", None)
+    build = getattr(getattr(verifier, "forward", None), "kernels_build", None)  # a ModelVerifier's forward
     kernels = str(build()) if callable(build) else "-"
     return {**verifier.identity(), "version": str(CALIBRATION_VERSION), "kernels_build": kernels}
 

@@ -76,7 +76,7 @@ def _cached_table(identity: dict[str, str], verifier: TunableVerifier[Any] | Non
     table is next saved)."""
     path = calibration_path(identity)
     key = identity_key(identity)
-    known_kernels = getattr(verifier, "KERNELS", None)
+    known_kernels = getattr(getattr(verifier, "forward", None), "KERNELS", None)  # a ModelVerifier's forward
     try:
         if not path.is_file():
             return None

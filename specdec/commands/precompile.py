@@ -71,7 +71,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
         verifier.warm_up(args.max_tokens, on_bucket=done)
     seconds = time.perf_counter() - started
-    if verifier.fallback_reason is not None:
+    if verifier.forward.fallback_reason is not None:
         print("the compiled forwards fell back to eager ones (see the warning above): nothing useful was stored")
         return 1
     where = folder if folder is not None else f"inductor's own cache ({compile_cache.INDUCTOR_ENV})"

@@ -10,7 +10,7 @@ bound from the live model when a graph is loaded, so one entry serves every chec
 architecture, and a graph of another model never matches. (torch's AOTAutograd cache refuses
 frozen graphs, so a later process still traces each bucket; it skips inductor's lowering,
 code generation and C++ builds. fp32/bf16 graphs on a CPU are storable because specdec
-compiles them without prepacking (``StaticVerifier.weight_prepack``): prepacked weights are
+compiles them without prepacking (``BucketForward.weight_prepack``): prepacked weights are
 oneDNN (mkldnn) tensors, which inductor cannot pickle ("Bypassing FX Graph Cache because
 'mkldnn tensors unpickleable'", torch 2.13). Measured in docs/static-cache.md.)
 

@@ -1,8 +1,8 @@
-"""The device state of a fixed-shape engine's verifier, lent from the model's pool.
+"""The device state of a fixed-shape engine's forward, lent from the model's pool.
 
 A :class:`DeviceSet` (KV cache, bucket runners, windows, the graphs' memory pool) is held by one
-verifier at a time; in the pooled modes a finished verifier gives it back
-(:func:`release`, :mod:`specdec.backends.buckets.shared`) and the model's next verifier takes it,
+forward at a time, through a :class:`Lease`; in the pooled modes a finished forward gives it back
+(:func:`release`, :mod:`specdec.backends.buckets.shared`) and the model's next forward takes it,
 captured graphs and all.
 """
 
@@ -15,8 +15,10 @@ from typing import Any
 import torch
 
 from specdec.backends.buckets import shared
-from specdec.backends.buckets.runner import BucketRunner
+from specdec.backends.buckets.runner import BucketHost, BucketRunner
+from specdec.backends.buckets.sizes import POOLED_MODES
 from specdec.backends.slot_cache import StaticKVCache
+from specdec.errors import SpecDecError
 
 
 @dataclass
@@ -52,3 +54,48 @@ def release(model: weakref.ReferenceType[Any], setting: Any, held: DeviceSet) ->
     """Give a finished verifier's device state back to the model's pool (a ``weakref.finalize`` callback:
     it must not refer to the verifier)."""
     shared.give_back(model, setting, held)
+
+
+class Lease:
+    """The :class:`DeviceSet` a forward (``owner``) holds: the model's idle one of ``setting`` (what a captured
+    graph replays: dtype, device, mode, buckets, ...), else a new one of ``num_layers`` layers starting at
+    ``first_capacity`` slots; in :data:`POOLED_MODES` it goes back to the model's pool when the owner is closed
+    (:meth:`close`) or collected."""
+
+    def __init__(self, owner: BucketHost, mode: str, setting: tuple[Any, ...], num_layers: int,
+                 first_capacity: int) -> None:  # fmt: skip
+        model = owner.model
+        signature = shared.weights_signature(model)
+        pooled = mode in POOLED_MODES
+        held: DeviceSet | None = shared.take_idle(model, setting) if pooled else None
+        if held is None:
+            held = DeviceSet(StaticKVCache(num_layers, first_capacity, owner.device), signature)
+        else:
+            held.cache.committed_len = 0
+            held.cache.window = None
+            if held.weights != signature:  # the weights moved: graphs read the old addresses
+                held.weights = signature
+                held.drop_runners()
+            for bucket, runner in list(held.runners.items()):
+                if runner.mode != mode:  # a fallback's eager runner: decide again (and warn) at first use
+                    del held.runners[bucket]
+                else:
+                    runner.bind(owner)
+        self._held: DeviceSet | None = held
+        # The callback must not refer to the owner (a weakref.finalize of it).
+        self._finalizer = weakref.finalize(owner, release, weakref.ref(model), setting, held) if pooled else None
+
+    @property
+    def held(self) -> DeviceSet:
+        if self._held is None:
+            raise SpecDecError("this static-cache verifier was closed (its Generator was closed); make a new one")
+        return self._held
+
+    def close(self) -> None:
+        """Done: the device state goes back to the model's pool (in :data:`POOLED_MODES`), once; :attr:`held`
+        is an error afterwards."""
+        if self._held is None:
+            return
+        self._held = None
+        if self._finalizer is not None:
+            self._finalizer()

@@ -55,30 +55,22 @@ benchmark's judge report), exactly as for the eager path.
 
 from __future__ import annotations
 
-import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from specdec.backends import sliding
-from specdec.backends.buckets import compile_cache, shared
-from specdec.backends.buckets.device_set import DeviceSet, release
+from specdec.backends.buckets import compile_cache
+from specdec.backends.buckets.device_set import DeviceSet, Lease
 from specdec.backends.buckets.dynamo import CODE_TAGS, compile_forward, fresh_code
+from specdec.backends.buckets.first_use import CheckedRunners
 from specdec.backends.buckets.runner import BucketRunner, tree_forward
-from specdec.backends.buckets.shared import ForwardStore, SharedForward, disagreement, store_for, weights_signature
-from specdec.backends.buckets.sizes import (
-    BUCKETS,
-    MODES,
-    POOLED_MODES,
-    STATIC_ENGINES,
-    WINDOW_STEP,
-    bucket_for,
-    default_mode,
-)
+from specdec.backends.buckets.shared import ForwardStore, SharedForward, store_for, weights_signature
+from specdec.backends.buckets.sizes import BUCKETS, STATIC_ENGINES, window_width
+from specdec.backends.buckets.windows import bucket_rewind, setup_rings
 from specdec.backends.forward import KVState, ModelKernels, Target
+from specdec.backends.sliding import SlidingWindow, engine_window
 from specdec.backends.slot_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 from specdec.backends.tree_ops import TreeOps
 from specdec.backends.verifier import ModelVerifier
@@ -90,10 +82,12 @@ class BucketForward(ModelKernels):
     """The forward of a :class:`ModelVerifier` on a static KV cache, one fixed-shape forward per bucket
     (module docstring; a :class:`~specdec.backends.verifier.Forward`).
 
-    ``mode``: ``"eager"``, ``"inductor"``, ``"cudagraphs"`` or ``"inductor-cudagraphs"``
-    (None: :func:`default_mode` for the model's device). ``buckets``: the tree sizes that
-    get a forward of their own; trees are padded up to the next one, and the largest is
-    the most nodes one step may verify (:attr:`max_tree_nodes`).
+    ``engine``: ``"buckets"``, ``"compiled"``, ``"graphs"`` or ``"compiled-graphs"`` (None: the graphs on
+    CUDA, the compiled buckets elsewhere), each of the mode :data:`STATIC_ENGINES` gives it. ``buckets``:
+    the tree sizes that get a forward of their own; trees are padded up to the next one, and the largest
+    is the most nodes one step may verify (:attr:`max_tree_nodes`). ``window``: the model's sliding-window
+    layout (:func:`~specdec.backends.sliding.engine_window`), whose sliding layers the cache holds in rings
+    (:mod:`specdec.backends.buckets.windows`); None: full attention only.
 
     One cache serves one sequence at a time: a prefill starts a new sequence (its state's
     ``seat`` numbers it) and the previous sequence's state can no longer be verified (a clear
@@ -103,40 +97,46 @@ class BucketForward(ModelKernels):
     runner_class: type[BucketRunner] = BucketRunner  # what each bucket's forward is run by
 
     def __init__(
-        self, target: Target, *, mode: str | None = None, buckets: Sequence[int] = BUCKETS,
+        self, target: Target, *, engine: str | None = None, buckets: Sequence[int] = BUCKETS,
+        window: SlidingWindow | None = None, rings: tuple[int, int, int] | None = None,
         first_capacity: int = MIN_CAPACITY, setting: tuple[Any, ...] = (),
     ) -> None:  # fmt: skip
-        """``first_capacity``: the slots a new cache starts with (it grows as sequences need); ``setting``:
+        """``rings``: a batch's ``(largest tree, places, scratch)`` for the sliding layers' rings
+        (:func:`~specdec.backends.buckets.windows.setup_rings`; None: one sequence, the largest bucket);
+        ``first_capacity``: the slots a new cache starts with (it grows as sequences need); ``setting``:
         what else a pooled device state must match (a batch's layout)."""
         self.target = target
         model = self.model = target.model
         self.device, self.dtype = target.device, target.dtype
         self.additive_dtype, self.cache_keyword = target.additive_dtype, target.cache_keyword
         self.kernels = KernelChoice()  # the default kernels everywhere (they key the shared forwards)
-        mode = mode or default_mode(self.device)
-        if mode not in MODES:
-            raise SpecDecError(f"unknown static-cache mode {mode!r}; valid modes: {', '.join(MODES)}")
-        if "cudagraphs" in mode and self.device.type != "cuda":
-            raise SpecDecError(f"engine {self._engine_of(mode)!r} needs a model on a CUDA device, "
-                               f"not {self.device.type!r}")
+        engine = engine or ("graphs" if self.device.type == "cuda" else "compiled")
+        if engine not in STATIC_ENGINES:
+            raise SpecDecError(f"unknown fixed-shape engine {engine!r}; valid names: {', '.join(STATIC_ENGINES)}")
+        if "graphs" in engine and self.device.type != "cuda":
+            raise SpecDecError(f"engine {engine!r} needs a model on a CUDA device, not {self.device.type!r}")
         buckets = tuple(sorted(set(int(b) for b in buckets)))
         if not buckets or buckets[0] != 1:
             raise SpecDecError(f"static-cache buckets must include 1 (plain steps), got {list(buckets)}")
-        sliding.check_engine(model, "buckets")  # [sliding hook] refuses linear-attention and state-space layers
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         num_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(num_layers, int) or num_layers < 1:
             raise UnsupportedModelError(
                 "static cache: the model's config does not give its number of layers; use engine='hf'"
             )
-        self.mode = mode
+        self.engine, self.mode = engine, STATIC_ENGINES[engine]
         self.buckets = buckets
         self.largest_bucket = buckets[-1]
         self.max_tree_nodes: int | None = self.largest_bucket
-        self.first_capacity, self.setting = first_capacity, setting
-        self._finalizer: weakref.finalize[Any, Any] | None = None  # gives a pooled device state back
-        self._held: DeviceSet | None = self._lease(num_layers)
-        sliding.setup_buckets(self)  # [sliding hook] the sliding layers' window masks and rings
+        self.setting = setting
+        # What a pooled device state must match: the forward a captured graph replays.
+        pool_setting = (self.dtype, str(self.device), self.mode, buckets, self.additive_dtype, self.cache_keyword,
+                        *setting)  # fmt: skip
+        self.lease = Lease(self, self.mode, pool_setting, num_layers, first_capacity)
+        self.checks = CheckedRunners(self, self.runner_class)
+        self.window = window
+        # A lone sequence's forward writes its bucket's padding after its tree, in its ring too.
+        setup_rings(self.cache, window, *(rings or (self.largest_bucket, 1, 0)))
         # inductor folds the weights in as constants; False: weights stay inputs
         self.freezing = True
         # Frozen weights prepacked into oneDNN layouts (CPU GEMMs): off, since every bucket then holds its own
@@ -145,52 +145,15 @@ class BucketForward(ModelKernels):
         self.weight_prepack = False
         self._sequence = 0  # the sequence that owns the cache now
         self._sequences_made = 0
-        self._fallback_reason: str | None = None
-
-    # -- the device state, leased from the model's pool in POOLED_MODES ----------------------------
-    def _pool_setting(self) -> tuple[Any, ...]:
-        """What a pooled device state must match: the forward a captured graph replays."""
-        return (self.dtype, str(self.device), self.mode, self.buckets, self.additive_dtype, self.cache_keyword,
-                *self.setting)  # fmt: skip
-
-    def _lease(self, num_layers: int) -> DeviceSet:
-        """The model's idle device state of this setting, else a new one; in :data:`POOLED_MODES` it goes
-        back to the model's pool when this verifier is closed or collected."""
-        signature = weights_signature(self.model)
-        pooled = self.mode in POOLED_MODES
-        setting = self._pool_setting()
-        held: DeviceSet | None = shared.take_idle(self.model, setting) if pooled else None
-        if held is None:
-            held = DeviceSet(StaticKVCache(num_layers, self.first_capacity, self.device), signature)
-        else:
-            held.cache.committed_len = 0
-            held.cache.window = None
-            if held.weights != signature:  # the weights moved: graphs read the old addresses
-                held.weights = signature
-                held.drop_runners()
-            for bucket, runner in list(held.runners.items()):
-                if runner.mode != self.mode:  # a fallback's eager runner: decide again (and warn) at first use
-                    del held.runners[bucket]
-                else:
-                    runner.bind(self)
-        if pooled:
-            self._finalizer = weakref.finalize(self, release, weakref.ref(self.model), setting, held)
-        return held
 
     def close(self) -> None:
         """Done with this verifier: its device state (cache, captured graphs) goes back to the model's pool
         for the next verifier (in :data:`POOLED_MODES`); using this verifier afterwards is an error."""
-        if self._held is None:
-            return
-        self._held = None
-        if self._finalizer is not None:
-            self._finalizer()  # gives the state back, once
+        self.lease.close()
 
     @property
     def held(self) -> DeviceSet:
-        if self._held is None:
-            raise SpecDecError("this static-cache verifier was closed (its Generator was closed); make a new one")
-        return self._held
+        return self.lease.held
 
     @property
     def cache(self) -> StaticKVCache:
@@ -201,13 +164,9 @@ class BucketForward(ModelKernels):
         return self.held.runners
 
     @property
-    def _windows(self) -> dict[int, torch.Tensor]:
-        return self.held.windows
-
-    @property
     def fallback_reason(self) -> str | None:
         """Why this verifier's compiled or captured forwards gave way to eager ones (None: they did not)."""
-        return self._fallback_reason
+        return self.checks.fallback_reason
 
     @property
     def cache_kind(self) -> str:
@@ -215,18 +174,9 @@ class BucketForward(ModelKernels):
         return f"static-{self.mode}"
 
     @property
-    def engine(self) -> str:
-        """What runs the forward: ``"buckets"``, ``"compiled"``, ``"graphs"`` or ``"compiled-graphs"``."""
-        return self._engine_of(self.mode)
-
-    @staticmethod
-    def _engine_of(mode: str) -> str:
-        return next(engine for engine, engine_mode in STATIC_ENGINES.items() if engine_mode == mode)
-
-    @property
     def live_limit(self) -> int | None:
         """One: the verifier's one cache serves one sequence at a time (a Generator batches on a
-        :class:`~specdec.backends.buckets.rows.RowsStaticVerifier` instead)."""
+        :class:`~specdec.backends.buckets.rows.RowsForward` instead)."""
         return 1
 
     def row_bytes(self, tokens: int) -> int | None:
@@ -248,14 +198,12 @@ class BucketForward(ModelKernels):
 
     def shared_store(self) -> ForwardStore:
         """The model's compiled forwards for this verifier's dtype, device, kernels and compile settings."""
-        return store_for(self.model, self._store_setting(), self.held.weights)
-
-    def _store_setting(self) -> tuple[Any, ...]:
-        """What this verifier's compiled forwards must match to be shared (the store's key)."""
         kernels = tuple(self.kernels.variant_for(bucket) for bucket in self.buckets)  # what each bucket runs
         # A batch's forwards take the committed ranges: never a one-sequence verifier's (nor their self-check).
         rows = self.setting[:1]
-        return (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack, *rows)
+        setting = (self.dtype, str(self.device), kernels, self.additive_dtype, self.freezing, self.weight_prepack,
+                   *rows)  # fmt: skip
+        return store_for(self.model, setting, self.held.weights)
 
     def shared_forward(self, size: int, mode: str) -> SharedForward:
         """The compiled forward of the ``size``-node bucket at this cache capacity, shared by the model's
@@ -290,7 +238,7 @@ class BucketForward(ModelKernels):
         for (:meth:`~specdec.backends.buckets.shared.ForwardStore.reserved`): a few more idle slots
         (attention reads only the window a sequence reached) instead of a compilation.
         """
-        if "inductor" in self.mode and self._fallback_reason is None:
+        if "inductor" in self.mode and self.fallback_reason is None:
             needed = max(needed, self.shared_store().reserved(self.mode))
         if needed > self.cache.capacity:
             self.cache.grow(capacity_for(needed))
@@ -298,103 +246,17 @@ class BucketForward(ModelKernels):
             self.held.drop_runners()
 
     def _window_for(self, needed: int, mode: str) -> torch.Tensor | None:
-        """The window tensor for a forward that writes up to slot ``needed - 1``; None: all slots.
-
-        Eager forwards take windows anywhere, compiled ones on the CPU (where they were measured
-        and tested; a compiled CUDA forward with a dynamic width is untested). A captured graph
-        replays one shape, so ``cudagraphs`` takes a power-of-two tier of at least
-        :data:`MIN_CAPACITY` slots (:func:`capacity_for`; each bucket captures a graph per tier it
-        meets, a handful at most); ``inductor-cudagraphs`` never takes one.
-        """
-        if mode == "cudagraphs":
-            width = capacity_for(needed)
-            if width >= self.cache.capacity:
-                return None
-        elif mode == "inductor-cudagraphs" or (mode != "eager" and self.device.type != "cpu"):
+        """The window tensor of :func:`~specdec.backends.buckets.sizes.window_width` slots (None: all)."""
+        width = window_width(mode, needed, self.cache.capacity, self.device)
+        if width is None:
             return None
-        else:
-            width = min(self.cache.capacity, -(-needed // WINDOW_STEP) * WINDOW_STEP)
-        window = self._windows.get(width)
+        window = self.held.windows.get(width)
         if window is None:
-            window = self._windows[width] = torch.empty((width, 0), device=self.device)
+            window = self.held.windows[width] = torch.empty((width, 0), device=self.device)
             # The one dynamic size of the compiled forwards (compiled with dynamic=False, which
             # marked dimensions override): widths share one graph per bucket.
             torch._dynamo.mark_dynamic(window, 0)
         return window
-
-    def runner(self, size: int) -> BucketRunner:
-        """The runner of the bucket that holds ``size`` nodes (made on first use)."""
-        bucket = bucket_for(size, self.buckets)
-        runner = self._runners.get(bucket)
-        if runner is None:
-            failed = self.shared_store().failed.get(self.mode) if self.mode != "eager" else None
-            if failed is not None and self._fallback_reason is None:  # an earlier verifier of the model found it
-                self._fall_back(failed, "failed for this model earlier in this process")
-            mode = self.mode if self._fallback_reason is None else "eager"
-            runner = self._runners[bucket] = self.runner_class(self, bucket, mode)
-        return runner
-
-    def run(self, runner: BucketRunner) -> torch.Tensor:
-        """``runner.run()``, checked at its first use against the eager forward on the same inputs.
-
-        A compiled or captured forward that fails to build, or whose first output disagrees
-        with the eager forward's (:func:`~specdec.backends.buckets.shared.disagreement`), must not
-        emit a token: this step and every later one of this verifier (and of the model's later
-        verifiers) run eagerly, with one warning naming the mode. The eager forward runs first,
-        so the cache ends up holding what the checked forward wrote, as on any later step.
-        """
-        if runner.checked:
-            return runner.run()
-        reference = runner.eager()
-        try:
-            logits = runner.run()
-        except Exception as error:  # any compiler or capture failure: fall back, loudly
-            first_line = str(error).splitlines()[0] if str(error) else ""
-            reason = f"{type(error).__name__}: {first_line}"
-            retried = self._compile_again(runner, reason)
-            if retried is None:
-                self._fall_back(reason, "are not possible for this model")
-                return runner.eager()  # a failed forward may have written the slots: write them again
-            logits = retried
-        problem = disagreement(logits[: runner.filled], reference[: runner.filled])
-        if problem is not None:
-            self._fall_back(f"the {runner.size}-node bucket, {problem}", "disagree with the eager forward")
-            return runner.eager()  # the cache holds what the wrong forward wrote: write it again
-        runner.checked = True
-        if runner.shared is not None and runner.mode == "inductor":  # later verifiers take it as checked
-            runner.shared.checked = True
-        return logits
-
-    def _compile_again(self, runner: BucketRunner, reason: str) -> torch.Tensor | None:
-        """A compile that failed while reading compiled code from disk: empty that folder and compile the
-        bucket once more without it (:func:`~specdec.backends.buckets.compile_cache.discard`, once per process);
-        the retry's logits, or None (nothing to retry, or it failed too: the caller falls back)."""
-        if runner.shared is None or runner.mode != "inductor" or not compile_cache.discard(reason):
-            return None
-        capacity = self.cache.capacity
-        self.shared_store().drop(runner.mode, runner.size, capacity)
-        runner.shared = self.shared_forward(runner.size, runner.mode)
-        runner.reset_compiled()
-        try:
-            with compile_cache.disabled():
-                return runner.run()
-        except Exception:
-            return None
-
-    def _fall_back(self, reason: str, what: str) -> None:
-        """Run eager forwards from now on (this verifier, and the model's later ones in this mode), saying why."""
-        self._fallback_reason = reason
-        self.shared_store().failed.setdefault(self.mode, reason)
-        warnings.warn(
-            f"engine={self.engine!r}: its forwards {what} ({reason}); verifying with eager forwards "
-            "on the static cache instead",
-            RuntimeWarning,
-            stacklevel=5,
-        )
-        buckets = list(self._runners)
-        self.held.drop_runners()  # their graphs go, and a fresh pool serves any later capture
-        for bucket in buckets:
-            self._runners[bucket] = self.runner_class(self, bucket, "eager")
 
     # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------
     def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
@@ -417,7 +279,7 @@ class BucketForward(ModelKernels):
         slots = torch.arange(base, base + length, dtype=torch.int64, device=self.device)
         ancestors = torch.ones((length, length), dtype=torch.bool, device=self.device).tril_()  # a chain
         positions = (slots - base).unsqueeze(0)
-        self.cache.log_prompt(input_ids, base)  # [sliding hook] a ring's log of committed tokens
+        self.cache.log_prompt(input_ids, base)  # the rings' log of committed tokens (none: nothing logged)
         return tree_forward(
             self.model, self.cache.writer(slots, prompt=True), input_ids, positions, slots, ancestors,
             self.additive_dtype, 0 if keep_all else 1, self.cache_keyword, bounds,
@@ -434,13 +296,13 @@ class BucketForward(ModelKernels):
                 "sequence at a time (use one Generator per concurrent sequence, or engine='hf')"
             )
         committed = state.committed_len
-        runner = self.runner(tree.size)
+        runner = self.checks.runner(tree.size)
         if committed + runner.size > self.cache.capacity:
             self._reserve(committed + self.largest_bucket)
-            runner = self.runner(tree.size)
+            runner = self.checks.runner(tree.size)
         runner.load(tree, committed)
         self.cache.window = self._window_for(committed + runner.size, runner.mode)
-        logits = self.run(runner)  # [T, V]
+        logits = self.checks.run(runner)  # [T, V]
         return logits[: tree.size], runner.positions[0, : tree.size]
 
     def rows(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -453,7 +315,8 @@ class BucketForward(ModelKernels):
         self.cache.committed_len = committed_len + len(path)
 
     def rewind(self, state: KVState, committed_len: int) -> None:
-        sliding.bucket_rewind(self, 0, committed_len)  # [sliding hook] a ring that lost keys runs them again
+        if self.window is not None:
+            bucket_rewind(self, 0, committed_len)  # a ring that lost keys runs them again
         self.cache.committed_len = committed_len  # slots past it are simply overwritten
 
     def release(self, state: KVState) -> None:
@@ -467,7 +330,7 @@ class BucketForward(ModelKernels):
         if self.cache.allocated and committed > 0:
             assert self.cache.keys is not None and self.cache.values is not None
             kept = [t[:, :, :committed].clone() for t in (*self.cache.keys, *self.cache.values)]
-        rings = self.cache.ring_state()  # [sliding hook] the sliding layers' rings, whole
+        rings = self.cache.ring_state()  # the sliding layers' rings, whole (None: no rings)
         try:
             yield
         finally:
@@ -481,21 +344,11 @@ class BucketForward(ModelKernels):
             self._sequence = sequence
 
 
-class StaticVerifier(ModelVerifier):
-    """The fixed-shape engines (``"compiled"``, ``"graphs"``, ``"compiled-graphs"``, ``"buckets"``): a
-    :class:`ModelVerifier` whose forward is a :class:`BucketForward` of ``mode`` and ``buckets`` (a name for
-    that choice; it adds nothing to the verifier)."""
-
-    forward: BucketForward
-
-    def __init__(
-        self,
-        model: Any,
-        ops: TreeOps | None = None,
-        chooser: TokenChooser | None = None,
-        *,
-        mode: str | None = None,
-        buckets: Sequence[int] = BUCKETS,
-    ) -> None:
-        forward = BucketForward(Target.of(model), mode=mode, buckets=buckets)
-        super().__init__(model, ops, chooser, forward=forward)
+def bucket_verifier(
+    model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None, *, engine: str | None = None,
+    buckets: Sequence[int] = BUCKETS,
+) -> ModelVerifier:  # fmt: skip
+    """The fixed-shape engines' verifier (``"compiled"``, ``"graphs"``, ``"compiled-graphs"``, ``"buckets"``):
+    a :class:`ModelVerifier` whose forward is a :class:`BucketForward` of ``engine`` and ``buckets``."""
+    forward = BucketForward(Target.of(model), engine=engine, buckets=buckets, window=engine_window(model, "buckets"))
+    return ModelVerifier(model, ops, chooser, forward=forward)

@@ -1,6 +1,6 @@
 """A batch's rows on one static cache, verified in one forward: the static cache's batch verifier.
 
-Why: a :class:`~specdec.backends.buckets.forward.StaticVerifier` holds one sequence, so a batch on a
+Why: a :class:`~specdec.backends.buckets.forward.BucketForward` holds one sequence, so a batch on a
 static cache ran its rows one after another. On a GPU, where the static cache with CUDA graphs
 is the default, that kept specdec's tokens per second flat in the batch size while Hugging
 Face's batched ``generate`` grew with it (docs/bench has the GPU runs).
@@ -51,11 +51,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.backends import sliding
 from specdec.backends.buckets.forward import BucketForward
 from specdec.backends.buckets.runner import BucketHost, BucketRunner
 from specdec.backends.buckets.sizes import BUCKETS
+from specdec.backends.buckets.windows import bucket_rewind
 from specdec.backends.forward import KVState, Target, kv_bytes_per_token
+from specdec.backends.sliding import SlidingWindow, engine_window
 from specdec.backends.slot_cache import MIN_CAPACITY, capacity_for
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import TreeOps
@@ -114,32 +115,36 @@ class RowsBucketRunner(BucketRunner):
 
 class RowsForward(BucketForward):
     """The forward of a static-cache verifier of up to ``places`` sequences at once, all rows in one forward
-    per step (module docstring). ``mode`` and ``buckets`` (by the rows' total nodes) as for
+    per step (module docstring). ``engine`` and ``buckets`` (by the rows' total nodes) as for
     :class:`~specdec.backends.buckets.forward.BucketForward`; ``row_nodes``: the most nodes one row's tree may have
     (:attr:`max_tree_nodes`; at most the largest bucket; None: 128, or the largest bucket if smaller).
     A state's ``seat`` is its place."""
 
     runner_class = RowsBucketRunner
+    regions_alike = True  # every place's region is as large as the largest (batching.check_memory counts so)
 
     def __init__(
-        self, target: Target, *, places: int, mode: str | None = None, buckets: Sequence[int] = ROWS_BUCKETS,
-        row_nodes: int | None = None,
+        self, target: Target, *, places: int, engine: str | None = None, buckets: Sequence[int] = ROWS_BUCKETS,
+        row_nodes: int | None = None, window: SlidingWindow | None = None,
     ) -> None:  # fmt: skip
         if isinstance(places, bool) or not isinstance(places, int) or places < 1:
             raise SpecDecError(f"places must be a positive int, got {places!r}")
         self.places = places
         self._owners: list[weakref.ReferenceType[KVState] | None] = [None] * places
         self._opening: int | None = None  # the place the prefill in progress writes
-        first = places * MIN_CAPACITY + scratch_for(buckets)
-        super().__init__(target, mode=mode, buckets=buckets, first_capacity=first, setting=("rows", places))
+        sizes = sorted({int(b) for b in buckets})
+        largest = sizes[-1] if sizes else 0
         if row_nodes is None:
-            row_nodes = min(BUCKETS[-1], self.largest_bucket)
-        if isinstance(row_nodes, bool) or not isinstance(row_nodes, int) or not 1 <= row_nodes <= self.largest_bucket:
-            raise SpecDecError(f"row_nodes must be an int from 1 to the largest bucket ({self.largest_bucket}), "
+            row_nodes = min(BUCKETS[-1], largest)
+        if isinstance(row_nodes, bool) or not isinstance(row_nodes, int) or not 1 <= row_nodes <= largest:
+            raise SpecDecError(f"row_nodes must be an int from 1 to the largest bucket ({largest}), "
                                f"got {row_nodes!r}")  # fmt: skip
         self.row_nodes = row_nodes
+        scratch = scratch_for(sizes) if sizes else 0
+        # Each row's ring holds its tree (at most row_nodes); the padding goes to the scratch slots.
+        super().__init__(target, engine=engine, buckets=buckets, window=window, rings=(row_nodes, places, scratch),
+                         first_capacity=places * MIN_CAPACITY + scratch, setting=("rows", places))  # fmt: skip
         self.max_tree_nodes = row_nodes  # one row's tree; the buckets hold every row's
-        sliding.setup_buckets(self)  # [sliding hook] rings sized by one row's tree (its padding goes to scratch)
 
     # -- layout ---------------------------------------------------------------------------
     @property
@@ -256,11 +261,11 @@ class RowsForward(BucketForward):
         for group in groups:
             rows = [(trees[b], states[b].seat * span, states[b].committed_len) for b in group]
             total = sum(trees[b].size for b in group)
-            runner = self.runner(total)
+            runner = self.checks.runner(total)
             assert isinstance(runner, RowsBucketRunner)
             runner.load_rows(rows, scratch)
             self.cache.window = None
-            logits = self.run(runner)[:total]
+            logits = self.checks.run(runner)[:total]
             positions = runner.positions[0, :total]
             if len(groups) > 1:  # the next group may reuse this bucket's buffers (a replayed graph's output too)
                 logits, positions = logits.clone(), positions.clone()
@@ -275,41 +280,31 @@ class RowsForward(BucketForward):
 
     def rewind(self, state: KVState, committed_len: int) -> None:
         """The region's later slots are simply overwritten; a ring that lost keys runs them again."""
-        sliding.bucket_rewind(self, state.seat, committed_len)  # [sliding hook]
+        if self.window is not None:
+            bucket_rewind(self, state.seat, committed_len)
 
 
-class RowsStaticVerifier(ModelVerifier):
-    """A static-cache verifier of up to ``places`` sequences at once: a :class:`ModelVerifier` whose forward
-    is a :class:`RowsForward` (arguments as there; a name for that choice, it adds nothing to the verifier)."""
-
-    forward: RowsForward
-    regions_alike = True  # every place's region is as large as the largest (batching.check_memory counts so)
-
-    def __init__(
-        self,
-        model: Any,
-        ops: TreeOps | None = None,
-        chooser: TokenChooser | None = None,
-        *,
-        places: int,
-        mode: str | None = None,
-        buckets: Sequence[int] = ROWS_BUCKETS,
-        row_nodes: int | None = None,
-    ) -> None:
-        forward = RowsForward(Target.of(model), places=places, mode=mode, buckets=buckets, row_nodes=row_nodes)
-        super().__init__(model, ops, chooser, forward=forward)
+def rows_bucket_verifier(
+    model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None, *, places: int,
+    engine: str | None = None, buckets: Sequence[int] = ROWS_BUCKETS, row_nodes: int | None = None,
+) -> ModelVerifier:  # fmt: skip
+    """A fixed-shape engine's verifier of up to ``places`` sequences at once: a :class:`ModelVerifier` whose
+    forward is a :class:`RowsForward` (arguments as there)."""
+    forward = RowsForward(Target.of(model), places=places, engine=engine, buckets=buckets, row_nodes=row_nodes,
+                          window=engine_window(model, "buckets"))  # fmt: skip
+    return ModelVerifier(model, ops, chooser, forward=forward)
 
 
 def rows_verifier(verifier: ModelVerifier, places: int) -> ModelVerifier:
     """The verifier a batch of ``places`` runs on where ``verifier`` holds one sequence on buckets: a
-    :class:`RowsStaticVerifier` of the same mode, tree ops, chooser and buckets (and larger ones, for every
+    :func:`rows_bucket_verifier` of the same engine, tree ops, chooser and buckets (and larger ones, for every
     row's tree in one forward); ``verifier`` itself where its forward is not the one-sequence buckets'."""
     alone = verifier.forward
     if not isinstance(alone, BucketForward) or isinstance(alone, RowsForward):
         return verifier
     extra = tuple(b for b in ROWS_BUCKETS if b > alone.buckets[-1])  # every row's tree in one forward
-    return RowsStaticVerifier(verifier.model, verifier.ops, verifier.chooser, places=places, mode=alone.mode,
-                              buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket)
+    return rows_bucket_verifier(verifier.model, verifier.ops, verifier.chooser, places=places, engine=alone.engine,
+                                buckets=(*alone.buckets, *extra), row_nodes=alone.largest_bucket)
 
 
 def scratch_for(buckets: Sequence[int]) -> int:

@@ -3,7 +3,7 @@
 :func:`tree_forward` is the forward every mode runs (eager, compiled by inductor, captured);
 :class:`BucketRunner` holds one bucket's buffers and runs it the way its mode says, for the
 verifier that holds it now (:class:`BucketHost`: a
-:class:`~specdec.backends.buckets.forward.StaticVerifier`).
+:class:`~specdec.backends.buckets.forward.BucketForward`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from specdec.backends import sliding
 from specdec.backends.buckets.shared import SharedForward
+from specdec.backends.buckets.windows import bucket_masks, ring_allowed
 from specdec.backends.slot_cache import StaticKVCache
 from specdec.backends.tree import ancestor_matrix
 from specdec.errors import SpecDecError
@@ -68,7 +68,7 @@ def tree_forward(
     committed slots are ``bounds[0, i] <= s < bounds[1, i]`` instead of ``s < C``.
     A sliding-window model's (the cache's ``sliding``): its sliding layers attend over their rings
     (:mod:`~specdec.backends.slot_cache`) with a mask of the ring slots that hold a node's committed keys
-    or ancestors inside its window (:func:`~specdec.backends.sliding.ring_allowed`), and a model that mixes
+    or ancestors inside its window (:func:`~specdec.backends.buckets.windows.ring_allowed`), and a model that mixes
     sliding and full layers takes both masks in a dict keyed by layer type.
     """
     width = writer.owner.width
@@ -83,11 +83,11 @@ def tree_forward(
     mask: Any
     if writer.owner.sliding is None:
         mask = _attention_mask(allowed, additive_dtype)
-    else:  # [sliding hook] sliding layers: their rings' slots within each node's window
+    else:  # sliding layers: their rings' slots within each node's window
         window, mixed = writer.owner.sliding
-        near = sliding.ring_allowed(writer.owner, window, slots, positions, ancestors, bounds, writer.prompt)
+        near = ring_allowed(writer.owner, window, slots, positions, ancestors, bounds, writer.prompt)
         full = _attention_mask(allowed, additive_dtype) if mixed else None
-        mask = sliding.bucket_masks(mixed, full, _attention_mask(near, additive_dtype))
+        mask = bucket_masks(mixed, full, _attention_mask(near, additive_dtype))
     out = model(
         input_ids=tokens,
         position_ids=positions,
@@ -140,11 +140,11 @@ class BucketRunner:
         self.filled = size  # nodes of the tree in the buffers (the rest is padding)
         # The compiled function is the model's, shared with every verifier of it (buckets.shared).
         self.shared: SharedForward | None = verifier.shared_forward(size, mode) if "inductor" in mode else None
-        # Whether this forward's output is known to agree with the eager forward's (StaticVerifier._run).
+        # Whether this forward's output is known to agree with the eager forward's (buckets.first_use).
         self._checked = mode == "eager" or (mode == "inductor" and self.shared is not None and self.shared.checked)
         self._compiled: Callable[..., torch.Tensor] | None = None
         # CUDA-graph modes: one graph (and its output tensor) per attention width it was captured at, each
-        # checked at its own first replay (StaticVerifier._window_for: the widths come in a few tiers).
+        # checked at its own first replay (buckets.sizes.window_width: the widths come in a few tiers).
         self._graphs: dict[int, Any] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._checked_widths: set[int] = set()

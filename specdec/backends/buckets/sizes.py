@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.backends.slot_cache import capacity_for
 from specdec.errors import SpecDecError
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -26,14 +27,6 @@ POOLED_MODES: tuple[str, ...] = ("cudagraphs", "inductor-cudagraphs")
 WINDOW_STEP = 64  # attention windows are multiples of this many slots (module docstring)
 
 
-def default_mode(device: torch.device) -> str:
-    """The static verifier's mode when the caller names none: graphs on CUDA, inductor elsewhere.
-
-    (The engines name their mode: :data:`STATIC_ENGINES`.)
-    """
-    return "cudagraphs" if device.type == "cuda" else "inductor"
-
-
 def bucket_for(size: int, buckets: Sequence[int] = BUCKETS) -> int:
     """The smallest bucket that holds ``size`` nodes.
 
@@ -44,3 +37,27 @@ def bucket_for(size: int, buckets: Sequence[int] = BUCKETS) -> int:
         if bucket >= size:
             return bucket
     raise SpecDecError(f"a tree of {size} nodes exceeds the largest bucket ({buckets[-1]}) of the static cache")
+
+
+def window_width(mode: str, needed: int, capacity: int, device: torch.device) -> int | None:
+    """The slots attention reads in a forward of ``mode`` that writes up to slot ``needed - 1`` of a cache of
+    ``capacity`` slots; None: all of them.
+
+    Eager forwards take windows anywhere, compiled ones on the CPU (where they were measured
+    and tested; a compiled CUDA forward with a dynamic width is untested): :data:`WINDOW_STEP`
+    multiples. A captured graph replays one shape, so ``cudagraphs`` takes a power-of-two tier of at
+    least :data:`~specdec.backends.slot_cache.MIN_CAPACITY` slots (each bucket captures a graph per
+    tier it meets, a handful at most); ``inductor-cudagraphs`` never takes one.
+
+    >>> cpu = torch.device("cpu")
+    >>> [window_width(mode, 70, 512, cpu) for mode in ("eager", "cudagraphs", "inductor-cudagraphs")]
+    [128, 256, None]
+    >>> window_width("eager", 600, 512, cpu), window_width("cudagraphs", 300, 512, cpu)
+    (512, None)
+    """
+    if mode == "cudagraphs":
+        width = capacity_for(needed)
+        return None if width >= capacity else width
+    if mode == "inductor-cudagraphs" or (mode != "eager" and device.type != "cpu"):
+        return None
+    return min(capacity, -(-needed // WINDOW_STEP) * WINDOW_STEP)

@@ -12,17 +12,20 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
-from specdec.backends import sliding
 from specdec.backends.forward import KVState, ModelKernels, Target, kv_bytes_per_token
+from specdec.backends.hf import windows
+from specdec.backends.sliding import SlidingWindow
 from specdec.backends.tree_ops import TreeOps
 from specdec.types import DraftTree, KernelChoice
 
 
 class HFForward(ModelKernels):
     """``engine="hf"``: Hugging Face's own forward (``model(...)``), eager, a ``DynamicCache`` per
-    sequence (a sliding-window model's: :class:`~specdec.backends.sliding.WindowedCache`), with the
-    default kernels; masks and compaction by the verifier's tree ops."""
+    sequence, with the default kernels; masks and compaction by the verifier's tree ops. ``window``: the
+    model's sliding-window layout (:func:`~specdec.backends.sliding.engine_window`), whose layers a
+    :class:`~specdec.backends.hf.windows.WindowedCache` holds; None: full attention only."""
 
     engine = "hf"
     cache_kind = "dynamic"  # a Hugging Face DynamicCache per sequence, eager forwards
@@ -31,8 +34,9 @@ class HFForward(ModelKernels):
     max_tree_nodes: int | None = None
     buckets: tuple[int, ...] | None = None  # every tree size runs a forward of its own
 
-    def __init__(self, target: Target, ops: TreeOps) -> None:
+    def __init__(self, target: Target, ops: TreeOps, window: SlidingWindow | None = None) -> None:
         self.target = target
+        self.window = window
         self.model = target.model
         self.device = target.device
         self.ops = ops
@@ -42,9 +46,11 @@ class HFForward(ModelKernels):
         return {}
 
     def new_cache(self) -> Any:
-        """A new sequence's cache (module sliding)."""
-        # [sliding hook] full-attention layers: a DynamicCache; sliding-window ones: sliding.WindowedCache; else refused
-        return sliding.new_cache(self.model.config)
+        """A new sequence's cache: a ``DynamicCache``, whose sliding layers (if any) keep what a rejected tree
+        needs (:class:`~specdec.backends.hf.windows.WindowedCache`)."""
+        if self.window is None:
+            return DynamicCache(config=self.model.config)
+        return windows.new_cache(self.model.config, self.window)
 
     def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
         del reserve  # the dynamic cache grows as it goes
@@ -52,7 +58,8 @@ class HFForward(ModelKernels):
         keep = 0 if keep_all else 1
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
                          **{self.target.cache_keyword: cache})  # fmt: skip
-        sliding.after_prefill(cache, input_ids[0].tolist())  # [sliding hook] trims sliding-window layers
+        if self.window is not None:
+            windows.after_prefill(cache, input_ids[0].tolist())  # records the prompt, trims the sliding layers
         return cache, out.logits[0]
 
     def opened(self, state: KVState) -> None:
@@ -63,7 +70,7 @@ class HFForward(ModelKernels):
         additive = self.target.additive_dtype
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, additive)
         input_ids = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
-        masks = sliding.tree_mask(state.cache, tree, committed, mask, additive)  # [sliding hook]
+        masks = mask if self.window is None else windows.tree_mask(state.cache, tree, committed, mask, additive)
         out = self.model(
             input_ids=input_ids,
             attention_mask=masks,
@@ -78,11 +85,13 @@ class HFForward(ModelKernels):
         del states, trees
 
     def compact(self, state: KVState, committed_len: int, path: Sequence[int]) -> None:
-        if not sliding.compact(self.ops, state.cache, committed_len, path):  # [sliding hook]
+        if self.window is None or not windows.compact(self.ops, state.cache, committed_len, path):
             self.ops.compact(state.cache, committed_len, path)
 
     def rewind(self, state: KVState, committed_len: int) -> None:
-        if committed_len < state.committed_len and not sliding.rewind(self, state, committed_len):  # [sliding hook]
+        if committed_len >= state.committed_len:
+            return
+        if self.window is None or not windows.rewind(self, state, committed_len):
             state.cache.crop(-(state.committed_len - committed_len))
 
     def release(self, state: KVState) -> None:

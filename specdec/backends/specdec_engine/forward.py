@@ -8,7 +8,7 @@ budget (grown if it must), written in place at the tree's slots and compacted in
 No compilation and no warm-up: the first step of the first call is as fast as any later
 one.
 
-**Kernels**: five variants (:meth:`RunnerVerifier.kernel_variants`). ``"cpu"``: specdec's CPU
+**Kernels**: five variants (:meth:`SpecdecForward.kernel_variants`). ``"cpu"``: specdec's CPU
 kernels (:mod:`specdec.backends.specdec_engine.cpu_kernels`: skinny linear layers and tree attention), the
 choice for forwards of up to :data:`CPU_KERNEL_MAX_ROWS` rows from the start, where they are
 available; ``"default"``: ``torch.nn.functional.linear`` and ``scaled_dot_product_attention``
@@ -28,7 +28,7 @@ one-token variants in turn, where there are several, and keep the fastest (:clas
 CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
 same token verified alone (their contracts), so speculative output is plain decoding's exactly.
 
-**Batches** (:meth:`RunnerVerifier.verify_batch`): the rows of many sequences' trees go through
+**Batches** (:meth:`SpecdecForward.rows`): the rows of many sequences' trees go through
 one forward as the runner's segments (each its own cache, positions and ancestors; no padding),
 so the weights are read once for the whole batch; acceptance and compaction then run per row.
 The CPU kernels' rows are batch-invariant, so each row's logits are bitwise those it would get
@@ -121,7 +121,7 @@ def _forced_kernels(isa: str) -> Kernels:
     )  # fmt: skip
 
 
-class NativeForward:
+class SpecdecForward:
     """``engine="specdec"``: the forward of a :class:`~specdec.backends.verifier.ModelVerifier` by a
     :class:`DecoderRunner`, over a cache per sequence (a :class:`~specdec.backends.verifier.Forward`).
 
@@ -315,11 +315,6 @@ class NativeForward:
         """Nothing to give back."""
 
 
-class RunnerVerifier(ModelVerifier):
-    """``engine="specdec"``: a :class:`ModelVerifier` whose forward is a :class:`NativeForward` (a name for
-    that choice; it adds nothing to the verifier)."""
-
-    forward: NativeForward
-
-    def __init__(self, model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> None:
-        super().__init__(model, ops, chooser, forward=NativeForward(Target.of(model)))
+def specdec_verifier(model: Any, ops: TreeOps | None = None, chooser: TokenChooser | None = None) -> ModelVerifier:
+    """``engine="specdec"``: a :class:`ModelVerifier` whose forward is a :class:`SpecdecForward`."""
+    return ModelVerifier(model, ops, chooser, forward=SpecdecForward(Target.of(model)))
