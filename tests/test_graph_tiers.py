@@ -73,9 +73,9 @@ CORRUPT_WIDTHS: set[int] = set()
 
 def graph_verifier(model: Any) -> Any:
     """A static verifier in the ``cudagraphs`` mode on a CPU model (its constructor refuses that mode off
-    CUDA, so it is made eager and switched before its first forward; nothing was captured yet)."""
+    CUDA, so it is made eager and switched, engine and mode, before its first forward; nothing was captured yet)."""
     verifier = bucket_verifier(model, engine="buckets")
-    verifier.forward.mode = "cudagraphs"
+    verifier.forward.engine, verifier.forward.mode = "graphs", "cudagraphs"
     return verifier
 
 
