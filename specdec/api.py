@@ -10,10 +10,8 @@ the token-in/token-out call with no tokenizer involved.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from typing_extensions import Unpack
@@ -40,6 +38,7 @@ from specdec.model_cache import ModelSpec, resolve_model
 from specdec.model_memory import available_memory
 from specdec.models import eos_token_ids
 from specdec.options import RunOptions, split_options
+from specdec.turns import Turns
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
 
 
@@ -95,9 +94,7 @@ class Generator:
         backend: str | None = None,
         cache: str | None = None,
     ) -> None:
-        self._lock = threading.Lock()  # one generation at a time (class docstring: threads)
-        self._closed = False
-        self._holder: int | None = None  # the thread that holds it
+        self._turns = Turns()  # one generation at a time (class docstring: threads)
         self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype)
         engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
         self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
@@ -141,10 +138,7 @@ class Generator:
         Later calls of this generator raise :class:`~specdec.errors.SpecDecError`. Idempotent; also
         ``with Generator(...) as generator:``. :func:`run` and :func:`run_batch` close theirs; a
         generator that is garbage-collected gives its state back too."""
-        if self._holder == threading.get_ident():
-            raise SpecDecError("Generator.close was called from inside one of the generator's own calls")
-        with self._lock:
-            self._closed = True
+        with self._turns.closing():
             self.verifier.close()
             for rows in self._rows.values():
                 rows.close()
@@ -155,24 +149,6 @@ class Generator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _turn(self, what: str) -> Iterator[None]:
-        """Hold this generator's lock for ``what`` (class docstring: threads); a re-entrant call is an error."""
-        me = threading.get_ident()
-        if self._holder == me:
-            raise SpecDecError(
-                f"Generator.{what} was called while this thread is inside one of the generator's own calls "
-                "(e.g. from an on_tokens callback): a Generator runs one generation at a time"
-            )
-        with self._lock:
-            if self._closed:
-                raise SpecDecError(f"Generator.{what}: this Generator was closed; make a new one")
-            self._holder = me
-            try:
-                yield
-            finally:
-                self._holder = None
-
     def warm_up(self, max_tokens: int = 2048) -> float:
         """Pay the first-use costs now, not in the first :meth:`generate`; returns the seconds spent.
 
@@ -182,7 +158,7 @@ class Generator:
         cost model is loaded (the cached table, or a prior: nothing is timed). A server calls this once
         before taking requests. Nothing is generated and no sequence is disturbed.
         """
-        with self._turn("warm_up"):
+        with self._turns.turn("warm_up"):
             started = time.perf_counter()
             if self.budget.mode == "auto":  # first: a measured table picks the kernels the buckets are compiled with
                 self.planner_memory.load_cost(self.verifier)
@@ -198,7 +174,7 @@ class Generator:
         (:meth:`~specdec.types.TunableVerifier.use_kernels`). A
         generation calls it at its first draft, under any budget.
         """
-        with self._turn("cost_model"):
+        with self._turns.turn("cost_model"):
             return self.planner_memory.load_cost(self.verifier)
 
     def new_drafter(self) -> Drafter:
@@ -238,7 +214,7 @@ class Generator:
         """
         config = self.decoding_config(**options)
         ids = prompt_ids(prompt, self.tokenizer, config.chat_template)
-        with self._turn("generate"):
+        with self._turns.turn("generate"):
             result = self._decode_one(ids, config, on_tokens)
             self._save_learned(result.stats.steps > 0)
         return result
@@ -329,7 +305,7 @@ class Generator:
             )
         check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = self.planner_memory.batch_planner(self.verifier, config.budget)
-        return self._locked("iter_batch", self._batch(verifier, requests, places, planner))
+        return self._turns.held("iter_batch", self._batch(verifier, requests, places, planner))
 
     def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
         """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
@@ -344,13 +320,6 @@ class Generator:
         if rows is None:
             rows = self._rows[batch_size] = row.batch(verifier, batch_size)
         return rows
-
-    def _locked(
-        self, what: str, rows: Iterator[tuple[int, GenerationResult]]
-    ) -> Iterator[tuple[int, GenerationResult]]:
-        """``rows`` under this generator's turn, from the first row to the last (or until the iterator is closed)."""
-        with self._turn(what):
-            yield from rows
 
     def _batch(
         self, verifier: Verifier[Any], requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
