@@ -30,13 +30,11 @@ from specdec.budget.planner import Budget
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
 from specdec.coercion import Prompt, prompt_ids, resolve_store
 from specdec.decoding import DecodingConfig, DecodingOptions
-from specdec.drafters import DrafterContext, make_factory, resolve_drafter
-from specdec.drafters.recycling_state import SharedMatrices
+from specdec.drafters.source import DrafterSource, drafter_context, finish
 from specdec.engine import BatchRequest, decode
 from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
 from specdec.model_memory import available_memory
-from specdec.models import eos_token_ids
 from specdec.options import RunOptions, split_options
 from specdec.turns import Turns
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
@@ -103,34 +101,16 @@ class Generator:
             self.verifier.use_kernels(table.kernels)
         self.budget = Budget.parse(budget)
         self.planner_memory = PlannerMemory()  # what the budget planners learn, kept across generations
-        # What drafters learned from this model (Token Recycling's matrix) is shared by its generators
-        # in this process and kept across processes, under the switch of the planner's statistics.
-        learned = planner_stats_enabled(planner_cache)
-        recycling = SharedMatrices(self.verifier.weights_fingerprint(), self.verifier.vocab_size, learned)
-        self.context = DrafterContext(
-            vocab_size=self.verifier.vocab_size,
-            tokenizer=self.tokenizer,
-            eos_token_ids=eos_token_ids(self.model, self.tokenizer),
-            store=resolve_store(store),
-            acceptance=self.planner_memory.acceptance,
-            recycling=recycling if learned else None,
-            model=self.model,
-        )
+        self.context = drafter_context(  # what the drafters learn is shared under the planner cache's switch
+            self.model, self.tokenizer, self.verifier.vocab_size, self.verifier.weights_fingerprint(),
+            store=resolve_store(store), acceptance=self.planner_memory.acceptance,
+            learned=planner_stats_enabled(planner_cache),
+        )  # fmt: skip
         tokenizer = self.tokenizer
         self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))
-        self._drafter_spec = drafter
-        # A named drafter's factory is made once (it may load a datastore) and checked here,
-        # so a bad name or option fails at construction, before any generation.
-        self._factory: DrafterFactory | None = None
-        options = dict(drafter_options or {})
-        if datastore is not None:  # shorthand for the datastore option of retrieval drafters
-            options["datastore"] = os.fspath(datastore)
-        if isinstance(drafter, str):
-            self._factory = make_factory(drafter, options, self.context)
-        elif options:
-            raise SpecDecError("drafter options apply only when the drafter is given by name")
+        self._drafters = DrafterSource(drafter, drafter_options, datastore, self.context)  # a bad name fails here
         self._rows: dict[int, ModelVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
-        self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
+        self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, self._drafters.options)
 
     def close(self) -> None:
         """Done with this generator: its verifier's device state (a static cache with its captured CUDA
@@ -179,9 +159,7 @@ class Generator:
 
     def new_drafter(self) -> Drafter:
         """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
-        if self._factory is not None:
-            return self._factory.create()
-        return resolve_drafter(self._drafter_spec)
+        return self._drafters.create()
 
     def decoding_config(self, **options: Unpack[DecodingOptions]) -> DecodingConfig:
         """The :class:`~specdec.decoding.DecodingConfig` of ``options`` (docs/usage.md) for this model and tokenizer.
@@ -227,9 +205,7 @@ class Generator:
         drafter = self.new_drafter()
         with FOLLOWER.following(self.verifier.description.device.type == "cpu"):  # the threads the load leaves
             result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
-        finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-        if callable(finish):
-            finish()
+        finish(drafter)  # the sequence ended: e.g. sam adds it to its store
         if self._decode_text is not None:
             result.text = self._decode_text(result.tokens)
         return result
@@ -298,11 +274,7 @@ class Generator:
         verifier = self._batch_verifier(batch_size)
         limit = live_limit(verifier)
         places = batch_size if limit is None else min(batch_size, limit)
-        if places > 1 and self._factory is None and isinstance(self._drafter_spec, Drafter):
-            raise SpecDecError(
-                "a batch gives every row its own drafter: pass the drafter by name or as a factory (a Drafter "
-                "object serves one sequence at a time), or batch_size=1"
-            )
+        self._drafters.check_rows(places)
         check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = self.planner_memory.batch_planner(self.verifier, config.budget)
         return self._turns.held("iter_batch", self._batch(verifier, requests, places, planner))
@@ -334,9 +306,7 @@ class Generator:
                 return
             for finished in decode_batch(verifier, requests, self.new_drafter, batch_size=batch_size,
                                          planner=planner):  # fmt: skip
-                finish = getattr(finished.drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-                if callable(finish):
-                    finish()
+                finish(finished.drafter)  # the sequence ended: e.g. sam adds it to its store
                 result = finished.result
                 if self._decode_text is not None:
                     result.text = self._decode_text(result.tokens)
