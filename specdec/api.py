@@ -17,9 +17,8 @@ from typing import Any
 from typing_extensions import Unpack
 
 from specdec.backends import former_spellings, make_verifier
-from specdec.backends.engines import row_of
 from specdec.backends.verifier import ModelVerifier
-from specdec.batch_rows import DEFAULT_BATCH_SIZE, check_batch, prompt_rows, row_configs
+from specdec.batch_rows import DEFAULT_BATCH_SIZE, BatchVerifiers, batch_requests
 from specdec.batching import check_memory, decode_batch, live_limit
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
@@ -109,7 +108,7 @@ class Generator:
         tokenizer = self.tokenizer
         self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))
         self._drafters = DrafterSource(drafter, drafter_options, datastore, self.context)  # a bad name fails here
-        self._rows: dict[int, ModelVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
+        self._rows = BatchVerifiers(self.verifier)  # the verifiers of batches, by places
         self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, self._drafters.options)
 
     def close(self) -> None:
@@ -120,8 +119,7 @@ class Generator:
         generator that is garbage-collected gives its state back too."""
         with self._turns.closing():
             self.verifier.close()
-            for rows in self._rows.values():
-                rows.close()
+            self._rows.close()
 
     def __enter__(self) -> Generator:
         return self
@@ -267,31 +265,14 @@ class Generator:
         size that fits).
         """
         config = self.decoding_config(**options)
-        check_batch(prompts, batch_size)
-        ids = prompt_rows(prompts, self.tokenizer, config, self.verifier.context_length, self.verifier.vocab_size)
-        requests = [BatchRequest(index, row_ids, row_config) for index, (row_ids, row_config) in enumerate(
-            zip(ids, row_configs(config, len(prompts), seeds, options), strict=True))]
-        verifier = self._batch_verifier(batch_size)
+        requests = batch_requests(prompts, batch_size, seeds, options, config, self.tokenizer, self.verifier)
+        verifier = self._rows.get(batch_size)
         limit = live_limit(verifier)
         places = batch_size if limit is None else min(batch_size, limit)
         self._drafters.check_rows(places)
         check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = self.planner_memory.batch_planner(self.verifier, config.budget)
         return self._turns.held("iter_batch", self._batch(verifier, requests, places, planner))
-
-    def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
-        """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
-        sequence (a static cache), the one its engine's row makes for a batch (``batch`` of
-        :data:`~specdec.backends.engines.TABLE`: made at the first batch of that size, closed with this
-        generator), which verifies every row in one forward."""
-        verifier = self.verifier
-        row = row_of(verifier)
-        if batch_size < 2 or row is None or row.batch is None:
-            return verifier
-        rows = self._rows.get(batch_size)
-        if rows is None:
-            rows = self._rows[batch_size] = row.batch(verifier, batch_size)
-        return rows
 
     def _batch(
         self, verifier: Verifier[Any], requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
