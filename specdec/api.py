@@ -19,7 +19,7 @@ from typing_extensions import Unpack
 from specdec.backends import former_spellings, make_verifier
 from specdec.backends.verifier import ModelVerifier
 from specdec.batch_rows import DEFAULT_BATCH_SIZE, BatchVerifiers, batch_requests
-from specdec.batching import check_memory, decode_batch, live_limit
+from specdec.batching import batch_places, check_memory, decode_batch
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
@@ -27,11 +27,10 @@ from specdec.budget.machine_load import FOLLOWER
 from specdec.budget.memory import PlannerMemory
 from specdec.budget.planner import Budget
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
-from specdec.coercion import Prompt, prompt_ids, resolve_store
+from specdec.coercion import Prompt, prompt_ids, resolve_store, text_decoder
 from specdec.decoding import DecodingConfig, DecodingOptions
 from specdec.drafters.source import DrafterSource, drafter_context, finish
 from specdec.engine import BatchRequest, decode
-from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
 from specdec.model_memory import available_memory
 from specdec.options import RunOptions, split_options
@@ -95,9 +94,7 @@ class Generator:
         self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype)
         engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
         self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
-        table = calibration_cache.cached_table(self.verifier)  # nothing measured here
-        if table is not None and table.measured:  # plain steps too run the kernels this machine's calibration chose
-            self.verifier.use_kernels(table.kernels)
+        calibration_cache.use_cached_kernels(self.verifier)  # nothing measured here
         self.budget = Budget.parse(budget)
         self.planner_memory = PlannerMemory()  # what the budget planners learn, kept across generations
         self.context = drafter_context(  # what the drafters learn is shared under the planner cache's switch
@@ -105,8 +102,7 @@ class Generator:
             store=resolve_store(store), acceptance=self.planner_memory.acceptance,
             learned=planner_stats_enabled(planner_cache),
         )  # fmt: skip
-        tokenizer = self.tokenizer
-        self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))
+        self._decode_text = text_decoder(self.tokenizer)
         self._drafters = DrafterSource(drafter, drafter_options, datastore, self.context)  # a bad name fails here
         self._rows = BatchVerifiers(self.verifier)  # the verifiers of batches, by places
         self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, self._drafters.options)
@@ -162,19 +158,15 @@ class Generator:
     def decoding_config(self, **options: Unpack[DecodingOptions]) -> DecodingConfig:
         """The :class:`~specdec.decoding.DecodingConfig` of ``options`` (docs/usage.md) for this model and tokenizer.
 
-        Every option is checked here (a bad one raises naming it); the model's end-of-sequence
-        ids, its generation config and this generator's default ``budget`` fill in what
-        ``options`` leave out.
+        Every option is checked here (a bad one raises naming it, an ``eos_token_id`` past the
+        vocabulary too); the model's end-of-sequence ids, its generation config and this
+        generator's default ``budget`` fill in what ``options`` leave out.
         """
-        config = DecodingConfig.build(
+        return DecodingConfig.build(
             options, generation_config=getattr(self.model, "generation_config", None),
             eos_token_ids=self.context.eos_token_ids, decode_text=self._decode_text, budget=self.budget,
+            vocab_size=self.verifier.vocab_size,
         )  # fmt: skip
-        vocab = self.verifier.vocab_size  # an end id the model can never emit would silently never end a run
-        outside = sorted(t for t in config.rules.eos_token_ids if t >= vocab)
-        if outside and options.get("eos_token_id") is not None:
-            raise SpecDecError(f"eos_token_id {outside[0]} is outside the model's vocabulary [0, {vocab})")
-        return config
 
     def generate(
         self,
@@ -203,7 +195,11 @@ class Generator:
         drafter = self.new_drafter()
         with FOLLOWER.following(self.verifier.description.device.type == "cpu"):  # the threads the load leaves
             result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
-        finish(drafter)  # the sequence ended: e.g. sam adds it to its store
+        return self._done(drafter, result)
+
+    def _done(self, drafter: Drafter, result: GenerationResult) -> GenerationResult:
+        """A sequence ended: its drafter finishes (e.g. sam adds it to its store), its result gets its text."""
+        finish(drafter)
         if self._decode_text is not None:
             result.text = self._decode_text(result.tokens)
         return result
@@ -229,11 +225,9 @@ class Generator:
         Each result equals what :meth:`generate` gives that prompt alone (with its seed, when
         sampling) and carries its own stats; :meth:`iter_batch` describes the batch and the options.
         """
-        results: list[GenerationResult | None] = [None] * len(prompts)
-        for index, result in self.iter_batch(prompts, batch_size=batch_size, seeds=seeds, **options):
-            results[index] = result
-        assert all(result is not None for result in results), "a batch row produced no result"
-        return [result for result in results if result is not None]
+        results = dict(self.iter_batch(prompts, batch_size=batch_size, seeds=seeds, **options))
+        assert sorted(results) == list(range(len(prompts))), "a batch row produced no result"
+        return [results[index] for index in range(len(prompts))]
 
     def iter_batch(
         self,
@@ -267,8 +261,7 @@ class Generator:
         config = self.decoding_config(**options)
         requests = batch_requests(prompts, batch_size, seeds, options, config, self.tokenizer, self.verifier)
         verifier = self._rows.get(batch_size)
-        limit = live_limit(verifier)
-        places = batch_size if limit is None else min(batch_size, limit)
+        places = batch_places(verifier, batch_size)
         self._drafters.check_rows(places)
         check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = self.planner_memory.batch_planner(self.verifier, config.budget)
@@ -285,12 +278,8 @@ class Generator:
                     stepped = stepped or result.stats.steps > 0
                     yield request.index, result
                 return
-            for finished in decode_batch(verifier, requests, self.new_drafter, batch_size=batch_size,
-                                         planner=planner):  # fmt: skip
-                finish(finished.drafter)  # the sequence ended: e.g. sam adds it to its store
-                result = finished.result
-                if self._decode_text is not None:
-                    result.text = self._decode_text(result.tokens)
+            for finished in decode_batch(verifier, requests, self.new_drafter, batch_size=batch_size, planner=planner):
+                result = self._done(finished.drafter, finished.result)
                 stepped = stepped or result.stats.steps > 0
                 yield finished.index, result
         finally:
@@ -335,9 +324,7 @@ def run_batch(
     or give ``seeds``, one per prompt). The options are :func:`run`'s but ``on_tokens``; see
     :meth:`Generator.iter_batch` for the batching itself.
     """
-    if options.get("on_tokens") is not None:
-        raise SpecDecError("run_batch does not stream tokens: use Generator.iter_batch for results as rows complete")
-    construction, decoding = split_options(options, "run_batch")
+    construction, decoding = split_options(options, "run_batch", streams=False)
     with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:
         return generator.generate_batch(prompts, batch_size=batch_size, seeds=seeds, **decoding)
 
