@@ -10,19 +10,16 @@ the token-in/token-out call with no tokenizer involved.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from typing_extensions import Unpack
 
 from specdec.backends import former_spellings, make_verifier
-from specdec.backends.engines import row_of
 from specdec.backends.verifier import ModelVerifier
-from specdec.batch_rows import DEFAULT_BATCH_SIZE, check_batch, prompt_rows, row_configs
-from specdec.batching import check_memory, decode_batch, live_limit
+from specdec.batch_rows import DEFAULT_BATCH_SIZE, BatchVerifiers, batch_requests
+from specdec.batching import batch_places, check_memory, decode_batch
 from specdec.budget import calibration_cache
 from specdec.budget.batch_planner import BatchPlanner
 from specdec.budget.cost_model import VerifyCostModel
@@ -30,16 +27,14 @@ from specdec.budget.machine_load import FOLLOWER
 from specdec.budget.memory import PlannerMemory
 from specdec.budget.planner import Budget
 from specdec.budget.planner_stats import enabled as planner_stats_enabled
-from specdec.coercion import Prompt, prompt_ids, resolve_store
+from specdec.coercion import Prompt, prompt_ids, resolve_store, text_decoder
 from specdec.decoding import DecodingConfig, DecodingOptions
-from specdec.drafters import DrafterContext, make_factory, resolve_drafter
-from specdec.drafters.recycling_state import SharedMatrices
+from specdec.drafters.source import DrafterSource, drafter_context, finish
 from specdec.engine import BatchRequest, decode
-from specdec.errors import SpecDecError
 from specdec.model_cache import ModelSpec, resolve_model
 from specdec.model_memory import available_memory
-from specdec.models import eos_token_ids
 from specdec.options import RunOptions, split_options
+from specdec.turns import Turns
 from specdec.types import Drafter, DrafterFactory, GenerationResult, Verifier
 
 
@@ -95,45 +90,22 @@ class Generator:
         backend: str | None = None,
         cache: str | None = None,
     ) -> None:
-        self._lock = threading.Lock()  # one generation at a time (class docstring: threads)
-        self._closed = False
-        self._holder: int | None = None  # the thread that holds it
+        self._turns = Turns()  # one generation at a time (class docstring: threads)
         self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype)
         engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
         self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
-        table = calibration_cache.cached_table(self.verifier)  # nothing measured here
-        if table is not None and table.measured:  # plain steps too run the kernels this machine's calibration chose
-            self.verifier.use_kernels(table.kernels)
+        calibration_cache.use_cached_kernels(self.verifier)  # nothing measured here
         self.budget = Budget.parse(budget)
         self.planner_memory = PlannerMemory()  # what the budget planners learn, kept across generations
-        # What drafters learned from this model (Token Recycling's matrix) is shared by its generators
-        # in this process and kept across processes, under the switch of the planner's statistics.
-        learned = planner_stats_enabled(planner_cache)
-        recycling = SharedMatrices(self.verifier.weights_fingerprint(), self.verifier.vocab_size, learned)
-        self.context = DrafterContext(
-            vocab_size=self.verifier.vocab_size,
-            tokenizer=self.tokenizer,
-            eos_token_ids=eos_token_ids(self.model, self.tokenizer),
-            store=resolve_store(store),
-            acceptance=self.planner_memory.acceptance,
-            recycling=recycling if learned else None,
-            model=self.model,
-        )
-        tokenizer = self.tokenizer
-        self._decode_text = None if tokenizer is None else lambda t: str(tokenizer.decode(t, skip_special_tokens=True))
-        self._drafter_spec = drafter
-        # A named drafter's factory is made once (it may load a datastore) and checked here,
-        # so a bad name or option fails at construction, before any generation.
-        self._factory: DrafterFactory | None = None
-        options = dict(drafter_options or {})
-        if datastore is not None:  # shorthand for the datastore option of retrieval drafters
-            options["datastore"] = os.fspath(datastore)
-        if isinstance(drafter, str):
-            self._factory = make_factory(drafter, options, self.context)
-        elif options:
-            raise SpecDecError("drafter options apply only when the drafter is given by name")
-        self._rows: dict[int, ModelVerifier] = {}  # a static cache's batch verifiers, by places (_batch_verifier)
-        self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, options)
+        self.context = drafter_context(  # what the drafters learn is shared under the planner cache's switch
+            self.model, self.tokenizer, self.verifier.vocab_size, self.verifier.weights_fingerprint(),
+            store=resolve_store(store), acceptance=self.planner_memory.acceptance,
+            learned=planner_stats_enabled(planner_cache),
+        )  # fmt: skip
+        self._decode_text = text_decoder(self.tokenizer)
+        self._drafters = DrafterSource(drafter, drafter_options, datastore, self.context)  # a bad name fails here
+        self._rows = BatchVerifiers(self.verifier)  # the verifiers of batches, by places
+        self.planner_memory.open_stats(planner_cache, self.verifier, self.tokenizer, drafter, self._drafters.options)
 
     def close(self) -> None:
         """Done with this generator: its verifier's device state (a static cache with its captured CUDA
@@ -141,37 +113,15 @@ class Generator:
         Later calls of this generator raise :class:`~specdec.errors.SpecDecError`. Idempotent; also
         ``with Generator(...) as generator:``. :func:`run` and :func:`run_batch` close theirs; a
         generator that is garbage-collected gives its state back too."""
-        if self._holder == threading.get_ident():
-            raise SpecDecError("Generator.close was called from inside one of the generator's own calls")
-        with self._lock:
-            self._closed = True
+        with self._turns.closing():
             self.verifier.close()
-            for rows in self._rows.values():
-                rows.close()
+            self._rows.close()
 
     def __enter__(self) -> Generator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @contextmanager
-    def _turn(self, what: str) -> Iterator[None]:
-        """Hold this generator's lock for ``what`` (class docstring: threads); a re-entrant call is an error."""
-        me = threading.get_ident()
-        if self._holder == me:
-            raise SpecDecError(
-                f"Generator.{what} was called while this thread is inside one of the generator's own calls "
-                "(e.g. from an on_tokens callback): a Generator runs one generation at a time"
-            )
-        with self._lock:
-            if self._closed:
-                raise SpecDecError(f"Generator.{what}: this Generator was closed; make a new one")
-            self._holder = me
-            try:
-                yield
-            finally:
-                self._holder = None
 
     def warm_up(self, max_tokens: int = 2048) -> float:
         """Pay the first-use costs now, not in the first :meth:`generate`; returns the seconds spent.
@@ -182,7 +132,7 @@ class Generator:
         cost model is loaded (the cached table, or a prior: nothing is timed). A server calls this once
         before taking requests. Nothing is generated and no sequence is disturbed.
         """
-        with self._turn("warm_up"):
+        with self._turns.turn("warm_up"):
             started = time.perf_counter()
             if self.budget.mode == "auto":  # first: a measured table picks the kernels the buckets are compiled with
                 self.planner_memory.load_cost(self.verifier)
@@ -198,31 +148,25 @@ class Generator:
         (:meth:`~specdec.types.TunableVerifier.use_kernels`). A
         generation calls it at its first draft, under any budget.
         """
-        with self._turn("cost_model"):
+        with self._turns.turn("cost_model"):
             return self.planner_memory.load_cost(self.verifier)
 
     def new_drafter(self) -> Drafter:
         """The drafter for the next sequence: fresh from the factory, or the user's object as is."""
-        if self._factory is not None:
-            return self._factory.create()
-        return resolve_drafter(self._drafter_spec)
+        return self._drafters.create()
 
     def decoding_config(self, **options: Unpack[DecodingOptions]) -> DecodingConfig:
         """The :class:`~specdec.decoding.DecodingConfig` of ``options`` (docs/usage.md) for this model and tokenizer.
 
-        Every option is checked here (a bad one raises naming it); the model's end-of-sequence
-        ids, its generation config and this generator's default ``budget`` fill in what
-        ``options`` leave out.
+        Every option is checked here (a bad one raises naming it, an ``eos_token_id`` past the
+        vocabulary too); the model's end-of-sequence ids, its generation config and this
+        generator's default ``budget`` fill in what ``options`` leave out.
         """
-        config = DecodingConfig.build(
+        return DecodingConfig.build(
             options, generation_config=getattr(self.model, "generation_config", None),
             eos_token_ids=self.context.eos_token_ids, decode_text=self._decode_text, budget=self.budget,
+            vocab_size=self.verifier.vocab_size,
         )  # fmt: skip
-        vocab = self.verifier.vocab_size  # an end id the model can never emit would silently never end a run
-        outside = sorted(t for t in config.rules.eos_token_ids if t >= vocab)
-        if outside and options.get("eos_token_id") is not None:
-            raise SpecDecError(f"eos_token_id {outside[0]} is outside the model's vocabulary [0, {vocab})")
-        return config
 
     def generate(
         self,
@@ -238,7 +182,7 @@ class Generator:
         """
         config = self.decoding_config(**options)
         ids = prompt_ids(prompt, self.tokenizer, config.chat_template)
-        with self._turn("generate"):
+        with self._turns.turn("generate"):
             result = self._decode_one(ids, config, on_tokens)
             self._save_learned(result.stats.steps > 0)
         return result
@@ -251,9 +195,11 @@ class Generator:
         drafter = self.new_drafter()
         with FOLLOWER.following(self.verifier.description.device.type == "cpu"):  # the threads the load leaves
             result = decode(self.verifier, drafter, ids, config, planner=planner, on_tokens=on_tokens)
-        finish = getattr(drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-        if callable(finish):
-            finish()
+        return self._done(drafter, result)
+
+    def _done(self, drafter: Drafter, result: GenerationResult) -> GenerationResult:
+        """A sequence ended: its drafter finishes (e.g. sam adds it to its store), its result gets its text."""
+        finish(drafter)
         if self._decode_text is not None:
             result.text = self._decode_text(result.tokens)
         return result
@@ -279,11 +225,9 @@ class Generator:
         Each result equals what :meth:`generate` gives that prompt alone (with its seed, when
         sampling) and carries its own stats; :meth:`iter_batch` describes the batch and the options.
         """
-        results: list[GenerationResult | None] = [None] * len(prompts)
-        for index, result in self.iter_batch(prompts, batch_size=batch_size, seeds=seeds, **options):
-            results[index] = result
-        assert all(result is not None for result in results), "a batch row produced no result"
-        return [result for result in results if result is not None]
+        results = dict(self.iter_batch(prompts, batch_size=batch_size, seeds=seeds, **options))
+        assert sorted(results) == list(range(len(prompts))), "a batch row produced no result"
+        return [results[index] for index in range(len(prompts))]
 
     def iter_batch(
         self,
@@ -315,42 +259,13 @@ class Generator:
         size that fits).
         """
         config = self.decoding_config(**options)
-        check_batch(prompts, batch_size)
-        ids = prompt_rows(prompts, self.tokenizer, config, self.verifier.context_length, self.verifier.vocab_size)
-        requests = [BatchRequest(index, row_ids, row_config) for index, (row_ids, row_config) in enumerate(
-            zip(ids, row_configs(config, len(prompts), seeds, options), strict=True))]
-        verifier = self._batch_verifier(batch_size)
-        limit = live_limit(verifier)
-        places = batch_size if limit is None else min(batch_size, limit)
-        if places > 1 and self._factory is None and isinstance(self._drafter_spec, Drafter):
-            raise SpecDecError(
-                "a batch gives every row its own drafter: pass the drafter by name or as a factory (a Drafter "
-                "object serves one sequence at a time), or batch_size=1"
-            )
+        requests = batch_requests(prompts, batch_size, seeds, options, config, self.tokenizer, self.verifier)
+        verifier = self._rows.get(batch_size)
+        places = batch_places(verifier, batch_size)
+        self._drafters.check_rows(places)
         check_memory(verifier, requests, batch_size, available_memory(verifier.description.device))
         planner = self.planner_memory.batch_planner(self.verifier, config.budget)
-        return self._locked("iter_batch", self._batch(verifier, requests, places, planner))
-
-    def _batch_verifier(self, batch_size: int) -> Verifier[Any]:
-        """The verifier a batch of ``batch_size`` places runs on: this generator's own; where that holds one
-        sequence (a static cache), the one its engine's row makes for a batch (``batch`` of
-        :data:`~specdec.backends.engines.TABLE`: made at the first batch of that size, closed with this
-        generator), which verifies every row in one forward."""
-        verifier = self.verifier
-        row = row_of(verifier)
-        if batch_size < 2 or row is None or row.batch is None:
-            return verifier
-        rows = self._rows.get(batch_size)
-        if rows is None:
-            rows = self._rows[batch_size] = row.batch(verifier, batch_size)
-        return rows
-
-    def _locked(
-        self, what: str, rows: Iterator[tuple[int, GenerationResult]]
-    ) -> Iterator[tuple[int, GenerationResult]]:
-        """``rows`` under this generator's turn, from the first row to the last (or until the iterator is closed)."""
-        with self._turn(what):
-            yield from rows
+        return self._turns.held("iter_batch", self._batch(verifier, requests, places, planner))
 
     def _batch(
         self, verifier: Verifier[Any], requests: list[BatchRequest], batch_size: int, planner: BatchPlanner
@@ -363,14 +278,8 @@ class Generator:
                     stepped = stepped or result.stats.steps > 0
                     yield request.index, result
                 return
-            for finished in decode_batch(verifier, requests, self.new_drafter, batch_size=batch_size,
-                                         planner=planner):  # fmt: skip
-                finish = getattr(finished.drafter, "finish", None)  # the sequence ended: e.g. sam adds it to its store
-                if callable(finish):
-                    finish()
-                result = finished.result
-                if self._decode_text is not None:
-                    result.text = self._decode_text(result.tokens)
+            for finished in decode_batch(verifier, requests, self.new_drafter, batch_size=batch_size, planner=planner):
+                result = self._done(finished.drafter, finished.result)
                 stepped = stepped or result.stats.steps > 0
                 yield finished.index, result
         finally:
@@ -415,9 +324,7 @@ def run_batch(
     or give ``seeds``, one per prompt). The options are :func:`run`'s but ``on_tokens``; see
     :meth:`Generator.iter_batch` for the batching itself.
     """
-    if options.get("on_tokens") is not None:
-        raise SpecDecError("run_batch does not stream tokens: use Generator.iter_batch for results as rows complete")
-    construction, decoding = split_options(options, "run_batch")
+    construction, decoding = split_options(options, "run_batch", streams=False)
     with Generator(model, options.get("tokenizer"), drafter=drafter, **construction) as generator:
         return generator.generate_batch(prompts, batch_size=batch_size, seeds=seeds, **decoding)
 

@@ -1,5 +1,6 @@
 """The rows of a batch (:meth:`specdec.Generator.iter_batch`): the arguments checked, every prompt's
-token ids checked against the model, and each row's own decoding config (its sampling seed)."""
+token ids checked against the model, each row's own decoding config (its sampling seed), and the
+verifier the batch runs on (:class:`BatchVerifiers`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specdec.backends.engines import row_of
+from specdec.backends.verifier import ModelVerifier
 from specdec.coercion import Prompt, prompt_ids
 from specdec.decoding import DecodingConfig
+from specdec.engine import BatchRequest
 from specdec.errors import SpecDecError
 
 DEFAULT_BATCH_SIZE = 8
@@ -59,3 +63,45 @@ def row_configs(
         row_seeds = [None if base is None else base + index for index in range(count)]
     return [config if seed is None else dataclasses.replace(config, decision=config.decision.with_seed(seed))
             for seed in row_seeds]  # fmt: skip
+
+
+def batch_requests(
+    prompts: Sequence[Prompt], batch_size: int, seeds: Sequence[int] | None, options: Mapping[str, Any],
+    config: DecodingConfig, tokenizer: Any, verifier: ModelVerifier,
+) -> list[BatchRequest]:
+    """Every prompt's row, all checked (:func:`check_batch`, :func:`prompt_rows` against ``verifier``'s
+    model), each with its own config (:func:`row_configs`), indexed in prompt order."""
+    check_batch(prompts, batch_size)
+    ids = prompt_rows(prompts, tokenizer, config, verifier.context_length, verifier.vocab_size)
+    configs = row_configs(config, len(prompts), seeds, options)
+    return [BatchRequest(index, row_ids, row_config)
+            for index, (row_ids, row_config) in enumerate(zip(ids, configs, strict=True))]  # fmt: skip
+
+
+class BatchVerifiers:
+    """The verifiers a generator's batches run on, by their places (batch size).
+
+    A batch runs on the generator's own ``verifier``; where that holds one sequence (a static
+    cache), on the one its engine's row makes for a batch (``batch`` of
+    :data:`~specdec.backends.engines.TABLE`: made at the first batch of that size, closed by
+    :meth:`close` with the generator), which verifies every row in one forward.
+    """
+
+    def __init__(self, verifier: ModelVerifier) -> None:
+        self.verifier = verifier
+        self.made: dict[int, ModelVerifier] = {}  # the rows verifiers made, by places
+
+    def get(self, batch_size: int) -> ModelVerifier:
+        """The verifier a batch of ``batch_size`` places runs on."""
+        row = row_of(self.verifier)
+        if batch_size < 2 or row is None or row.batch is None:
+            return self.verifier
+        rows = self.made.get(batch_size)
+        if rows is None:
+            rows = self.made[batch_size] = row.batch(self.verifier, batch_size)
+        return rows
+
+    def close(self) -> None:
+        """Close every rows verifier made (the generator's own verifier is the generator's to close)."""
+        for rows in self.made.values():
+            rows.close()

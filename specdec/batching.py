@@ -64,6 +64,12 @@ def live_limit(verifier: Verifier[Any]) -> int | None:
     return verifier.live_limit if isinstance(verifier, BatchVerifier) else 1
 
 
+def batch_places(verifier: Verifier[Any], batch_size: int) -> int:
+    """How many rows a batch of ``batch_size`` runs at once on ``verifier``: no more than it holds."""
+    limit = live_limit(verifier)
+    return batch_size if limit is None else min(batch_size, limit)
+
+
 def check_memory(
     verifier: Verifier[Any], requests: Sequence[BatchRequest], batch_size: int, available: int | None
 ) -> int | None:
@@ -78,8 +84,7 @@ def check_memory(
     """
     if not isinstance(verifier, BatchVerifier) or not requests:
         return None
-    limit = live_limit(verifier)
-    places = batch_size if limit is None else min(batch_size, limit)
+    places = batch_places(verifier, batch_size)
     sizes = []
     for request in requests:
         tokens = (len(request.prompt) + reachable(request.config, verifier, len(request.prompt))
@@ -124,8 +129,7 @@ def decode_batch(
     for all of it), ``stats.draft_s`` the row's own drafting plus the batch's planning, and
     ``stats.other_s`` what it waited for the other rows (their drafting, joining rows' prefills).
     """
-    limit = live_limit(verifier)
-    places = batch_size if limit is None else min(batch_size, limit)
+    places = batch_places(verifier, batch_size)
     budget = "" if planner is None else str(planner.budget)
     offer = None if planner is None else planner.row_offer(places)  # the most nodes a row asks its drafter for
     queue = iter(requests)

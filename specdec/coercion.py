@@ -8,7 +8,7 @@ prompt (:func:`prompt_ids`), and ``True``/``False``/a size/a store object as ``s
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from specdec.datastores.shared_store import SharedStore
@@ -28,6 +28,13 @@ def resolve_store(store: Any) -> SharedStore | Literal[False] | None:
     if isinstance(store, int) and not isinstance(store, bool):
         return SharedStore(store)
     raise SpecDecError(f"store must be True, False, a token budget (int) or a specdec.SharedStore, got {store!r}")
+
+
+def text_decoder(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    """Token ids to text by ``tokenizer``, special tokens skipped; None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    return lambda tokens: str(tokenizer.decode(tokens, skip_special_tokens=True))
 
 
 def prompt_ids(prompt: Any, tokenizer: Any, chat_template: bool | None) -> list[int]:

@@ -207,14 +207,17 @@ class DecodingConfig:
         eos_token_ids: Sequence[int] = (),
         decode_text: Callable[[list[int]], str] | None = None,
         budget: Budget | str | int = "auto",
+        vocab_size: int | None = None,
     ) -> DecodingConfig:
         """The config of ``options`` (:class:`DecodingOptions`), each checked; a bad one raises naming it.
 
         What the model decides comes in here: ``generation_config`` (sampling defaults, with
         ``use_generation_config``), ``eos_token_ids`` (the model's, unless ``eos_token_id``
         or ``ignore_eos`` say otherwise), ``decode_text`` (the tokenizer's, for stop
-        strings), ``budget`` (the default when ``budget`` is not given). An unknown option
-        is a ``TypeError``, as an unexpected keyword argument is.
+        strings), ``budget`` (the default when ``budget`` is not given), ``vocab_size`` (an
+        ``eos_token_id`` past it, which the model can never emit and so would silently never end
+        a run, is refused; None: not checked). An unknown option is a ``TypeError``, as an
+        unexpected keyword argument is.
         """
         unknown = sorted(set(options) - DECODING_OPTIONS)
         if unknown:
@@ -242,7 +245,7 @@ class DecodingConfig:
         max_nodes = _max_nodes(options.get("max_nodes"))
         if step_budget.nodes is not None:  # a fixed budget is a node cap
             max_nodes = step_budget.nodes if max_nodes is None else min(max_nodes, step_budget.nodes)
-        return cls(
+        config = cls(
             rules=rules,
             decision=resolve_decision(generation_config, use_generation_config=use_generation_config, **sampling),
             budget=step_budget,
@@ -251,3 +254,7 @@ class DecodingConfig:
             chat_template=options.get("chat_template"),
             min_new_tokens=_min_new_tokens(options.get("min_new_tokens", 0)),
         )
+        outside = sorted(t for t in rules.eos_token_ids if vocab_size is not None and t >= vocab_size)
+        if outside and options.get("eos_token_id") is not None:
+            raise SpecDecError(f"eos_token_id {outside[0]} is outside the model's vocabulary [0, {vocab_size})")
+        return config

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
 from specdec.decoding import DECODING_OPTIONS, DecodingOptions
+from specdec.errors import SpecDecError
 
 
 class GeneratorOptions(TypedDict, total=False):
@@ -34,8 +35,13 @@ class RunOptions(GeneratorOptions, DecodingOptions, total=False):
 GENERATOR_OPTIONS = frozenset(GeneratorOptions.__optional_keys__)
 
 
-def split_options(options: Mapping[str, Any], function: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(Generator options, decoding options)`` of ``run``/``generate`` keywords; an unknown one is a TypeError."""
+def split_options(
+    options: Mapping[str, Any], function: str, *, streams: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(Generator options, decoding options)`` of ``run``/``generate`` keywords; an unknown one is a TypeError.
+    ``streams=False`` (``run_batch``): an ``on_tokens`` callback is refused."""
+    if not streams and options.get("on_tokens") is not None:
+        raise SpecDecError(f"{function} does not stream tokens: use Generator.iter_batch for results as rows complete")
     unknown = sorted(set(options) - GENERATOR_OPTIONS - DECODING_OPTIONS - {"tokenizer", "on_tokens"})
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")

@@ -159,10 +159,10 @@ def test_a_static_cache_batches_its_rows_on_one_cache() -> None:
     assert isinstance(generator.verifier, BatchVerifier) and generator.verifier.live_limit == 1
     results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=12)
     assert [r.tokens for r in results] == alone(model, prompts, "buckets", max_new_tokens=12)
-    rows = generator._batch_verifier(4)
-    assert isinstance(rows.forward, RowsForward) and rows.live_limit == 4 and generator._batch_verifier(4) is rows
+    rows = generator._rows.get(4)
+    assert isinstance(rows.forward, RowsForward) and rows.live_limit == 4 and generator._rows.get(4) is rows
     assert rows.buckets[-1] == 512 and rows.forward.max_tree_nodes == generator.verifier.forward.max_tree_nodes == 128
-    assert generator._batch_verifier(1) is generator.verifier
+    assert generator._rows.get(1) is generator.verifier
     generator.close()
     with pytest.raises(SpecDecError, match="closed"):
         rows.prefill([1, 2, 3])

@@ -381,7 +381,7 @@ def test_assistant_model_drafts_with_the_model_drafter(drafter: str) -> None:
     assert hook.last_result is not None and hook.last_result.stats.mat > 1.0  # the target drafting for itself
     generator = hook.generator(model, ("model", model))
     expected = "model" if drafter == "sam+recycling" else drafter
-    assert generator._drafter_spec == expected
+    assert generator._drafters.spec == expected
     assert hook.generator(model, ("model", assistant)) is not generator  # another assistant: another Generator
     assert hook.generator(model, ("model", assistant)) is hook.generator(model, ("model", assistant))
 

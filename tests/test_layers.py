@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdec"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("commands", ("specdec.commands",)),
     ("bench / integrations", ("specdec.bench", "specdec.integrations")),
-    ("api", ("specdec.api", "specdec.hf", "specdec.testing", "specdec.coercion", "specdec.model_cache",
-             "specdec.options", "specdec.batch_rows", "specdec")),  # "specdec": the package's face, __init__.py
+    ("api", ("specdec.api", "specdec.turns", "specdec.hf", "specdec.testing", "specdec.coercion",
+             "specdec.model_cache", "specdec.options", "specdec.batch_rows", "specdec")),  # "specdec": __init__.py
     ("engine / drafters / budget", ("specdec.engine", "specdec.batching", "specdec.decoding", "specdec.drafters",
                                     "specdec.budget")),
     ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.model_memory",

@@ -452,7 +452,7 @@ def test_rows_of_a_batch_on_the_buckets_match_generate(arch: str) -> None:
     prompts = [past_the_ring(rng, some_prompt(rng, model, case), case * WINDOW + 1) for case in range(3)]
     generator = specdec.Generator(model, drafter="sam+recycling", engine="buckets", budget="full")
     results = generator.generate_batch(prompts, batch_size=3, max_new_tokens=4 * WINDOW)
-    (rows,) = generator._rows.values()
+    (rows,) = generator._rows.made.values()
     assert rows.forward.cache.ring == RING and _sliding_slots(rows.forward.cache)[0] == 3 * RING + rows.forward.scratch
     generator.close()
     for prompt, result in zip(prompts, results, strict=True):

@@ -74,7 +74,7 @@ class TamperingGenerator(soak.Generator):
 
     def generate(self, prompt: Any, **options: Any) -> Any:
         result = super().generate(prompt, **options)
-        if isinstance(self._drafter_spec, soak.RotatingFactory) and result.tokens:
+        if isinstance(self._drafters.spec, soak.RotatingFactory) and result.tokens:
             result.tokens[-1] = (result.tokens[-1] + 1) % VOCAB
         return result
 
@@ -120,7 +120,7 @@ class TamperingBatchGenerator(soak.Generator):
 
     def generate_batch(self, prompts: Any, **options: Any) -> Any:
         results = super().generate_batch(prompts, **options)
-        if isinstance(self._drafter_spec, soak.RotatingFactory) and results[1].tokens:
+        if isinstance(self._drafters.spec, soak.RotatingFactory) and results[1].tokens:
             results[1].tokens[-1] = (results[1].tokens[-1] + 1) % VOCAB
         return results
 

@@ -217,7 +217,7 @@ def test_rows_on_cuda_graphs_equal_their_lone_plain_decoding() -> None:
             generator = specdec.Generator(model, drafter=drafter, engine="graphs", budget="full")
             results = generator.generate_batch(prompts, batch_size=4, max_new_tokens=MAX_NEW)
             assert [r.tokens for r in results] == truth
-            rows = generator._batch_verifier(4)
+            rows = generator._rows.get(4)
             assert isinstance(rows.forward, RowsForward) and rows.forward.fallback_reason is None
             assert all(runner.mode == "cudagraphs" for runner in rows.forward.held.runners.values())
             generator.close()

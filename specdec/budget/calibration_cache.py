@@ -70,6 +70,14 @@ def cached_table(verifier: TunableVerifier[Any]) -> CostTable | None:
     return _cached_table(identity, verifier)
 
 
+def use_cached_kernels(verifier: TunableVerifier[Any]) -> None:
+    """Switch ``verifier`` to the kernels this machine's calibration chose, where a measured table is
+    known (:func:`cached_table`: nothing is measured here), so that plain steps too run them."""
+    table = cached_table(verifier)
+    if table is not None and table.measured:
+        verifier.use_kernels(table.kernels)
+
+
 def _cached_table(identity: dict[str, str], verifier: TunableVerifier[Any] | None = None) -> CostTable | None:
     """The table cached on disk for ``identity``; None when there is none, or it is unreadable, corrupt,
     another's or names a kernel variant ``verifier`` does not run (one warning: the file is replaced when a
