@@ -1,8 +1,8 @@
 """The house's marks (issue 73), measured from the tree: ``python tests/test_marks.py`` prints them all.
 
-The tests below assert the marks that are met: no import circle, our distribution name on every install line,
-README words, docs words (in all and per page). ``api.py`` lines and the largest class are printed by the script and
-not asserted until they are met.
+The tests below assert every mark: no import circle, our distribution name on every install line, ``api.py`` at
+most :data:`API_LINES` lines, no class in ``specdec/`` over :data:`CLASS_LINES`, README words, docs words (in all and
+per page).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ FOREIGN_INSTALL = re.compile(r"pip install\s+['\"]?specdec(?![-\w])")
 README_WORDS = 1_100  # the marks on words: README.md, all of docs/ (*.md, recursively), any one page of docs/
 DOCS_WORDS = 20_000
 PAGE_WORDS = 5_000
+API_LINES = 350  # the marks on code: specdec/api.py's lines, and any one class's in specdec/
+CLASS_LINES = 300
 
 
 def api_lines() -> int:
@@ -93,6 +95,12 @@ def test_the_distribution_is_ours_and_every_install_line_names_it() -> None:
     assert not FOREIGN_INSTALL.search("pip install 'specdec-lossless[bench]'")
 
 
+def test_api_and_every_class_are_within_their_lines_marks() -> None:
+    assert api_lines() <= API_LINES, f"specdec/api.py: {api_lines()} lines > {API_LINES}"
+    lines, where = largest_class()
+    assert lines <= CLASS_LINES, f"{where}: {lines} lines > {CLASS_LINES}"
+
+
 def test_the_readme_and_docs_are_within_their_words_marks() -> None:
     assert words_over_marks(words(ROOT / "README.md"), docs_words()) == []
 
@@ -118,8 +126,8 @@ if __name__ == "__main__":
     pages = docs_words()
     longest = max(pages.items(), key=lambda item: item[1])
     modules, rooms = circles()
-    print(f"api.py lines: {api_lines()} (mark 350)")
-    print(f"largest class: {largest_class()[0]} lines, {largest_class()[1]} (mark 300)")
+    print(f"api.py lines: {api_lines()} (mark {API_LINES})")
+    print(f"largest class: {largest_class()[0]} lines, {largest_class()[1]} (mark {CLASS_LINES})")
     print(f"README words: {words(ROOT / 'README.md')} (mark {README_WORDS})")
     over = sum(1 for n in pages.values() if n > PAGE_WORDS)
     print(f"docs words: {sum(pages.values())} in {len(pages)} pages (mark {DOCS_WORDS}); longest {longest[0]}"
