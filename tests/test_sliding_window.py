@@ -391,8 +391,8 @@ def _bucket_tree_logits(model: Any, prompt: list[int], tree: DraftTree, windowed
     from specdec.backends.forward import Target
     from specdec.backends.verifier import ModelVerifier
 
-    window = sliding.window_of(model) if windowed else None
-    verifier = ModelVerifier(model, forward=BucketForward(Target.of(model), engine="buckets", window=window))
+    forward = BucketForward(Target.of(model), engine="buckets", window="model" if windowed else None)
+    verifier = ModelVerifier(model, forward=forward)
     state, _, _ = verifier.prefill(prompt)
     with torch.inference_mode():
         logits, _ = verifier.forward.tree(state, tree)

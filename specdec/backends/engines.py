@@ -54,8 +54,7 @@ class Engine:
 
 
 def _hf(model: Any, ops: TreeOps, chooser: TokenChooser | None) -> ModelVerifier:
-    forward = HFForward(Target.of(model), ops, sliding.engine_window(model, "hf"))  # refuses what it cannot verify
-    return ModelVerifier(model, ops, chooser, forward=forward)
+    return ModelVerifier(model, ops, chooser, forward=HFForward(Target.of(model), ops))  # it refuses what it cannot run
 
 
 def _specdec(model: Any, ops: TreeOps, chooser: TokenChooser | None) -> ModelVerifier:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
@@ -150,6 +150,17 @@ def window_of(model: Any) -> SlidingWindow | None:
     config = getattr(model, "config", None)
     found = None if config is None else layout(config)
     return None if found is None else SlidingWindow(tuple(found[0]), found[1])
+
+
+# A forward's ``window=`` argument: a layout, None (full attention only), or "model": the model's own, checked for the
+# forward's engine (engine_window), which is what every forward takes unless a test says otherwise.
+WindowArg = SlidingWindow | None | Literal["model"]
+
+
+def forward_window(window: WindowArg, model: Any, engine: str) -> SlidingWindow | None:
+    """The layout a forward of ``engine`` runs ``model`` with: ``window`` as given, or for ``"model"`` the model's own
+    (:func:`engine_window`, which refuses what the engine cannot verify)."""
+    return engine_window(model, engine) if isinstance(window, str) else window
 
 
 def engine_window(model: Any, engine: str) -> SlidingWindow | None:

@@ -37,7 +37,6 @@ import torch
 from specdec.backends.forward import Forward, KVState, Target, check_model, kv_bytes_per_token
 from specdec.backends.hf.forward import HFForward
 from specdec.backends.identity import model_identity, weights_fingerprint
-from specdec.backends.sliding import engine_window
 from specdec.backends.topk import topk_ids
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import Acceptance, TorchTreeOps, TreeOps, accept_each
@@ -91,7 +90,7 @@ class ModelVerifier:
         forward: Forward | None = None,
     ) -> None:  # fmt: skip
         self.ops: TreeOps = ops or TorchTreeOps()
-        self.forward: Forward = forward or HFForward(Target.of(model), self.ops, engine_window(model, "hf"))
+        self.forward: Forward = forward or HFForward(Target.of(model), self.ops)
         if self.forward.target.model is not model:
             raise SpecDecError("the forward was made for another model")
         self.model = model

@@ -70,7 +70,7 @@ from specdec.backends.buckets.shared import ForwardStore, SharedForward, store_f
 from specdec.backends.buckets.sizes import BUCKETS, STATIC_ENGINES, window_width
 from specdec.backends.buckets.windows import bucket_rewind, setup_rings
 from specdec.backends.forward import KVState, ModelKernels, Target
-from specdec.backends.sliding import SlidingWindow, engine_window
+from specdec.backends.sliding import WindowArg, forward_window
 from specdec.backends.slot_cache import MIN_CAPACITY, StaticKVCache, capacity_for
 from specdec.backends.tree_ops import TreeOps
 from specdec.backends.verifier import ModelVerifier
@@ -86,8 +86,8 @@ class BucketForward(ModelKernels):
     CUDA, the compiled buckets elsewhere), each of the mode :data:`STATIC_ENGINES` gives it. ``buckets``:
     the tree sizes that get a forward of their own; trees are padded up to the next one, and the largest
     is the most nodes one step may verify (:attr:`max_tree_nodes`). ``window``: the model's sliding-window
-    layout (:func:`~specdec.backends.sliding.engine_window`), whose sliding layers the cache holds in rings
-    (:mod:`specdec.backends.buckets.windows`); None: full attention only.
+    layout (default: its own, :func:`~specdec.backends.sliding.forward_window`), whose sliding layers the cache
+    holds in rings (:mod:`specdec.backends.buckets.windows`); None: full attention only.
 
     One cache serves one sequence at a time: a prefill starts a new sequence (its state's
     ``seat`` numbers it) and the previous sequence's state can no longer be verified (a clear
@@ -98,7 +98,7 @@ class BucketForward(ModelKernels):
 
     def __init__(
         self, target: Target, *, engine: str | None = None, buckets: Sequence[int] = BUCKETS,
-        window: SlidingWindow | None = None, rings: tuple[int, int, int] | None = None,
+        window: WindowArg = "model", rings: tuple[int, int, int] | None = None,
         first_capacity: int = MIN_CAPACITY, setting: tuple[Any, ...] = (),
     ) -> None:  # fmt: skip
         """``rings``: a batch's ``(largest tree, places, scratch)`` for the sliding layers' rings
@@ -118,6 +118,8 @@ class BucketForward(ModelKernels):
         buckets = tuple(sorted(set(int(b) for b in buckets)))
         if not buckets or buckets[0] != 1:
             raise SpecDecError(f"static-cache buckets must include 1 (plain steps), got {list(buckets)}")
+        # The layout first: it refuses linear-attention and state-space layers before anything is leased.
+        self.window = window = forward_window(window, model, "buckets")
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         num_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(num_layers, int) or num_layers < 1:
@@ -134,7 +136,6 @@ class BucketForward(ModelKernels):
                         *setting)  # fmt: skip
         self.lease = Lease(self, self.mode, pool_setting, num_layers, first_capacity)
         self.checks = CheckedRunners(self, self.runner_class)
-        self.window = window
         # A lone sequence's forward writes its bucket's padding after its tree, in its ring too.
         setup_rings(self.cache, window, *(rings or (self.largest_bucket, 1, 0)))
         # inductor folds the weights in as constants; False: weights stay inputs
@@ -350,5 +351,4 @@ def bucket_verifier(
 ) -> ModelVerifier:  # fmt: skip
     """The fixed-shape engines' verifier (``"compiled"``, ``"graphs"``, ``"compiled-graphs"``, ``"buckets"``):
     a :class:`ModelVerifier` whose forward is a :class:`BucketForward` of ``engine`` and ``buckets``."""
-    forward = BucketForward(Target.of(model), engine=engine, buckets=buckets, window=engine_window(model, "buckets"))
-    return ModelVerifier(model, ops, chooser, forward=forward)
+    return ModelVerifier(model, ops, chooser, forward=BucketForward(Target.of(model), engine=engine, buckets=buckets))

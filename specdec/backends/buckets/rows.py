@@ -56,7 +56,7 @@ from specdec.backends.buckets.runner import BucketHost, BucketRunner
 from specdec.backends.buckets.sizes import BUCKETS
 from specdec.backends.buckets.windows import bucket_rewind
 from specdec.backends.forward import KVState, Target, kv_bytes_per_token
-from specdec.backends.sliding import SlidingWindow, engine_window
+from specdec.backends.sliding import WindowArg
 from specdec.backends.slot_cache import MIN_CAPACITY, capacity_for
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import TreeOps
@@ -125,7 +125,7 @@ class RowsForward(BucketForward):
 
     def __init__(
         self, target: Target, *, places: int, engine: str | None = None, buckets: Sequence[int] = ROWS_BUCKETS,
-        row_nodes: int | None = None, window: SlidingWindow | None = None,
+        row_nodes: int | None = None, window: WindowArg = "model",
     ) -> None:  # fmt: skip
         if isinstance(places, bool) or not isinstance(places, int) or places < 1:
             raise SpecDecError(f"places must be a positive int, got {places!r}")
@@ -290,8 +290,7 @@ def rows_bucket_verifier(
 ) -> ModelVerifier:  # fmt: skip
     """A fixed-shape engine's verifier of up to ``places`` sequences at once: a :class:`ModelVerifier` whose
     forward is a :class:`RowsForward` (arguments as there)."""
-    forward = RowsForward(Target.of(model), places=places, engine=engine, buckets=buckets, row_nodes=row_nodes,
-                          window=engine_window(model, "buckets"))  # fmt: skip
+    forward = RowsForward(Target.of(model), places=places, engine=engine, buckets=buckets, row_nodes=row_nodes)
     return ModelVerifier(model, ops, chooser, forward=forward)
 
 

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from specdec.backends.forward import KVState, ModelKernels, Target, kv_bytes_per_token
 from specdec.backends.hf import windows
-from specdec.backends.sliding import SlidingWindow
+from specdec.backends.sliding import WindowArg, forward_window
 from specdec.backends.tree_ops import TreeOps
 from specdec.types import DraftTree, KernelChoice
 
@@ -24,8 +24,8 @@ from specdec.types import DraftTree, KernelChoice
 class HFForward(ModelKernels):
     """``engine="hf"``: Hugging Face's own forward (``model(...)``), eager, a ``DynamicCache`` per
     sequence, with the default kernels; masks and compaction by the verifier's tree ops. ``window``: the
-    model's sliding-window layout (:func:`~specdec.backends.sliding.engine_window`), whose layers a
-    :class:`~specdec.backends.hf.windows.WindowedCache` holds; None: full attention only."""
+    model's sliding-window layout (default: its own, :func:`~specdec.backends.sliding.forward_window`), whose
+    layers a :class:`~specdec.backends.hf.windows.WindowedCache` holds; None: full attention only."""
 
     engine = "hf"
     cache_kind = "dynamic"  # a Hugging Face DynamicCache per sequence, eager forwards
@@ -34,9 +34,9 @@ class HFForward(ModelKernels):
     max_tree_nodes: int | None = None
     buckets: tuple[int, ...] | None = None  # every tree size runs a forward of its own
 
-    def __init__(self, target: Target, ops: TreeOps, window: SlidingWindow | None = None) -> None:
+    def __init__(self, target: Target, ops: TreeOps, window: WindowArg = "model") -> None:
         self.target = target
-        self.window = window
+        self.window = forward_window(window, target.model, "hf")
         self.model = target.model
         self.device = target.device
         self.ops = ops
