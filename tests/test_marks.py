@@ -1,6 +1,7 @@
 """The house's marks (issue 73), measured from the tree: ``python tests/test_marks.py`` prints them all.
 
-The tests below assert every mark: no import circle, our distribution name on every install line, ``api.py`` at
+The tests below assert every mark: no import circle, no engine's wing of ``specdec/backends/`` importing another's,
+our distribution name on every install line, ``api.py`` at
 most :data:`API_LINES` lines, no class in ``specdec/`` over :data:`CLASS_LINES`, README words, docs words (in all and
 per page).
 """
@@ -24,6 +25,7 @@ DOCS_WORDS = 20_000
 PAGE_WORDS = 5_000
 API_LINES = 350  # the marks on code: specdec/api.py's lines, and any one class's in specdec/
 CLASS_LINES = 300
+WINGS = ("hf", "buckets", "specdec_engine", "cuda_ext")  # specdec/backends/<wing>/: one engine's (or the kernels') own
 
 
 def api_lines() -> int:
@@ -67,6 +69,20 @@ def circles() -> tuple[list[list[str]], list[list[str]]]:
     return cycles(modules), cycles(rooms)
 
 
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["specdec", "backends"] and parts[2] in WINGS else None
+
+
+def wing_crossings(graph: dict[str, set[str]] | None = None) -> list[str]:
+    """Imports from one wing of ``specdec/backends/`` into another (``graph``: module -> modules it imports;
+    default: the tree's); empty when each wing uses only the shared hall and itself."""
+    if graph is None:
+        graph = {module: {target for target, _ in imports(module)} for module in MODULES}
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if wing_of(module) and wing_of(target) and wing_of(module) != wing_of(target))  # fmt: skip
+
+
 def distribution_name() -> str:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     found = re.search(r'^\[project\]\s*\nname\s*=\s*"([^"]+)"', text, re.M)
@@ -86,6 +102,13 @@ def foreign_install_lines() -> list[str]:
 def test_no_import_circle() -> None:
     modules, rooms = circles()
     assert modules == [] and rooms == []
+
+
+def test_no_wing_imports_another() -> None:
+    assert wing_crossings() == []
+    made_up = {"specdec.backends.hf.forward": {"specdec.backends.buckets.rows", "specdec.backends.verifier"},
+               "specdec.backends.buckets.rows": {"specdec.backends.buckets.forward"}}  # fmt: skip
+    assert wing_crossings(made_up) == ["specdec.backends.hf.forward -> specdec.backends.buckets.rows"]
 
 
 def test_the_distribution_is_ours_and_every_install_line_names_it() -> None:
@@ -133,4 +156,5 @@ if __name__ == "__main__":
     print(f"docs words: {sum(pages.values())} in {len(pages)} pages (mark {DOCS_WORDS}); longest {longest[0]}"
           f" {longest[1]} (mark {PAGE_WORDS}); pages over {PAGE_WORDS}: {over}")
     print(f"import circles: modules {modules}, rooms {rooms}")
+    print(f"imports across the wings of specdec/backends/ ({', '.join(WINGS)}): {wing_crossings()}")
     print(f"distribution: {distribution_name()}; install lines naming PyPI's other specdec: {foreign_install_lines()}")
