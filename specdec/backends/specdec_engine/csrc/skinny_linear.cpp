@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu_kernels.h"
 #include "skinny_linear.h"
@@ -33,6 +34,7 @@ namespace specdec_cpu_kernels {
 
 namespace portable {
 #include "skinny_portable.inc"
+#include "gguf_widen.inc"
 }  // namespace portable
 
 #if SPECDEC_X86
@@ -41,6 +43,7 @@ namespace portable {
 namespace avx2 {
 #define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "skinny_portable.inc"
+#include "gguf_widen.inc"
 #undef SPECDEC_X86_FMA
 }  // namespace avx2
 #pragma GCC pop_options
@@ -59,6 +62,7 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 namespace avx512 {
 
 #include "lane_sums_avx512.inc"
+#include "gguf_widen.inc"
 
 // Sixteen weight values at w[k], widened to float (all lanes, or the first `lanes` with zeros after).
 inline __m512 load_w(const float* w) { return _mm512_loadu_ps(w); }
@@ -240,11 +244,31 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 
 namespace {
 
+// Whether `weight` is GGUF blocks (uint8 [N, B, block_bytes]: skinny_linear.h) rather than a dense [N, K].
+bool is_blocks(const at::Tensor& weight) { return weight.scalar_type() == at::kByte; }
+
 // One weight's checks (shape, dtype, layout, bias), naming `op`.
 void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const char* op) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": CPU tensors only, got ", x.device(), " and ",
               weight.device());
+  if (is_blocks(weight)) {
+    TORCH_CHECK(weight.dim() == 3, op, ": GGUF blocks must be uint8 [out, blocks, block bytes], got shape ",
+                weight.sizes());
+    const int64_t elements = gguf_block_elements(weight.size(2));
+    TORCH_CHECK(elements > 0, op, ": GGUF blocks of ", weight.size(2),
+                " bytes are no supported type (Q8_0 34, Q4_0 18, Q4_1 20, Q4_K 144, Q6_K 210)");
+    TORCH_CHECK(x.size(-1) == weight.size(1) * elements, op, ": x's last dimension is ", x.size(-1),
+                ", the GGUF weight's in-features are ", weight.size(1) * elements, " (", weight.size(1), " blocks of ",
+                elements, ")");
+    TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": GGUF blocks take float32 x, got ", x.scalar_type());
+    TORCH_CHECK(weight.is_contiguous(), op, ": the GGUF blocks must be contiguous");
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == at::kFloat, op,
+                  ": bias must be [", weight.size(0), "] of float32, got ", bias->sizes(), " of ", bias->scalar_type());
+    }
+    return;
+  }
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be [out, in], got shape ", weight.sizes());
   const int64_t K = weight.size(1);
   const int64_t N = weight.size(0);
@@ -261,15 +285,32 @@ void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::opti
   }
 }
 
+// Rows [o_begin, o_end) of float32 x [M, K] by GGUF blocks w [N, B, block_bytes] into y [M, N] (float):
+// 16 weight rows at a time widened into `dense` [16, K] (skinny_linear.h: GGUF blocks), then the path's
+// float kernel over all M rows into `sums` [M, 16], copied into y's columns. Widening once per 16 weight
+// rows for all M x rows keeps a tree's verification one widening per weight, whatever its size.
+template <typename Widen, typename Float>
+void rows_blocks(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t blocks,
+                 int64_t block_bytes, int64_t o_begin, int64_t o_end, Widen widen, Float float_rows) {
+  constexpr int64_t kGroup = 16;
+  std::vector<float> dense(static_cast<size_t>(kGroup * K)), sums(static_cast<size_t>(M * kGroup));
+  const int64_t row_bytes = blocks * block_bytes;
+  for (int64_t o = o_begin; o < o_end; o += kGroup) {
+    const int64_t rows = std::min(kGroup, o_end - o);
+    for (int64_t r = 0; r < rows; ++r) widen(w + (o + r) * row_bytes, blocks, block_bytes, dense.data() + r * K);
+    float_rows(x, dense.data(), sums.data(), M, K, rows, 0, rows);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * N + o, sums.data() + m * rows, rows * sizeof(float));
+  }
+}
+
 // y_i = x @ W_i^T (+ b_i) for every weight of the group, all in one parallel pass: each thread takes
 // its share of every weight, so the threads meet once per group (not once per weight). Each output is
 // computed as skinny_linear alone computes it (the same kernel over the same rows): the group changes
 // only who computes what when.
 std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
                                 const std::vector<std::optional<at::Tensor>>& biases, Isa isa) {
-  const at::Tensor& first = weights[0];
-  const int64_t K = first.size(1);
-  const auto dtype = first.scalar_type();
+  const int64_t K = x.size(-1);
+  const auto dtype = x.scalar_type();  // every weight's, or float32 x beside GGUF blocks (check_weight)
   const at::Tensor rows = x.reshape({-1, K}).contiguous();  // [M, K]
   const int64_t M = rows.size(0);
   // float sums [M, N]; bfloat16 inputs are widened to float first (x is small) and the sums
@@ -281,6 +322,7 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
   };
   std::vector<at::Tensor> sums;
   for (const at::Tensor& weight : weights) sums.push_back(at::empty({M, weight.size(0)}, x_in.options()));
+  // (a GGUF weight's out-features are its size(0) too: [N, B, block_bytes])
   auto run = [&](const Task& task) {
     if (M == 0) return;  // no x rows: nothing to compute (and x's data pointer may be null)
     const int64_t N = weights[task.weight].size(0);
@@ -296,6 +338,27 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
     }
     const float* xp = x_in.const_data_ptr<float>();
     float* yp = sums[task.weight].mutable_data_ptr<float>();
+    if (is_blocks(weights[task.weight])) {
+      const at::Tensor& blocks = weights[task.weight];
+      const uint8_t* wp = blocks.const_data_ptr<uint8_t>();
+      const int64_t B = blocks.size(1), bytes = blocks.size(2);
+#if SPECDEC_X86
+      if (avx512_family(isa)) {
+        const bool stream = isa == Isa::kAvx512;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx512::widen_row,
+                           [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
+                                    int64_t ob, int64_t oe) { avx512::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); });
+      }
+      if (avx2_lanes8_family(isa)) {
+        const bool stream = isa == Isa::kAvx2;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row,
+                           [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
+                                    int64_t ob, int64_t oe) { avx2_lanes8::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); });
+      }
+      if (isa == Isa::kAvx2Lanes16) return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row, avx2::rows_f32);
+#endif
+      return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, portable::widen_row, portable::rows_f32);
+    }
     if (dtype == at::kFloat) {
       const float* wp = weights[task.weight].const_data_ptr<float>();
 #if SPECDEC_X86
@@ -364,6 +427,41 @@ std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList w
   }
   const Isa isa = parse_isa(std::string(isa_name), "skinny_linears");
   return linears(x, weights, bias_list, isa);
+}
+
+at::Tensor gguf_widen_cpu(const at::Tensor& blocks, c10::string_view isa_name) {
+  const char* op = "specdec_cpu::gguf_widen";
+  TORCH_CHECK(blocks.device().is_cpu(), op, ": CPU tensors only, got ", blocks.device());
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3, op,
+              ": GGUF blocks must be uint8 [out, blocks, block bytes], got ", blocks.scalar_type(), " of shape ",
+              blocks.sizes());
+  const int64_t elements = gguf_block_elements(blocks.size(2));
+  TORCH_CHECK(elements > 0, op, ": GGUF blocks of ", blocks.size(2),
+              " bytes are no supported type (Q8_0 34, Q4_0 18, Q4_1 20, Q4_K 144, Q6_K 210)");
+  TORCH_CHECK(blocks.is_contiguous(), op, ": the GGUF blocks must be contiguous");
+  const Isa isa = parse_isa(std::string(isa_name), "gguf_widen");
+  const int64_t N = blocks.size(0), B = blocks.size(1), bytes = blocks.size(2), K = B * elements;
+  at::Tensor dense = at::empty({N, K}, blocks.options().dtype(at::kFloat));
+  if (N == 0 || K == 0) return dense;
+  const uint8_t* wp = blocks.const_data_ptr<uint8_t>();
+  float* out = dense.mutable_data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const uint8_t* row = wp + o * B * bytes;
+#if SPECDEC_X86
+      if (avx512_family(isa)) {
+        avx512::widen_row(row, B, bytes, out + o * K);
+        continue;
+      }
+      if (avx2_family(isa)) {
+        avx2::widen_row(row, B, bytes, out + o * K);
+        continue;
+      }
+#endif
+      portable::widen_row(row, B, bytes, out + o * K);
+    }
+  });
+  return dense;
 }
 
 }  // namespace specdec_cpu_kernels
