@@ -47,7 +47,7 @@ import torch
 
 from specdec.backends.forward import KVState, Target
 from specdec.backends.slot_cache import StaticKVCache, capacity_for
-from specdec.backends.specdec_engine import cpu_kernels
+from specdec.backends.specdec_engine import cpu_kernels, gguf_blocks
 from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import TreeOps
@@ -110,14 +110,15 @@ class PlainStepTrial:
 
 
 @functools.cache
-def _forced_kernels(isa: str) -> Kernels:
+def _forced_kernels(isa: str, blocks: bool = False) -> Kernels:
     """Specdec's CPU kernels with every op forced to ``isa``
-    (:data:`~specdec.backends.specdec_engine.cpu_kernels.ISAS`)."""
+    (:data:`~specdec.backends.specdec_engine.cpu_kernels.ISAS`); ``blocks``: reading a GGUF model's blocks
+    (``Kernels.blocks``)."""
     return Kernels(
         functools.partial(cpu_kernels.skinny_linear, isa=isa), functools.partial(cpu_kernels.tree_attention, isa=isa),
         functools.partial(cpu_kernels.skinny_linears, isa=isa),
         functools.partial(cpu_kernels.tree_attention_segments, isa=isa), cpu_kernels.write_segments,
-        functools.partial(cpu_kernels.decoder_layers, isa=isa),
+        functools.partial(cpu_kernels.decoder_layers, isa=isa), blocks,
     )  # fmt: skip
 
 
@@ -141,10 +142,14 @@ class SpecdecForward:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.device = target.device
-        self.runner = DecoderRunner(target.model)
+        # A model loaded from a GGUF file: its linear layers read the file's blocks on the CPU kernels (the same
+        # bits as its float32 weights, a sixth of the bytes for Q4_1: gguf_blocks), torch's kernels the weights.
+        self.gguf = gguf_blocks.model_blocks(target.model)
+        self.runner = DecoderRunner(target.model, None if self.gguf is None else self.gguf.blocks)
+        self.blocks = self.gguf is not None
         self.cpu_kernels = Kernels(
             cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
-            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
+            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers, self.blocks,
         )  # fmt: skip
         self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
                                      cpu_kernels.write_segments)  # fmt: skip
@@ -157,7 +162,7 @@ class SpecdecForward:
             path = cpu_kernels.cpu_isa()
             self.runs_avx512 = path == "avx512"
             if path in cpu_kernels.BLOCKS_ISAS:
-                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISAS[path])
+                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISAS[path], self.blocks)
         # Where one-token forwards have other variants than "cpu" (the AVX-512 and AVX2 paths), the first plain
         # steps time them until a kernel choice is set (use_kernels: a calibration's, or a caller's) or they
         # decide.
@@ -179,8 +184,11 @@ class SpecdecForward:
     def identity(self) -> dict[str, str]:
         """The kernel path ``auto`` runs where the CPU kernels serve the model (``kernel_path``: the CPU's
         best, or the one ``SPECDEC_CPU_ISA`` forced): the throughput the planner statistics remember
-        differs between paths as much as between machines."""
-        return {"kernel_path": cpu_kernels.cpu_isa()} if self.kernels_available else {}
+        differs between paths as much as between machines; ``weights``: ``"gguf-blocks"`` where the linear
+        layers read a GGUF file's blocks (a sixth of the bytes: another speed)."""
+        if not self.kernels_available:
+            return {}
+        return {"kernel_path": cpu_kernels.cpu_isa(), **({"weights": "gguf-blocks"} if self.blocks else {})}
 
     @property
     def kernel_path(self) -> str:
@@ -193,7 +201,9 @@ class SpecdecForward:
         ``auto`` runs (``cpu_isa``: forced by ``SPECDEC_CPU_ISA`` or the CPU's best) where they serve this
         model, else ``"-"``: part of the calibration's identity, so costs measured on one path (or one
         machine's ISA) never plan another's."""
-        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}" if self.kernels_available else "-"
+        if not self.kernels_available:
+            return "-"
+        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}{'/gguf-blocks' if self.blocks else ''}"
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
@@ -226,7 +236,7 @@ class SpecdecForward:
         if variant == CPU_BLOCKS:
             return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
         if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: "cpu" itself
-            return _forced_kernels(cpu_kernels.AVX2_ISA) if self.runs_avx512 else self.cpu_kernels
+            return _forced_kernels(cpu_kernels.AVX2_ISA, self.blocks) if self.runs_avx512 else self.cpu_kernels
         return PLAIN
 
     # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------

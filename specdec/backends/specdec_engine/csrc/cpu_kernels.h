@@ -81,6 +81,10 @@ at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, cons
 std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList weights,
                                            const c10::List<std::optional<at::Tensor>>& biases, c10::string_view isa);
 
+// A skinny_linear weight's in-features: size(1) of a dense [N, K], B x elements per block of GGUF blocks
+// [N, B, block_bytes] (0 for a block size no type has).
+int64_t linear_in_features(const at::Tensor& weight);
+
 // GGUF blocks uint8 [N, B, block_bytes] (skinny_linear.h) -> float32 [N, B x elements per block]: the
 // values gguf-py's dequantizer gives (gguf_widen.inc), the ones skinny_linear widens them to.
 at::Tensor gguf_widen_cpu(const at::Tensor& blocks, c10::string_view isa);

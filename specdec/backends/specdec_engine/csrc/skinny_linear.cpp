@@ -429,6 +429,11 @@ std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList w
   return linears(x, weights, bias_list, isa);
 }
 
+int64_t linear_in_features(const at::Tensor& weight) {
+  if (weight.scalar_type() == at::kByte && weight.dim() == 3) return weight.size(1) * gguf_block_elements(weight.size(2));
+  return weight.size(-1);
+}
+
 at::Tensor gguf_widen_cpu(const at::Tensor& blocks, c10::string_view isa_name) {
   const char* op = "specdec_cpu::gguf_widen";
   TORCH_CHECK(blocks.device().is_cpu(), op, ": CPU tensors only, got ", blocks.device());
