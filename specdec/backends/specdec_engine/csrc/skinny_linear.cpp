@@ -43,7 +43,9 @@ namespace portable {
 namespace avx2 {
 #define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "skinny_portable.inc"
+#define SPECDEC_WIDEN_AVX2 1
 #include "gguf_widen.inc"
+#undef SPECDEC_WIDEN_AVX2
 #undef SPECDEC_X86_FMA
 }  // namespace avx2
 #pragma GCC pop_options
@@ -62,7 +64,9 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 namespace avx512 {
 
 #include "lane_sums_avx512.inc"
+#define SPECDEC_WIDEN_AVX512 1
 #include "gguf_widen.inc"
+#undef SPECDEC_WIDEN_AVX512
 
 // Sixteen weight values at w[k], widened to float (all lanes, or the first `lanes` with zeros after).
 inline __m512 load_w(const float* w) { return _mm512_loadu_ps(w); }
