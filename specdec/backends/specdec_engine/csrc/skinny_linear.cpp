@@ -60,7 +60,7 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 }  // namespace avx2_lanes8
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 namespace avx512 {
 
 #include "lane_sums_avx512.inc"
@@ -156,6 +156,74 @@ inline void group_pass(const float* x, const weight_t* w_group, float* park, int
   }
   for (int c = 0; c < RM; ++c)
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
+}
+
+// One group of G rows of GGUF blocks of a 32-element type (BYTES per block), each streamed start to end and
+// widened block by block in registers (widen_block32: the two 16-lane k steps of a block, which the
+// accumulators take in increasing k as group_pass takes a float row's), against RM rows of x (from row
+// m): the accumulators parked as group_pass parks them. Each weight byte is read from memory once and
+// never stored widened: a plain step reads the file's bytes, not float32's (Q4_1: 0.625 bytes a weight).
+template <int BYTES, int G, int RM>
+inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m) {
+  __m512 acc[G][RM];
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t row_bytes = B * BYTES;
+  for (int64_t blk = 0; blk < B; ++blk) {
+    __m512 x0[RM], x1[RM];
+    for (int c = 0; c < RM; ++c) {
+      x0[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32);
+      x1[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32 + 16);
+    }
+    for (int r = 0; r < G; ++r) {
+      __m512 first, second;
+      widen_block32<BYTES>(w_group + r * row_bytes + blk * BYTES, first, second);
+      for (int c = 0; c < RM; ++c) {
+        acc[r][c] = _mm512_fmadd_ps(first, x0[c], acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(second, x1[c], acc[r][c]);
+      }
+    }
+  }
+  for (int c = 0; c < RM; ++c)
+    for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
+}
+
+// Rows [o_begin, o_end) of float x [M <= 3, K] by GGUF blocks of a 32-element type, 16 weight rows at a
+// time (two groups of 8 streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
+// (the rows past the last whole 16 are the caller's).
+template <int BYTES>
+inline int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N,
+                                    int64_t B, int64_t o_begin, int64_t o_end) {
+  alignas(64) float park[3 * 16 * 16];
+  int64_t o = o_begin;
+  for (; o + 16 <= o_end; o += 16) {
+    for (int g = 0; g < 16; g += 8) {
+      const uint8_t* w_group = w + (o + g) * B * BYTES;
+      float* group_park = park + g * 16;
+      if (M == 1) {
+        group_pass_blocks<BYTES, 8, 1>(x, w_group, group_park, K, B, 0);
+      } else if (M == 2) {
+        group_pass_blocks<BYTES, 8, 2>(x, w_group, group_park, K, B, 0);
+      } else {
+        group_pass_blocks<BYTES, 8, 3>(x, w_group, group_park, K, B, 0);
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 acc[16];
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_load_ps(park + (m * 16 + r) * 16);
+      _mm512_storeu_ps(y + m * N + o, lane_sums16(acc));
+    }
+  }
+  return o;
+}
+
+int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t B,
+                             int64_t block_bytes, int64_t o_begin, int64_t o_end) {
+  if (M < 1 || M > 3) return o_begin;
+  if (block_bytes == 20) return rows_blocks_streamed<20>(x, w, y, M, K, N, B, o_begin, o_end);
+  if (block_bytes == 18) return rows_blocks_streamed<18>(x, w, y, M, K, N, B, o_begin, o_end);
+  if (block_bytes == 34) return rows_blocks_streamed<34>(x, w, y, M, K, N, B, o_begin, o_end);
+  return o_begin;
 }
 
 // Rows [o_begin, o_end) of w against all M rows of x (float; bfloat16 x is widened by the caller).
@@ -349,7 +417,11 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
 #if SPECDEC_X86
       if (avx512_family(isa)) {
         const bool stream = isa == Isa::kAvx512;
-        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx512::widen_row,
+        // 1-3 x rows of a 32-element type (the default model's): widened in registers on the way (the same
+        // bits); the rest (more rows, the K-quants, a share's last rows) through a widened buffer.
+        const int64_t done = stream ? avx512::rows_blocks_streamed(xp, wp, yp, M, K, N, B, bytes, b, e) : b;
+        if (done == e) return;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx512::widen_row,
                            [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
                                     int64_t ob, int64_t oe) { avx512::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); });
       }
