@@ -57,9 +57,12 @@ def random_blocks(kind: str, rows: int, count: int, rng: np.random.Generator, sc
 def dequantized(raw: np.ndarray, kind: str) -> np.ndarray:
     """gguf-py's widening (what transformers loads) of blocks ``[rows, count, size]`` -> float32 ``[rows, K]``."""
     rows = raw.shape[0]
+    elements, _ = cpu_kernels.GGUF_BLOCK_TYPES[kind]
+    if rows == 0:  # gguf-py's reshapes do not take empty arrays
+        return np.zeros((0, raw.shape[1] * elements), dtype=np.float32)
     with np.errstate(all="ignore"):
-        values = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType[kind])
-    out: np.ndarray = np.ascontiguousarray(values.reshape(rows, -1), dtype=np.float32)
+        values = gguf.quants.dequantize(raw.reshape(rows, raw.shape[1] * raw.shape[2]), gguf.GGMLQuantizationType[kind])
+    out: np.ndarray = np.ascontiguousarray(values.reshape(rows, raw.shape[1] * elements), dtype=np.float32)
     return out
 
 
