@@ -1,10 +1,10 @@
 """Bad input to specdec's CPU kernels (``torch.ops.specdec_cpu.*``): a RuntimeError naming it, never a crash.
 
 Every op of ``specdec/backends/specdec_engine/csrc`` (skinny_linear, with dense weights and with GGUF
-blocks, skinny_linears, gguf_widen, tree_attention, tree_attention_segments, write_segments, decoder_layers) gets hand cases in the child-process
-harness of ``child_cases.py`` (one child runs them all, each in three modes: torch on one thread,
-on several, from a Python thread; a crash fails the case that caused it, with its signal): a valid
-call that must return, then one breakage each (a shape, a dtype, a device, an empty input, a
+blocks, skinny_linears, gguf_widen, tree_attention, tree_attention_segments, write_segments,
+decoder_layers) gets hand cases in the child-process harness of ``child_cases.py`` (one child runs them
+all, each in three modes: torch on one thread, on several, from a Python thread; a crash fails the case
+that caused it, with its signal): a valid call that must return, then one breakage each (a shape, a dtype, a device, an empty input, a
 kernel path, a count), each with the message it must give. Random breakage: the hypothesis test
 at the end draws valid calls of the two main ops and breaks one thing. ``torch.library.opcheck``
 checks every op's schema, fake (meta) implementation and dispatch.
@@ -180,8 +180,8 @@ def test_bad_input_to_a_cpu_kernel_raises_naming_the_value(verdicts: dict[str, A
 
 
 def test_every_cpu_kernel_has_a_valid_case_and_a_bad_one() -> None:
-    for op in ("skinny_linear", "skinny_linears", "gguf_widen", "tree_attention", "tree_attention_segments", "write_segments",
-               "decoder_layers"):
+    for op in ("skinny_linear", "skinny_linears", "gguf_widen", "tree_attention", "tree_attention_segments",
+               "write_segments", "decoder_layers"):
         mine = [c for c in CASES if c.args[0] == op]
         assert any(c.match is None for c in mine) and any(c.match is not None for c in mine), op
 
@@ -234,6 +234,7 @@ def _opcheck_samples() -> dict[str, tuple[Any, ...]]:
 
     tril = torch.ones(3, 3, dtype=torch.bool).tril()
     gguf = torch.randint(0, 256, (5, 2, 20), dtype=torch.uint8, generator=generator)  # Q4_1 blocks
+    gguf[..., 0:4] = torch.tensor([0x1E, 0x20, 0x1E, 0xA0], dtype=torch.uint8)  # d, m: finite halves (no NaN out)
     values = dict(zip(("hidden", "cos", "sin"), (r(1, 2, 8), r(1, 2, 4), r(1, 2, 4)), strict=True))
     layer = (
         values["hidden"], values["cos"], values["sin"], [r(8), r(8)],

@@ -396,8 +396,8 @@ def skinny_linear(
     ``x`` ``[..., K]`` and ``weight`` ``[N, K]`` (contiguous) of one dtype in
     :data:`DTYPES`, on the CPU; ``bias`` ``[N]`` or None -> ``[..., N]``. ``weight`` may also be a GGUF
     file's blocks, uint8 ``[N, B, block_bytes]`` (:data:`GGUF_BLOCK_ELEMENTS`), with float32 ``x``: the
-    result is then bitwise the float32 product with :func:`gguf_widen` of them, reading only the blocks. ``isa`` forces a
-    kernel path (:data:`ISAS`; all but ``"avx2"`` give the same bits); one the CPU lacks raises.
+    result is then bitwise the float32 product with :func:`gguf_widen` of them, reading only the blocks.
+    ``isa`` forces a kernel path (:data:`ISAS`; all but ``"avx2"`` give the same bits); one the CPU lacks raises.
     Call :func:`load` first.
     """
     out: torch.Tensor = torch.ops.specdec_cpu.skinny_linear(x, weight, bias, isa)

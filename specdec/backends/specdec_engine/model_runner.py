@@ -250,10 +250,14 @@ class DecoderRunner:
             def sub(pair: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
                 return swap.get(id(pair[0]), pair[0]), pair[1]
 
-            layers = [replace(layer, q=sub(layer.q), k=sub(layer.k), v=sub(layer.v), o=sub(layer.o),
-                              gate=sub(layer.gate), up=sub(layer.up), down=sub(layer.down)) for layer in self.layers]  # fmt: skip
+            layers = [
+                replace(layer, q=sub(layer.q), k=sub(layer.k), v=sub(layer.v), o=sub(layer.o), gate=sub(layer.gate),
+                        up=sub(layer.up), down=sub(layer.down))
+                for layer in self.layers
+            ]  # fmt: skip
             self.block_parts = (layers, self._layer_weights(layers), sub(self.head))
-        self._probed: dict[tuple[int, bool, torch.dtype, torch.device], bool] = {}  # whether the op gave the loop's bits
+        # whether the op gave the loop's bits, per (op, blocks, dtype, device)
+        self._probed: dict[tuple[int, bool, torch.dtype, torch.device], bool] = {}
 
     def _parts(
         self, kernels: Kernels
@@ -293,7 +297,8 @@ class DecoderRunner:
             return False
         if kernels.attention_segments is None or kernels.write_segments is None:
             return False
-        key = (id(kernels.layers), kernels.blocks, self.head[0].dtype, self.head[0].device)  # a model moved or cast: again
+        # a model moved or cast is probed again
+        key = (id(kernels.layers), kernels.blocks, self.head[0].dtype, self.head[0].device)
         known = self._probed.get(key)
         if known is None:
             known = self._probe(kernels)
