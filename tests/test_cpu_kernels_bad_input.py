@@ -4,9 +4,10 @@ Every op of ``specdec/backends/specdec_engine/csrc`` (skinny_linear, with dense 
 blocks, skinny_linears, gguf_widen, tree_attention, tree_attention_segments, write_segments,
 decoder_layers) gets hand cases in the child-process harness of ``child_cases.py`` (one child runs them
 all, each in three modes: torch on one thread, on several, from a Python thread; a crash fails the case
-that caused it, with its signal): a valid call that must return, then one breakage each (a shape, a dtype, a device, an empty input, a
-kernel path, a count), each with the message it must give. Random breakage: the hypothesis test
-at the end draws valid calls of the two main ops and breaks one thing. ``torch.library.opcheck``
+that caused it, with its signal): a valid call that must return, then one breakage each (a shape, a
+dtype, a device, an empty input, a kernel path, a count), each with the message it must give. Random
+breakage: the hypothesis test at the end draws valid calls of the two main ops and breaks one thing.
+``torch.library.opcheck``
 checks every op's schema, fake (meta) implementation and dispatch.
 """
 
