@@ -7,8 +7,7 @@ all, each in three modes: torch on one thread, on several, from a Python thread;
 that caused it, with its signal): a valid call that must return, then one breakage each (a shape, a
 dtype, a device, an empty input, a kernel path, a count), each with the message it must give. Random
 breakage: the hypothesis test at the end draws valid calls of the two main ops and breaks one thing.
-``torch.library.opcheck``
-checks every op's schema, fake (meta) implementation and dispatch.
+``torch.library.opcheck`` checks every op's schema, fake (meta) implementation and dispatch.
 """
 
 from __future__ import annotations
