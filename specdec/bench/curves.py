@@ -74,7 +74,7 @@ def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
         finally:
             if weights is not None and before is None:
                 del os.environ[WEIGHTS_ENV]
-            elif weights is not None:
+            elif weights is not None and before is not None:
                 os.environ[WEIGHTS_ENV] = before
         for key, value in spec.options.items():
             if key in arguments or key == "gguf_weights":

@@ -358,13 +358,16 @@ void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::opti
 }
 
 // Rows [o_begin, o_end) of float32 x [M, K] by GGUF blocks w [N, B, block_bytes] into y [M, N] (float):
-// 16 weight rows at a time widened into `dense` [16, K] (skinny_linear.h: GGUF blocks), then the path's
-// float kernel over all M rows into `sums` [M, 16], copied into y's columns. Widening once per 16 weight
-// rows for all M x rows keeps a tree's verification one widening per weight, whatever its size.
+// `group` weight rows at a time widened into `dense` [group, K] (skinny_linear.h: GGUF blocks), then the
+// path's float kernel over all M rows into `sums` [M, group], copied into y's columns. Widening once per
+// weight row for all M x rows keeps a tree's verification one widening per weight, whatever its size.
+// `group`: the rows the path's float kernel takes together (16 for AVX-512's streams of 1-3 x rows, else
+// its register block: 4, or the portable kernel's 8), so the widened rows stay in L1 (4 rows of
+// 1,536 floats: 24 KiB) while all passes over the x rows read them.
 template <typename Widen, typename Float>
 void rows_blocks(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t blocks,
-                 int64_t block_bytes, int64_t o_begin, int64_t o_end, Widen widen, Float float_rows) {
-  constexpr int64_t kGroup = 16;
+                 int64_t block_bytes, int64_t o_begin, int64_t o_end, Widen widen, Float float_rows, int64_t group) {
+  const int64_t kGroup = group;
   std::vector<float> dense(static_cast<size_t>(kGroup * K)), sums(static_cast<size_t>(M * kGroup));
   const int64_t row_bytes = blocks * block_bytes;
   for (int64_t o = o_begin; o < o_end; o += kGroup) {
@@ -423,17 +426,20 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
         if (done == e) return;
         return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx512::widen_row,
                            [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
-                                    int64_t ob, int64_t oe) { avx512::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); });
+                                    int64_t ob, int64_t oe) { avx512::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); },
+                           stream && M <= 3 ? 16 : 4);
       }
       if (avx2_lanes8_family(isa)) {
         const bool stream = isa == Isa::kAvx2;
         return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row,
                            [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
-                                    int64_t ob, int64_t oe) { avx2_lanes8::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); });
+                                    int64_t ob, int64_t oe) { avx2_lanes8::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); },
+                           4);
       }
-      if (isa == Isa::kAvx2Lanes16) return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row, avx2::rows_f32);
+      if (isa == Isa::kAvx2Lanes16)
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row, avx2::rows_f32, 8);
 #endif
-      return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, portable::widen_row, portable::rows_f32);
+      return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, portable::widen_row, portable::rows_f32, 8);
     }
     if (dtype == at::kFloat) {
       const float* wp = weights[task.weight].const_data_ptr<float>();
