@@ -5,9 +5,9 @@ A **variant** is a verifier spec, ``label=engine[:key=value...]``: ``engine`` is
 a key that ``make_verifier`` takes is passed to it (``tree_ops``), any other key sets that
 attribute of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at every size
 (:meth:`~specdec.types.TunableVerifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
-``engine=specdec``), and ``gguf_weights=blocks|dense``, what ``engine=specdec`` reads of a model loaded
-from a GGUF file (:data:`~specdec.backends.specdec_engine.gguf_blocks.WEIGHTS_ENV`), so the file's blocks
-and the widened weights are timed in the same rounds. The default variants are the CPU paths' comparison (docs/budget.md):
+``engine=specdec``), and ``gguf_weights=blocks|dense``, what ``engine=specdec`` reads of a model
+loaded from a GGUF file (:data:`~specdec.backends.specdec_engine.gguf_blocks.WEIGHTS_ENV`), so the
+file's blocks and the widened weights are timed in the same rounds. The default variants are the CPU paths' comparison (docs/budget.md):
 
 - ``hf``: Hugging Face's own forward on its ``DynamicCache``;
 - ``specdec``: specdec's own forward (:mod:`specdec.backends.specdec_engine.model_runner`) with torch's kernels;
