@@ -7,7 +7,8 @@ attribute of the verifier, but ``kernels=VARIANT``, which runs that kernel varia
 (:meth:`~specdec.types.TunableVerifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
 ``engine=specdec``), and ``gguf_weights=blocks|dense``, what ``engine=specdec`` reads of a model
 loaded from a GGUF file (:data:`~specdec.backends.specdec_engine.gguf_blocks.WEIGHTS_ENV`), so the
-file's blocks and the widened weights are timed in the same rounds. The default variants are the CPU paths' comparison (docs/budget.md):
+file's blocks and the widened weights are timed in the same rounds. The default variants are the CPU
+paths' comparison (docs/budget.md):
 
 - ``hf``: Hugging Face's own forward on its ``DynamicCache``;
 - ``specdec``: specdec's own forward (:mod:`specdec.backends.specdec_engine.model_runner`) with torch's kernels;
