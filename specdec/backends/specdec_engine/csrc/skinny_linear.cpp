@@ -47,6 +47,85 @@ namespace avx2 {
 #include "gguf_widen.inc"
 #undef SPECDEC_WIDEN_AVX2
 #undef SPECDEC_X86_FMA
+
+// One block of a 32-element type (BYTES: Q8_0 34, Q4_0 18, Q4_1 20) as four 8-lane vectors (elements
+// 0-7, 8-15, 16-23, 24-31): the operations of gguf_widen.inc, one rounding each.
+template <int BYTES>
+inline void widen_block32(const uint8_t* b, __m256 v[4]) {
+  if constexpr (BYTES == 34) {
+    const __m256 d = _mm256_set1_ps(half_at(b));
+    for (int p = 0; p < 4; ++p) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + p * 8));
+      v[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  } else {
+    constexpr int kQs = BYTES == 20 ? 4 : 2;
+    const __m256 d = _mm256_set1_ps(half_at(b));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQs));
+    const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int p = 0; p < 4; ++p) {
+      __m256i n = _mm256_cvtepu8_epi32(parts[p]);
+      if constexpr (BYTES == 18) n = _mm256_sub_epi32(n, _mm256_set1_epi32(8));
+      const __m256 f = _mm256_cvtepi32_ps(n);
+      if constexpr (BYTES == 20) {
+        v[p] = _mm256_add_ps(_mm256_mul_ps(d, f), _mm256_set1_ps(half_at(b + 2)));
+      } else {
+        v[p] = _mm256_mul_ps(d, f);
+      }
+    }
+  }
+}
+
+// Rows [o_begin, o_end) of float x [RM <= 3, K] by GGUF blocks of a 32-element type, one weight row at a
+// time, start to end, widened in registers on the way: the contract with LANES lanes (8: the AVX2 path's
+// own; 16: the others', as 'avx2-lanes16' computes it), the accumulator of lane l taking k = l, l + LANES,
+// ... in increasing order, then lane_sum in the contract's order (skinny_linear.h).
+template <int BYTES, int LANES, int RM>
+inline void rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N, int64_t B,
+                                 int64_t o_begin, int64_t o_end) {
+  constexpr int kHalves = LANES / 8;  // 8-lane registers per accumulator
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const uint8_t* row = w + o * B * BYTES;
+    __m256 acc[RM][kHalves];
+    for (int c = 0; c < RM; ++c)
+      for (int h = 0; h < kHalves; ++h) acc[c][h] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < B; ++blk) {
+      __m256 v[4];
+      widen_block32<BYTES>(row + blk * BYTES, v);
+      for (int c = 0; c < RM; ++c)
+        for (int p = 0; p < 4; ++p)
+          acc[c][p % kHalves] = _mm256_fmadd_ps(v[p], _mm256_loadu_ps(x + c * K + blk * 32 + p * 8), acc[c][p % kHalves]);
+    }
+    for (int c = 0; c < RM; ++c) {
+      alignas(32) float a[LANES];
+      for (int h = 0; h < kHalves; ++h) _mm256_store_ps(a + h * 8, acc[c][h]);
+      float chunk[LANES / 4];
+      for (int q = 0; q < LANES / 4; ++q) chunk[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
+      y[c * N + o] = LANES == 8 ? chunk[0] + chunk[1] : (chunk[0] + chunk[1]) + (chunk[2] + chunk[3]);
+    }
+  }
+}
+
+// 1-3 x rows of a 32-element type's blocks, all of [o_begin, o_end) (returns o_end), or nothing (returns
+// o_begin) for other rows or types.
+template <int LANES>
+int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t B,
+                             int64_t block_bytes, int64_t o_begin, int64_t o_end) {
+  auto by_rows = [&](auto bytes) {
+    constexpr int BYTES = decltype(bytes)::value;
+    if (M == 1) rows_blocks_streamed<BYTES, LANES, 1>(x, w, y, K, N, B, o_begin, o_end);
+    if (M == 2) rows_blocks_streamed<BYTES, LANES, 2>(x, w, y, K, N, B, o_begin, o_end);
+    if (M == 3) rows_blocks_streamed<BYTES, LANES, 3>(x, w, y, K, N, B, o_begin, o_end);
+    return o_end;
+  };
+  if (M < 1 || M > 3) return o_begin;
+  if (block_bytes == 20) return by_rows(std::integral_constant<int, 20>{});
+  if (block_bytes == 18) return by_rows(std::integral_constant<int, 18>{});
+  if (block_bytes == 34) return by_rows(std::integral_constant<int, 34>{});
+  return o_begin;
+}
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -431,13 +510,19 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
       }
       if (avx2_lanes8_family(isa)) {
         const bool stream = isa == Isa::kAvx2;
-        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row,
+        // 1-3 x rows of a 32-element type: widened in registers on the way, the same bits
+        const int64_t done = avx2::rows_blocks_streamed<8>(xp, wp, yp, M, K, N, B, bytes, b, e);
+        if (done == e) return;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx2::widen_row,
                            [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
                                     int64_t ob, int64_t oe) { avx2_lanes8::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); },
                            4);
       }
-      if (isa == Isa::kAvx2Lanes16)
-        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, avx2::widen_row, avx2::rows_f32, 8);
+      if (isa == Isa::kAvx2Lanes16) {
+        const int64_t done = avx2::rows_blocks_streamed<16>(xp, wp, yp, M, K, N, B, bytes, b, e);
+        if (done == e) return;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx2::widen_row, avx2::rows_f32, 8);
+      }
 #endif
       return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, portable::widen_row, portable::rows_f32, 8);
     }
