@@ -78,34 +78,48 @@ inline void widen_block32(const uint8_t* b, __m256 v[4]) {
   }
 }
 
-// Rows [o_begin, o_end) of float x [RM <= 3, K] by GGUF blocks of a 32-element type, one weight row at a
-// time, start to end, widened in registers on the way: the contract with LANES lanes (8: the AVX2 path's
-// own; 16: the others', as 'avx2-lanes16' computes it), the accumulator of lane l taking k = l, l + LANES,
-// ... in increasing order, then lane_sum in the contract's order (skinny_linear.h).
+// G weight rows from row o of GGUF blocks of a 32-element type against float x [RM <= 3, K], each row
+// streamed start to end and widened in registers on the way (G rows side by side: G independent chains of
+// fused multiply-adds, which one row's chain alone would leave waiting on each other's latency): the
+// contract with LANES lanes (8: the AVX2 path's own; 16: the others', as 'avx2-lanes16' computes it), the
+// accumulator of lane l taking k = l, l + LANES, ... in increasing order, then lane_sum in the contract's
+// order (skinny_linear.h).
+template <int BYTES, int LANES, int RM, int G>
+inline void rows_blocks_group(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N, int64_t B,
+                              int64_t o) {
+  constexpr int kHalves = LANES / 8;  // 8-lane registers per accumulator
+  __m256 acc[G][RM][kHalves];
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c)
+      for (int h = 0; h < kHalves; ++h) acc[r][c][h] = _mm256_setzero_ps();
+  const int64_t row_bytes = B * BYTES;
+  for (int64_t blk = 0; blk < B; ++blk) {
+    for (int r = 0; r < G; ++r) {
+      __m256 v[4];
+      widen_block32<BYTES>(w + (o + r) * row_bytes + blk * BYTES, v);
+      for (int c = 0; c < RM; ++c)
+        for (int p = 0; p < 4; ++p)
+          acc[r][c][p % kHalves] =
+              _mm256_fmadd_ps(v[p], _mm256_loadu_ps(x + c * K + blk * 32 + p * 8), acc[r][c][p % kHalves]);
+    }
+  }
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c) {
+      alignas(32) float a[LANES];
+      for (int h = 0; h < kHalves; ++h) _mm256_store_ps(a + h * 8, acc[r][c][h]);
+      float chunk[LANES / 4];
+      for (int q = 0; q < LANES / 4; ++q) chunk[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
+      y[c * N + o + r] = LANES == 8 ? chunk[0] + chunk[1] : (chunk[0] + chunk[1]) + (chunk[2] + chunk[3]);
+    }
+}
+
 template <int BYTES, int LANES, int RM>
 inline void rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N, int64_t B,
                                  int64_t o_begin, int64_t o_end) {
-  constexpr int kHalves = LANES / 8;  // 8-lane registers per accumulator
-  for (int64_t o = o_begin; o < o_end; ++o) {
-    const uint8_t* row = w + o * B * BYTES;
-    __m256 acc[RM][kHalves];
-    for (int c = 0; c < RM; ++c)
-      for (int h = 0; h < kHalves; ++h) acc[c][h] = _mm256_setzero_ps();
-    for (int64_t blk = 0; blk < B; ++blk) {
-      __m256 v[4];
-      widen_block32<BYTES>(row + blk * BYTES, v);
-      for (int c = 0; c < RM; ++c)
-        for (int p = 0; p < 4; ++p)
-          acc[c][p % kHalves] = _mm256_fmadd_ps(v[p], _mm256_loadu_ps(x + c * K + blk * 32 + p * 8), acc[c][p % kHalves]);
-    }
-    for (int c = 0; c < RM; ++c) {
-      alignas(32) float a[LANES];
-      for (int h = 0; h < kHalves; ++h) _mm256_store_ps(a + h * 8, acc[c][h]);
-      float chunk[LANES / 4];
-      for (int q = 0; q < LANES / 4; ++q) chunk[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
-      y[c * N + o] = LANES == 8 ? chunk[0] + chunk[1] : (chunk[0] + chunk[1]) + (chunk[2] + chunk[3]);
-    }
-  }
+  constexpr int kGroup = (LANES == 16 && RM == 3) ? 2 : 4;  // accumulators within AVX2's 16 registers
+  int64_t o = o_begin;
+  for (; o + kGroup <= o_end; o += kGroup) rows_blocks_group<BYTES, LANES, RM, kGroup>(x, w, y, K, N, B, o);
+  for (; o < o_end; ++o) rows_blocks_group<BYTES, LANES, RM, 1>(x, w, y, K, N, B, o);
 }
 
 // 1-3 x rows of a 32-element type's blocks, all of [o_begin, o_end) (returns o_end), or nothing (returns
