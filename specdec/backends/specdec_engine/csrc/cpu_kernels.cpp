@@ -19,7 +19,8 @@ bool cpu_has(Isa isa) {
   if (avx512_family(isa))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  if (avx2_family(isa)) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2_family(isa))  // F16C: the GGUF blocks' half scales (every AVX2 CPU has it)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
   return isa == Isa::kPortable;
 }

@@ -39,7 +39,7 @@ namespace portable {
 
 #if SPECDEC_X86
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 #define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "skinny_portable.inc"
@@ -53,24 +53,25 @@ namespace avx2 {
 template <int BYTES>
 inline void widen_block32(const uint8_t* b, __m256 v[4]) {
   if constexpr (BYTES == 34) {
-    const __m256 d = _mm256_set1_ps(half_at(b));
+    const __m256 d = _mm256_set1_ps(half_fast(b));
     for (int p = 0; p < 4; ++p) {
       const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + p * 8));
       v[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
     }
   } else {
     constexpr int kQs = BYTES == 20 ? 4 : 2;
-    const __m256 d = _mm256_set1_ps(half_at(b));
+    const __m256 d = _mm256_set1_ps(half_fast(b));
     const __m128i low4 = _mm_set1_epi8(0x0F);
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQs));
     const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m256 m = BYTES == 20 ? _mm256_set1_ps(half_fast(b + 2)) : _mm256_setzero_ps();
     for (int p = 0; p < 4; ++p) {
       __m256i n = _mm256_cvtepu8_epi32(parts[p]);
       if constexpr (BYTES == 18) n = _mm256_sub_epi32(n, _mm256_set1_epi32(8));
       const __m256 f = _mm256_cvtepi32_ps(n);
       if constexpr (BYTES == 20) {
-        v[p] = _mm256_add_ps(_mm256_mul_ps(d, f), _mm256_set1_ps(half_at(b + 2)));
+        v[p] = _mm256_add_ps(_mm256_mul_ps(d, f), m);
       } else {
         v[p] = _mm256_mul_ps(d, f);
       }
