@@ -229,11 +229,14 @@ def _forward(model: Any, blocks: bool) -> Any:
 
 def test_a_tiny_llamas_logits_on_blocks_are_the_widened_models_bitwise(tiny: tuple[Path, Any]) -> None:
     from specdec.backends.slot_cache import StaticKVCache
-    from specdec.backends.specdec_engine.forward import _forced_kernels
+    from specdec.backends.specdec_engine.forward import CPU_WIDENED, _forced_kernels
     from specdec.backends.specdec_engine.model_runner import Segment
 
     _, model = tiny
     on_blocks, on_floats = _forward(model, True), _forward(model, False)
+    # the calibration may time the float32 weights beside the blocks ("cpu-widened": the same bits)
+    assert CPU_WIDENED in on_blocks.kernel_variants(1) and CPU_WIDENED not in on_floats.kernel_variants(1)
+    assert on_blocks._variant_kernels(CPU_WIDENED).blocks is False and on_blocks._variant_kernels("cpu").blocks
     tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
     ancestors = torch.ones(5, 5, dtype=torch.bool).tril()
     ancestors[3, 2] = ancestors[4, 2] = ancestors[4, 3] = False
