@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,24 @@ _CACHE_LAYOUT_VERSION = 1
 # flex attention (which wants a BlockMask) silently ignore or reject it, which would
 # let every tree node see its siblings: wrong logits, not an error. We refuse them.
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+# The GGUF file each model specdec loaded from one was dequantized from (weakly: a model's entry goes with it),
+# so engine="specdec" can read the file's quantized blocks in place of the widened weights
+# (specdec.backends.specdec_engine.gguf_blocks).
+_GGUF_FILES: weakref.WeakKeyDictionary[Any, Path] = weakref.WeakKeyDictionary()
+
+
+def note_gguf_file(model: Any, path: str | os.PathLike[str]) -> None:
+    """Record that ``model``'s weights are transformers' dequantization of the GGUF file at ``path``:
+    ``engine="specdec"`` then reads that file's quantized blocks for the linear layers (each checked
+    at load to widen to exactly the model's weight). :func:`load_model` notes the default model's file."""
+    _GGUF_FILES[model] = Path(path)
+
+
+def gguf_file(model: Any) -> Path | None:
+    """The GGUF file :func:`note_gguf_file` recorded for ``model``, or None."""
+    return _GGUF_FILES.get(model)
 
 
 def default_gguf_path() -> Path:
@@ -186,6 +205,8 @@ def load_model(
     model.eval()
     if device is not None:
         model.to(device)
+    if path is None or str(path) == "default":
+        note_gguf_file(model, default_gguf_path())
     return model, tokenizer
 
 

@@ -1,13 +1,13 @@
 """Bad input to specdec's CPU kernels (``torch.ops.specdec_cpu.*``): a RuntimeError naming it, never a crash.
 
-Every op of ``specdec/backends/specdec_engine/csrc`` (skinny_linear, skinny_linears, tree_attention,
-tree_attention_segments, write_segments, decoder_layers) gets hand cases in the child-process
-harness of ``child_cases.py`` (one child runs them all, each in three modes: torch on one thread,
-on several, from a Python thread; a crash fails the case that caused it, with its signal): a valid
-call that must return, then one breakage each (a shape, a dtype, a device, an empty input, a
-kernel path, a count), each with the message it must give. Random breakage: the hypothesis test
-at the end draws valid calls of the two main ops and breaks one thing. ``torch.library.opcheck``
-checks every op's schema, fake (meta) implementation and dispatch.
+Every op of ``specdec/backends/specdec_engine/csrc`` (skinny_linear, with dense weights and with GGUF
+blocks, skinny_linears, gguf_widen, tree_attention, tree_attention_segments, write_segments,
+decoder_layers) gets hand cases in the child-process harness of ``child_cases.py`` (one child runs them
+all, each in three modes: torch on one thread, on several, from a Python thread; a crash fails the case
+that caused it, with its signal): a valid call that must return, then one breakage each (a shape, a
+dtype, a device, an empty input, a kernel path, a count), each with the message it must give. Random
+breakage: the hypothesis test at the end draws valid calls of the two main ops and breaks one thing.
+``torch.library.opcheck`` checks every op's schema, fake (meta) implementation and dispatch.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ def call(name: str, *args: Any) -> Any:
 
 def f(*shape: int, **options: Any) -> T:
     return T(shape=shape, dtype=options.pop("dtype", torch.float32), **options)
+
+
+def blocks(out: int, count: int, size: int, **options: Any) -> T:
+    """GGUF blocks uint8 ``[out, count, size]`` (random bytes: a block of any content widens to something)."""
+    return T(shape=(out, count, size), dtype=torch.uint8, **options)
 
 
 def case(name: str, op: str, args: tuple[Any, ...], match: str | None) -> Case:
@@ -80,7 +85,35 @@ CASES = [
     case("weight on another device", "skinny_linear", (f(3, 8), f(5, 8, device=OTHER), None, "auto"),
          "must be on one device"),
     case("an unknown kernel path", "skinny_linear", (f(3, 8), f(5, 8), None, "sse9"), "unknown isa 'sse9'"),
+    case("GGUF blocks: valid", "skinny_linear", (f(3, 64), blocks(5, 2, 20), f(5), "auto"), None),
+    case("GGUF blocks: valid, portable", "skinny_linear", (f(17, 256), blocks(21, 1, 210), None, "portable"), None),
+    case("GGUF blocks: no rows", "skinny_linear", (f(0, 32), blocks(5, 1, 34), None, "auto"), None),
+    case("GGUF blocks: of no type's size", "skinny_linear", (f(3, 32), blocks(5, 1, 21), None, "auto"),
+         "GGUF blocks of 21 bytes are no supported type"),
+    case("GGUF blocks: in-features differ", "skinny_linear", (f(3, 64), blocks(5, 1, 20), None, "auto"),
+         "the GGUF weight's in-features are 32 "),
+    case("GGUF blocks: bfloat16 x", "skinny_linear", (f(3, 32, dtype=torch.bfloat16), blocks(5, 1, 18), None, "auto"),
+         "GGUF blocks take float32 x"),
+    case("GGUF blocks: of rank 2", "skinny_linear", (f(3, 20), T(shape=(5, 20), dtype=torch.uint8), None, "auto"),
+         r"GGUF blocks must be uint8 \[out, blocks, block bytes\]"),
+    case("GGUF blocks: not contiguous", "skinny_linear", (f(3, 32), blocks(5, 1, 20, layout="strided"), None, "auto"),
+         "the GGUF blocks must be contiguous|no supported type"),
+    case("GGUF blocks: a bias of another dtype", "skinny_linear",
+         (f(3, 32), blocks(5, 1, 20), f(5, dtype=torch.float64), "auto"), r"bias must be \[5\] of float32"),
+    case("GGUF blocks: on another device", "skinny_linear", (f(3, 32), blocks(5, 1, 20, device=OTHER), None, "auto"),
+         "must be on one device"),
+    case("valid", "gguf_widen", (blocks(5, 2, 144), "auto"), None),
+    case("each forced path", "gguf_widen", (blocks(40, 3, 20), "portable"), None),
+    case("no rows", "gguf_widen", (blocks(0, 3, 34), "auto"), None),
+    case("float blocks", "gguf_widen", (f(5, 2, 20), "auto"), r"must be uint8 \[out, blocks, block bytes\]"),
+    case("blocks of no type's size", "gguf_widen", (blocks(5, 2, 19), "auto"), "19 bytes are no supported type"),
+    case("not contiguous", "gguf_widen", (blocks(5, 2, 20, layout="transposed"), "auto"), "must be contiguous"),
+    case("an unknown kernel path", "gguf_widen", (blocks(5, 2, 20), "sse9"), "unknown isa 'sse9'"),
     case("valid", "skinny_linears", (f(3, 8), [f(5, 8), f(2, 8)], [None, f(2)], "auto"), None),
+    case("GGUF blocks beside a dense weight", "skinny_linears",
+         (f(3, 32), [blocks(5, 1, 20), f(2, 32)], [None, f(2)], "auto"), None),
+    case("GGUF blocks of another width", "skinny_linears",
+         (f(3, 32), [blocks(5, 1, 20), blocks(2, 2, 20)], [None, None], "auto"), "in-features are 64"),
     case("no weights", "skinny_linears", (f(3, 8), [], [], "auto"), "at least one weight"),
     case("a bias too few", "skinny_linears", (f(3, 8), [f(5, 8), f(2, 8)], [None], "auto"), "2 weights and 1 biases"),
     case("valid", "tree_attention", (f(1, 2, 3, 4), f(1, 1, 6, 4), f(1, 1, 6, 4), 2, TRIL, 0.5, "auto"), None),
@@ -147,8 +180,8 @@ def test_bad_input_to_a_cpu_kernel_raises_naming_the_value(verdicts: dict[str, A
 
 
 def test_every_cpu_kernel_has_a_valid_case_and_a_bad_one() -> None:
-    for op in ("skinny_linear", "skinny_linears", "tree_attention", "tree_attention_segments", "write_segments",
-               "decoder_layers"):
+    for op in ("skinny_linear", "skinny_linears", "gguf_widen", "tree_attention", "tree_attention_segments",
+               "write_segments", "decoder_layers"):
         mine = [c for c in CASES if c.args[0] == op]
         assert any(c.match is None for c in mine) and any(c.match is not None for c in mine), op
 
@@ -200,6 +233,8 @@ def _opcheck_samples() -> dict[str, tuple[Any, ...]]:
         return torch.randn(*shape, generator=generator)
 
     tril = torch.ones(3, 3, dtype=torch.bool).tril()
+    gguf = torch.randint(0, 256, (5, 2, 20), dtype=torch.uint8, generator=generator)  # Q4_1 blocks
+    gguf[..., 0:4] = torch.tensor([0x1E, 0x20, 0x1E, 0xA0], dtype=torch.uint8)  # d, m: finite halves (no NaN out)
     values = dict(zip(("hidden", "cos", "sin"), (r(1, 2, 8), r(1, 2, 4), r(1, 2, 4)), strict=True))
     layer = (
         values["hidden"], values["cos"], values["sin"], [r(8), r(8)],
@@ -209,6 +244,8 @@ def _opcheck_samples() -> dict[str, tuple[Any, ...]]:
     return {
         "skinny_linear": (r(3, 8), r(5, 8), r(5), "auto"),
         "skinny_linears": (r(3, 8), [r(5, 8), r(2, 8)], [r(5), None], "auto"),
+        "skinny_linear (GGUF blocks)": (r(3, 64), gguf, r(5), "auto"),
+        "gguf_widen": (gguf, "auto"),
         "tree_attention": (r(1, 2, 3, 4), r(1, 1, 6, 4), r(1, 1, 6, 4), 2, tril, 0.5, "auto"),
         "tree_attention_segments": (r(1, 2, 3, 4), [r(1, 1, 6, 4)], [r(1, 1, 6, 4)], [2], [3], [tril], 0.5, "auto"),
         "write_segments": (r(1, 1, 3, 4), r(1, 1, 3, 4), [r(1, 1, 6, 4)], [r(1, 1, 6, 4)], [1], [3]),
@@ -220,4 +257,4 @@ def _opcheck_samples() -> dict[str, tuple[Any, ...]]:
 def test_opcheck(kernels: Any, op: str) -> None:
     """Schema, fake implementation and dispatch of each op (``torch.library.opcheck``)."""
     del kernels
-    torch.library.opcheck(getattr(torch.ops.specdec_cpu, op).default, _opcheck_samples()[op])
+    torch.library.opcheck(getattr(torch.ops.specdec_cpu, op.split()[0]).default, _opcheck_samples()[op])

@@ -5,7 +5,10 @@ A **variant** is a verifier spec, ``label=engine[:key=value...]``: ``engine`` is
 a key that ``make_verifier`` takes is passed to it (``tree_ops``), any other key sets that
 attribute of the verifier, but ``kernels=VARIANT``, which runs that kernel variant at every size
 (:meth:`~specdec.types.TunableVerifier.use_kernels`; ``kernels=cpu``: specdec's CPU kernels on
-``engine=specdec``). The default variants are the CPU paths' comparison (docs/budget.md):
+``engine=specdec``), and ``gguf_weights=blocks|dense``, what ``engine=specdec`` reads of a model
+loaded from a GGUF file (:data:`~specdec.backends.specdec_engine.gguf_blocks.WEIGHTS_ENV`), so the
+file's blocks and the widened weights are timed in the same rounds. The default variants are the CPU
+paths' comparison (docs/budget.md):
 
 - ``hf``: Hugging Face's own forward on its ``DynamicCache``;
 - ``specdec``: specdec's own forward (:mod:`specdec.backends.specdec_engine.model_runner`) with torch's kernels;
@@ -44,6 +47,7 @@ from tqdm import tqdm
 
 from specdec.backends import make_verifier
 from specdec.backends.forward import attention_shape
+from specdec.backends.specdec_engine.gguf_blocks import WEIGHTS_ENV
 from specdec.bench.methods import parse_methods
 from specdec.bench.plot import write_with_plot
 from specdec.bench.report import markdown_table
@@ -62,9 +66,19 @@ def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
     variants = {}
     for spec in parse_methods([specs or DEFAULT_VARIANTS]):
         arguments = {k: v for k, v in spec.options.items() if k in takes}
-        verifier = make_verifier(model, spec.name, **arguments)
+        weights = spec.options.get("gguf_weights")
+        before = os.environ.get(WEIGHTS_ENV)
+        if weights is not None:
+            os.environ[WEIGHTS_ENV] = str(weights)  # read when the verifier is made, then kept by it
+        try:
+            verifier = make_verifier(model, spec.name, **arguments)
+        finally:
+            if weights is not None and before is None:
+                del os.environ[WEIGHTS_ENV]
+            elif weights is not None and before is not None:
+                os.environ[WEIGHTS_ENV] = before
         for key, value in spec.options.items():
-            if key in arguments:
+            if key in arguments or key == "gguf_weights":
                 continue
             if key == "kernels":
                 verifier.use_kernels(KernelChoice.uniform(str(value)))

@@ -68,7 +68,7 @@ SOURCES = (
 HEADERS = (
     CSRC / "cpu_kernels.h", CSRC / "skinny_linear.h", CSRC / "skinny_portable.inc", CSRC / "tree_attention.h",
     CSRC / "tree_attention_portable.inc", CSRC / "tree_attention_rows.h", CSRC / "lane_sums_avx512.inc",
-    CSRC / "portable_vectors.inc",
+    CSRC / "portable_vectors.inc", CSRC / "gguf_widen.inc",
 )
 # A compiler that fused multiplies and adds on its own would break the kernels' one-order contracts.
 # -fopenmp: at::parallel_for is a header whose OpenMP loop compiles to a serial one without it (the
@@ -95,6 +95,11 @@ AVX2_ISA = "avx2-lanes16"
 # The environment variable that forces one kernel path for the whole process: what ``isa="auto"``
 # runs in every op, so ``run``, the demo, ``specdec bench`` and the tests all take that path.
 ISA_ENV = "SPECDEC_CPU_ISA"
+
+# GGUF blocks a weight of the skinny linear may be (uint8 [N, B, block_bytes]): the block's size in bytes
+# names its type, and each type's elements per block (csrc/skinny_linear.h; gguf-py's GGML_QUANT_SIZES).
+GGUF_BLOCK_TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+GGUF_BLOCK_ELEMENTS = {size: elements for elements, size in GGUF_BLOCK_TYPES.values()}
 
 _LOCK = threading.Lock()
 _FAILURE: NativeBuildError | None = None
@@ -124,6 +129,7 @@ def load() -> ModuleType:
         if not _FAKES_REGISTERED:
             register_meta("specdec_cpu::skinny_linear", _skinny_linear_fake)
             register_meta("specdec_cpu::skinny_linears", _skinny_linears_fake)
+            register_meta("specdec_cpu::gguf_widen", _gguf_widen_fake)
             register_meta("specdec_cpu::tree_attention", _tree_attention_fake)
             register_meta("specdec_cpu::tree_attention_segments", _tree_attention_segments_fake)
             register_meta("specdec_cpu::write_segments", _write_segments_fake)
@@ -216,6 +222,12 @@ def _skinny_linears_fake(
     _one_device("skinny_linears", x, weights, biases)
     del isa
     return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]
+
+
+def _gguf_widen_fake(blocks: torch.Tensor, isa: str = "auto") -> torch.Tensor:
+    del isa
+    elements = GGUF_BLOCK_ELEMENTS.get(int(blocks.shape[-1]), 0)
+    return blocks.new_empty((blocks.shape[0], blocks.shape[1] * elements), dtype=torch.float32)
 
 
 def _tree_attention_fake(
@@ -382,11 +394,25 @@ def skinny_linear(
     """``torch.nn.functional.linear(x, weight, bias)`` by the skinny kernels. O(M * N * K), one pass over ``weight``.
 
     ``x`` ``[..., K]`` and ``weight`` ``[N, K]`` (contiguous) of one dtype in
-    :data:`DTYPES`, on the CPU; ``bias`` ``[N]`` or None -> ``[..., N]``. ``isa`` forces a
-    kernel path (:data:`ISAS`; all but ``"avx2"`` give the same bits); one the CPU lacks raises.
+    :data:`DTYPES`, on the CPU; ``bias`` ``[N]`` or None -> ``[..., N]``. ``weight`` may also be a GGUF
+    file's blocks, uint8 ``[N, B, block_bytes]`` (:data:`GGUF_BLOCK_ELEMENTS`), with float32 ``x``: the
+    result is then bitwise the float32 product with :func:`gguf_widen` of them, reading only the blocks.
+    ``isa`` forces a kernel path (:data:`ISAS`; all but ``"avx2"`` give the same bits); one the CPU lacks raises.
     Call :func:`load` first.
     """
     out: torch.Tensor = torch.ops.specdec_cpu.skinny_linear(x, weight, bias, isa)
+    return out
+
+
+def gguf_widen(blocks: torch.Tensor, isa: str = "auto") -> torch.Tensor:
+    """GGUF blocks uint8 ``[N, B, block_bytes]`` as the float32 weight ``[N, K]`` they stand for. O(N * K).
+
+    Exactly the values gguf-py's ``gguf.quants.dequantize`` gives (``csrc/gguf_widen.inc``), which are
+    the ones :func:`skinny_linear` widens a block weight to on its way through the registers: a
+    product with the blocks is bitwise the product with this tensor. The block's size in bytes names
+    its type (:data:`GGUF_BLOCK_ELEMENTS`).
+    """
+    out: torch.Tensor = torch.ops.specdec_cpu.gguf_widen(blocks, isa)
     return out
 
 

@@ -21,7 +21,10 @@ streamed, the same bits, faster on some CPUs than the streams (an Intel Xeon's; 
 ``"cpu-avx2"`` (CPUs with AVX-512,
 forwards of up to :data:`AVX2_MAX_ROWS` rows): ``"cpu"`` on AVX2 kernels that keep the AVX-512 path's
 bits (:data:`~specdec.backends.specdec_engine.cpu_kernels.AVX2_ISA`), faster than AVX-512 at few rows on some CPUs (an
-AMD Zen 4). The calibration times every
+AMD Zen 4); ``"cpu-widened"`` (a model loaded from a GGUF file, whose ``"cpu"`` reads the file's blocks:
+:mod:`~specdec.backends.specdec_engine.gguf_blocks`): ``"cpu"`` on the model's float32 weights, the same
+bits, faster where many rows make the forward bound by arithmetic rather than by reading weights. The
+calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on; where
 none is cached (a generator that never drafts never calibrates), the first plain steps time the
 one-token variants in turn, where there are several, and keep the fastest (:class:`PlainStepTrial`). While the
@@ -41,13 +44,14 @@ import functools
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from specdec.backends.forward import KVState, Target
 from specdec.backends.slot_cache import StaticKVCache, capacity_for
-from specdec.backends.specdec_engine import cpu_kernels
+from specdec.backends.specdec_engine import cpu_kernels, gguf_blocks
 from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
 from specdec.backends.tree import ancestor_matrix
 from specdec.backends.tree_ops import TreeOps
@@ -62,6 +66,10 @@ CPU_BLOCKS = "cpu-blocks"  # specdec's CPU kernels with the few-row products blo
 BLOCKS_MAX_ROWS = 3  # the rows up to which "cpu-blocks" computes otherwise than "cpu" (csrc/skinny_linear.cpp)
 CPU_AVX2 = "cpu-avx2"  # specdec's CPU kernels on AVX2 with AVX-512's bits, on a CPU whose best is AVX-512
 AVX2_MAX_ROWS = 8  # the largest verification at which the calibration times "cpu-avx2" (cpu_kernels.AVX2_ISA)
+# specdec's CPU kernels on the model's float32 weights where "cpu" reads a GGUF file's blocks (gguf_blocks): the
+# same bits; blocks read a sixth of the bytes but pay for widening, which costs more than it saves where a
+# forward's rows make it bound by arithmetic (many rows, one thread), so the calibration times both.
+CPU_WIDENED = "cpu-widened"
 CPU_KERNEL_MAX_ROWS = 64  # the largest verification the calibration times the kernel variants at
 # A prompt of up to this many tokens is prefilled by the kernel variant chosen for CPU_KERNEL_MAX_ROWS rows
 # (longer ones by torch's): specdec's CPU kernels prefill faster than torch's linear and SDPA up to about
@@ -110,14 +118,15 @@ class PlainStepTrial:
 
 
 @functools.cache
-def _forced_kernels(isa: str) -> Kernels:
+def _forced_kernels(isa: str, blocks: bool = False) -> Kernels:
     """Specdec's CPU kernels with every op forced to ``isa``
-    (:data:`~specdec.backends.specdec_engine.cpu_kernels.ISAS`)."""
+    (:data:`~specdec.backends.specdec_engine.cpu_kernels.ISAS`); ``blocks``: reading a GGUF model's blocks
+    (``Kernels.blocks``)."""
     return Kernels(
         functools.partial(cpu_kernels.skinny_linear, isa=isa), functools.partial(cpu_kernels.tree_attention, isa=isa),
         functools.partial(cpu_kernels.skinny_linears, isa=isa),
         functools.partial(cpu_kernels.tree_attention_segments, isa=isa), cpu_kernels.write_segments,
-        functools.partial(cpu_kernels.decoder_layers, isa=isa),
+        functools.partial(cpu_kernels.decoder_layers, isa=isa), blocks,
     )  # fmt: skip
 
 
@@ -130,7 +139,7 @@ class SpecdecForward:
     (:func:`specdec.backends.specdec_engine.cpu_kernels.supports`); :meth:`use_kernels` changes that.
     """
 
-    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS, CPU_AVX2)
+    KERNELS = (DEFAULT_KERNEL, CPU_KERNEL, CPU_ATTENTION, CPU_BLOCKS, CPU_AVX2, CPU_WIDENED)
     engine = "specdec"  # specdec's own forward
     cache_kind = "native"  # in calibration keys: specdec's own forward, a cache per sequence, eager
     fallback_reason = None
@@ -141,11 +150,16 @@ class SpecdecForward:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.device = target.device
-        self.runner = DecoderRunner(target.model)
+        # A model loaded from a GGUF file: its linear layers read the file's blocks on the CPU kernels (the same
+        # bits as its float32 weights, a sixth of the bytes for Q4_1: gguf_blocks), torch's kernels the weights.
+        self.gguf = gguf_blocks.model_blocks(target.model)
+        self.runner = DecoderRunner(target.model, None if self.gguf is None else self.gguf.blocks)
+        self.blocks = self.gguf is not None
         self.cpu_kernels = Kernels(
             cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
-            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers,
+            cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers, self.blocks,
         )  # fmt: skip
+        self.cpu_widened = replace(self.cpu_kernels, blocks=False)
         self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
                                      cpu_kernels.write_segments)  # fmt: skip
         self.kernels_available = cpu_kernels.supports(target.model) and cpu_kernels.available()
@@ -157,7 +171,7 @@ class SpecdecForward:
             path = cpu_kernels.cpu_isa()
             self.runs_avx512 = path == "avx512"
             if path in cpu_kernels.BLOCKS_ISAS:
-                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISAS[path])
+                self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISAS[path], self.blocks)
         # Where one-token forwards have other variants than "cpu" (the AVX-512 and AVX2 paths), the first plain
         # steps time them until a kernel choice is set (use_kernels: a calibration's, or a caller's) or they
         # decide.
@@ -179,8 +193,11 @@ class SpecdecForward:
     def identity(self) -> dict[str, str]:
         """The kernel path ``auto`` runs where the CPU kernels serve the model (``kernel_path``: the CPU's
         best, or the one ``SPECDEC_CPU_ISA`` forced): the throughput the planner statistics remember
-        differs between paths as much as between machines."""
-        return {"kernel_path": cpu_kernels.cpu_isa()} if self.kernels_available else {}
+        differs between paths as much as between machines; ``weights``: ``"gguf-blocks"`` where the linear
+        layers read a GGUF file's blocks (a sixth of the bytes: another speed)."""
+        if not self.kernels_available:
+            return {}
+        return {"kernel_path": cpu_kernels.cpu_isa(), **({"weights": "gguf-blocks"} if self.blocks else {})}
 
     @property
     def kernel_path(self) -> str:
@@ -193,14 +210,17 @@ class SpecdecForward:
         ``auto`` runs (``cpu_isa``: forced by ``SPECDEC_CPU_ISA`` or the CPU's best) where they serve this
         model, else ``"-"``: part of the calibration's identity, so costs measured on one path (or one
         machine's ISA) never plan another's."""
-        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}" if self.kernels_available else "-"
+        if not self.kernels_available:
+            return "-"
+        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}{'/gguf-blocks' if self.blocks else ''}"
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
         worth timing; where ``"cpu"`` runs the AVX-512 or the AVX2 path, also ``"cpu-blocks"`` where it
         computes otherwise than ``"cpu"`` (up to :data:`BLOCKS_MAX_ROWS` rows); on AVX-512 also
         ``"cpu-avx2"`` (AVX2 kernels with the AVX-512 path's bits, up to :data:`AVX2_MAX_ROWS` rows: on an
-        AMD Zen 4 faster at 1-2 rows: docs/backends.md). The calibration times each and keeps per size the
+        AMD Zen 4 faster at 1-2 rows: docs/backends.md); where ``"cpu"`` reads GGUF blocks, also
+        ``"cpu-widened"`` (the float32 weights, the same bits). The calibration times each and keeps per size the
         fastest; its table is keyed by the path ``"cpu"`` runs (:meth:`kernels_build`) and names each
         size's variant, so one path's costs never plan another's."""
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
@@ -209,6 +229,8 @@ class SpecdecForward:
                 variants += (CPU_BLOCKS,)
             if self.runs_avx512 and rows <= AVX2_MAX_ROWS:
                 variants += (CPU_AVX2,)
+            if self.blocks:
+                variants += (CPU_WIDENED,)
             return variants
         return (DEFAULT_KERNEL,)
 
@@ -225,8 +247,10 @@ class SpecdecForward:
             return self.cpu_attention
         if variant == CPU_BLOCKS:
             return self.cpu_kernels if self.cpu_blocks is None else self.cpu_blocks
+        if variant == CPU_WIDENED:  # without GGUF blocks "cpu" reads the float32 weights already: "cpu" itself
+            return self.cpu_widened
         if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: "cpu" itself
-            return _forced_kernels(cpu_kernels.AVX2_ISA) if self.runs_avx512 else self.cpu_kernels
+            return _forced_kernels(cpu_kernels.AVX2_ISA, self.blocks) if self.runs_avx512 else self.cpu_kernels
         return PLAIN
 
     # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------

@@ -38,8 +38,8 @@ the linear layers; attention over a masked tree is the one place rows meet.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -137,7 +137,9 @@ class Kernels:
     cache beforehand; a batch runs segment by segment unless both are given. ``layers``
     (optional, with all of the above): the whole layer loop in one call
     (:func:`specdec.backends.specdec_engine.cpu_kernels.decoder_layers`), taken where the runner's probe found it
-    bitwise equal to the loop written out here (:meth:`DecoderRunner.layers_in_one_call`)."""
+    bitwise equal to the loop written out here (:meth:`DecoderRunner.layers_in_one_call`). ``blocks``: the
+    linear kernels take GGUF blocks (:mod:`specdec.backends.specdec_engine.gguf_blocks`), so the runner
+    hands them the blocks it holds in place of the float32 weights they stand for (the same bits)."""
 
     linear: Linear
     attention: Attention | None = None
@@ -145,6 +147,7 @@ class Kernels:
     attention_segments: AttentionSegments | None = None
     write_segments: WriteSegments | None = None
     layers: DecoderLayers | None = None
+    blocks: bool = False
 
     def group(self, x: torch.Tensor, *layers: tuple[torch.Tensor, torch.Tensor | None]) -> list[torch.Tensor]:
         """``linear(x, weight, bias)`` for each of ``layers``: by ``linears`` in one call where given."""
@@ -193,9 +196,12 @@ class DecoderRunner:
     ``model``: a model :func:`unsupported_reason` accepts (it raises
     :class:`~specdec.errors.UnsupportedModelError` naming the reason otherwise). The runner reads
     the model's tensors at every call, so an in-place weight update is seen at the next forward.
+    ``blocks``: GGUF blocks standing for some of the model's linear weights, by parameter name
+    (:class:`~specdec.backends.specdec_engine.gguf_blocks.GgufWeights`), which kernels that take
+    blocks (``Kernels.blocks``) read in their place; those weights' in-place updates are not seen.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, blocks: Mapping[str, torch.Tensor] | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             # an UnsupportedModelError (a ValueError) like every other engine's refusal of a model
@@ -233,14 +239,40 @@ class DecoderRunner:
         ]
         self.num_layers = len(self.layers)
         self.rotary_together = self._rotary_works_on_heads_together(model)
-        self.layer_weights = self._layer_weights()
-        self._probed: dict[tuple[int, torch.dtype, torch.device], bool] = {}  # whether the op gave the loop's bits
+        self.layer_weights = self._layer_weights(self.layers)
+        # The same with GGUF blocks in place of the float32 weights they stand for, where given.
+        self.block_parts: tuple[list[_Layer], LayerWeights | None, tuple[torch.Tensor, torch.Tensor | None]] | None
+        self.block_parts = None
+        if blocks:
+            swap = {id(tensor): blocks[name] for name, tensor in model.named_parameters(remove_duplicate=False)
+                    if name in blocks}  # fmt: skip
 
-    def _layer_weights(self) -> LayerWeights | None:
+            def sub(pair: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                return swap.get(id(pair[0]), pair[0]), pair[1]
+
+            layers = [
+                replace(layer, q=sub(layer.q), k=sub(layer.k), v=sub(layer.v), o=sub(layer.o), gate=sub(layer.gate),
+                        up=sub(layer.up), down=sub(layer.down))
+                for layer in self.layers
+            ]  # fmt: skip
+            self.block_parts = (layers, self._layer_weights(layers), sub(self.head))
+        # whether the op gave the loop's bits, per (op, blocks, dtype, device)
+        self._probed: dict[tuple[int, bool, torch.dtype, torch.device], bool] = {}
+
+    def _parts(
+        self, kernels: Kernels
+    ) -> tuple[list[_Layer], LayerWeights | None, tuple[torch.Tensor, torch.Tensor | None]]:
+        """The layers, their flattened weights and the head ``kernels`` read: with GGUF blocks where the kernels
+        take them and the runner has them, else the model's tensors."""
+        if kernels.blocks and self.block_parts is not None:
+            return self.block_parts
+        return self.layers, self.layer_weights, self.head
+
+    def _layer_weights(self, layers: Sequence[_Layer]) -> LayerWeights | None:
         """The layers' tensors flattened for ``Kernels.layers``, or None where that op cannot express the
         layer: per-head query/key norms (Qwen3), norms without one ``variance_epsilon``, or hooked norms."""
-        norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)]
-        if any(layer.q_norm is not None for layer in self.layers):
+        norms = [norm for layer in layers for norm in (layer.input_norm, layer.post_norm)]
+        if any(layer.q_norm is not None for layer in layers):
             return None
         eps = {getattr(norm, "variance_epsilon", None) for norm in norms}
         (value,) = eps if len(eps) == 1 else (None,)
@@ -248,7 +280,7 @@ class DecoderRunner:
             return None
         if any(not isinstance(getattr(norm, "weight", None), torch.Tensor) or _hooked(norm) for norm in norms):
             return None
-        linears = [(layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down) for layer in self.layers]
+        linears = [(layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down) for layer in layers]
         return LayerWeights(
             [norm.weight for norm in norms], [w for layer in linears for w, _ in layer],
             [b for layer in linears for _, b in layer], value,
@@ -261,11 +293,12 @@ class DecoderRunner:
         :meth:`forward_rows` with the same kernels. Probed once per runner and op: a model whose norm,
         rotary or activation is not the one the op writes out (or a hub kernel swapped in for it)
         keeps the Python loop, with the same results either way."""
-        if kernels.layers is None or self.layer_weights is None:
+        if kernels.layers is None or self._parts(kernels)[1] is None:
             return False
         if kernels.attention_segments is None or kernels.write_segments is None:
             return False
-        key = (id(kernels.layers), self.head[0].dtype, self.head[0].device)  # a model moved or cast is probed again
+        # a model moved or cast is probed again
+        key = (id(kernels.layers), kernels.blocks, self.head[0].dtype, self.head[0].device)
         known = self._probed.get(key)
         if known is None:
             known = self._probe(kernels)
@@ -273,7 +306,8 @@ class DecoderRunner:
         return known
 
     def _probe(self, kernels: Kernels) -> bool:
-        assert kernels.layers is not None and self.layer_weights is not None
+        layers, layer_weights, _ = self._parts(kernels)
+        assert kernels.layers is not None and layer_weights is not None
         weight = self.head[0]
         generator = torch.Generator().manual_seed(1)
         rows, start = 3, 5
@@ -292,11 +326,10 @@ class DecoderRunner:
                 values.copy_(committed[1])
                 caches.append(cache)
             segment = Segment(torch.zeros((1, rows), dtype=torch.long), positions, caches[0], start, ancestors)
-            looped = self._layers_looped(hidden, cos, sin, [segment], kernels, self.layers[:1])
+            looped = self._layers_looped(hidden, cos, sin, [segment], kernels, layers[:1])
             first = LayerWeights(
-                self.layer_weights.norms[:2], self.layer_weights.weights[:7], self.layer_weights.biases[:7],
-                self.layer_weights.eps,
-            )  # fmt: skip
+                layer_weights.norms[:2], layer_weights.weights[:7], layer_weights.biases[:7], layer_weights.eps
+            )
             fused = kernels.layers(
                 hidden, cos, sin, first, (self.query_heads, self.kv_heads), self.rotary_together, self.scaling,
                 [[caches[1].layer(0)]], [start], [rows], [ancestors],
@@ -339,16 +372,17 @@ class DecoderRunner:
         positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
         hidden = self.embed(tokens)  # [1, R, E]
         cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
+        layers, layer_weights, head = self._parts(kernels)
         if all(segment.cache.allocated for segment in segments) and self.layers_in_one_call(kernels):
-            assert kernels.layers is not None and self.layer_weights is not None
+            assert kernels.layers is not None and layer_weights is not None
             caches = [[segment.cache.layer(index) for segment in segments] for index in range(self.num_layers)]
             hidden = kernels.layers(
-                hidden, cos, sin, self.layer_weights, (self.query_heads, self.kv_heads), self.rotary_together,
+                hidden, cos, sin, layer_weights, (self.query_heads, self.kv_heads), self.rotary_together,
                 self.scaling, caches, [segment.start for segment in segments], rows,
                 [segment.ancestors for segment in segments],
             )  # fmt: skip
         else:
-            hidden = self._layers_looped(hidden, cos, sin, segments, kernels, self.layers)
+            hidden = self._layers_looped(hidden, cos, sin, segments, kernels, layers)
         # The rows whose logits are wanted: all of a segment's, or its last.
         keep = []
         offset = 0
@@ -359,7 +393,7 @@ class DecoderRunner:
             hidden = self.final_norm(hidden)[0]
         else:
             hidden = self.final_norm(torch.cat([hidden[0, first : first + count] for first, count in keep]))
-        logits: torch.Tensor = kernels.linear(hidden, *self.head)  # [R', V]
+        logits: torch.Tensor = kernels.linear(hidden, *head)  # [R', V]
         return logits
 
     def _layers_looped(

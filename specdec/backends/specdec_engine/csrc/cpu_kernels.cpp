@@ -19,7 +19,8 @@ bool cpu_has(Isa isa) {
   if (avx512_family(isa))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-  if (avx2_family(isa)) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2_family(isa))  // F16C: the GGUF blocks' half scales (every AVX2 CPU has it)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
   return isa == Isa::kPortable;
 }
@@ -94,6 +95,9 @@ TORCH_LIBRARY(specdec_cpu, m) {
   // skinny_linear of one x by each weight (same in-features, one dtype), biases one per weight
   // (None or [N_i]): the outputs bitwise skinny_linear's, computed in one parallel pass.
   m.def("skinny_linears(Tensor x, Tensor[] weights, Tensor?[] biases, str isa='auto') -> Tensor[]");
+  // GGUF blocks uint8 [N, B, block_bytes] -> float32 [N, K]: what skinny_linear widens them to, exactly
+  // gguf-py's dequantized values (skinny_linear.h: GGUF blocks; a weight of skinny_linear may be such blocks).
+  m.def("gguf_widen(Tensor blocks, str isa='auto') -> Tensor");
   // query [1, Hq, T, D], keys/values [1, Hkv, S, D] (a cache layer), ancestors bool [T, T] or None
   // (causal) -> [1, T, Hq * D]; rows see slots [0, start) and their tree part (tree_attention.h).
   m.def(
@@ -121,6 +125,7 @@ TORCH_LIBRARY(specdec_cpu, m) {
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
   m.impl("skinny_linear", &specdec_cpu_kernels::skinny_linear_cpu);
   m.impl("skinny_linears", &specdec_cpu_kernels::skinny_linears_cpu);
+  m.impl("gguf_widen", &specdec_cpu_kernels::gguf_widen_cpu);
   m.impl("tree_attention", &specdec_cpu_kernels::tree_attention_cpu);
   m.impl("tree_attention_segments", &specdec_cpu_kernels::tree_attention_segments_cpu);
   m.impl("write_segments", &specdec_cpu_kernels::write_segments_cpu);

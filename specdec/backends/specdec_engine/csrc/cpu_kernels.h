@@ -1,7 +1,9 @@
 // specdec's CPU kernels: the ops of torch.ops.specdec_cpu, and what their source files share.
 //
-// Six ops, one extension (built and cached by specdec/native.py):
-//   skinny_linear   y = x @ W^T for a few rows of x, one pass over W  (skinny_linear.h: the contract)
+// Seven ops, one extension (built and cached by specdec/native.py):
+//   skinny_linear   y = x @ W^T for a few rows of x, one pass over W  (skinny_linear.h: the contract;
+//                   W dense, or a GGUF file's quantized blocks widened on the way)
+//   gguf_widen      GGUF blocks as the float32 weight they stand for (gguf_widen.inc)
 //   skinny_linears  the same for several weights of one input in one parallel pass (q/k/v, gate/up)
 //   tree_attention  attention of a few query rows over a KV cache     (tree_attention.h: the contract)
 //   tree_attention_segments  the same for several sequences' rows, each over its own cache, in one pass
@@ -78,6 +80,14 @@ at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, cons
 
 std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList weights,
                                            const c10::List<std::optional<at::Tensor>>& biases, c10::string_view isa);
+
+// A skinny_linear weight's in-features: size(1) of a dense [N, K], B x elements per block of GGUF blocks
+// [N, B, block_bytes] (0 for a block size no type has).
+int64_t linear_in_features(const at::Tensor& weight);
+
+// GGUF blocks uint8 [N, B, block_bytes] (skinny_linear.h) -> float32 [N, B x elements per block]: the
+// values gguf-py's dequantizer gives (gguf_widen.inc), the ones skinny_linear widens them to.
+at::Tensor gguf_widen_cpu(const at::Tensor& blocks, c10::string_view isa);
 
 at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                               int64_t start, const std::optional<at::Tensor>& ancestors, double scale,

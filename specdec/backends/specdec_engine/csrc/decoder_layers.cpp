@@ -84,11 +84,13 @@ at::Tensor decoder_layers_cpu(const at::Tensor& hidden_in, const at::Tensor& cos
   // query_heads * head_dim features, k and v kv_heads * head_dim, each layer alike.
   const int64_t dim = cos_in.size(-1);
   for (size_t i = 0; i < weights.size(); ++i)
-    TORCH_CHECK(weights[i].dim() == 2, op, ": weight ", i, " must be [out, in], got shape ", weights[i].sizes());
+    TORCH_CHECK(weights[i].dim() == 2 || (weights[i].scalar_type() == at::kByte && weights[i].dim() == 3), op,
+                ": weight ", i, " must be [out, in] (or GGUF blocks [out, blocks, block bytes]), got shape ",
+                weights[i].sizes());
   for (int64_t layer = 0; layer < layers; ++layer) {
     const int64_t w0 = layer * kWeightsPerLayer;
     const int64_t q_out = weights[static_cast<size_t>(w0)].size(0), k_out = weights[static_cast<size_t>(w0 + 1)].size(0),
-                  v_out = weights[static_cast<size_t>(w0 + 2)].size(0), o_in = weights[static_cast<size_t>(w0 + 3)].size(-1);
+                  v_out = weights[static_cast<size_t>(w0 + 2)].size(0), o_in = linear_in_features(weights[static_cast<size_t>(w0 + 3)]);
     TORCH_CHECK(q_out == query_heads * dim && o_in == query_heads * dim && k_out == kv_heads * dim &&
                     v_out == kv_heads * dim,
                 op, ": layer ", layer, "'s projections (q ", q_out, ", k ", k_out, ", v ", v_out, ", o in ", o_in,

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu_kernels.h"
 #include "skinny_linear.h"
@@ -33,15 +34,113 @@ namespace specdec_cpu_kernels {
 
 namespace portable {
 #include "skinny_portable.inc"
+#include "gguf_widen.inc"
 }  // namespace portable
 
 #if SPECDEC_X86
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 #define SPECDEC_X86_FMA 1  // fma8 as the AVX2+FMA instruction (portable_vectors.inc)
 #include "skinny_portable.inc"
+#define SPECDEC_WIDEN_AVX2 1
+#include "gguf_widen.inc"
+#undef SPECDEC_WIDEN_AVX2
 #undef SPECDEC_X86_FMA
+
+// One block of a 32-element type (BYTES: Q8_0 34, Q4_0 18, Q4_1 20) as four 8-lane vectors (elements
+// 0-7, 8-15, 16-23, 24-31): the operations of gguf_widen.inc, one rounding each.
+template <int BYTES>
+inline void widen_block32(const uint8_t* b, __m256 v[4]) {
+  if constexpr (BYTES == 34) {
+    const __m256 d = _mm256_set1_ps(half_fast(b));
+    for (int p = 0; p < 4; ++p) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + p * 8));
+      v[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  } else {
+    constexpr int kQs = BYTES == 20 ? 4 : 2;
+    const __m256 d = _mm256_set1_ps(half_fast(b));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQs));
+    const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m256 m = BYTES == 20 ? _mm256_set1_ps(half_fast(b + 2)) : _mm256_setzero_ps();
+    for (int p = 0; p < 4; ++p) {
+      __m256i n = _mm256_cvtepu8_epi32(parts[p]);
+      if constexpr (BYTES == 18) n = _mm256_sub_epi32(n, _mm256_set1_epi32(8));
+      const __m256 f = _mm256_cvtepi32_ps(n);
+      if constexpr (BYTES == 20) {
+        v[p] = _mm256_add_ps(_mm256_mul_ps(d, f), m);
+      } else {
+        v[p] = _mm256_mul_ps(d, f);
+      }
+    }
+  }
+}
+
+// G weight rows from row o of GGUF blocks of a 32-element type against float x [RM <= 3, K], each row
+// streamed start to end and widened in registers on the way (G rows side by side: G independent chains of
+// fused multiply-adds, which one row's chain alone would leave waiting on each other's latency): the
+// contract with LANES lanes (8: the AVX2 path's own; 16: the others', as 'avx2-lanes16' computes it), the
+// accumulator of lane l taking k = l, l + LANES, ... in increasing order, then lane_sum in the contract's
+// order (skinny_linear.h).
+template <int BYTES, int LANES, int RM, int G>
+inline void rows_blocks_group(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N, int64_t B,
+                              int64_t o) {
+  constexpr int kHalves = LANES / 8;  // 8-lane registers per accumulator
+  __m256 acc[G][RM][kHalves];
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c)
+      for (int h = 0; h < kHalves; ++h) acc[r][c][h] = _mm256_setzero_ps();
+  const int64_t row_bytes = B * BYTES;
+  for (int64_t blk = 0; blk < B; ++blk) {
+    for (int r = 0; r < G; ++r) {
+      __m256 v[4];
+      widen_block32<BYTES>(w + (o + r) * row_bytes + blk * BYTES, v);
+      for (int c = 0; c < RM; ++c)
+        for (int p = 0; p < 4; ++p)
+          acc[r][c][p % kHalves] =
+              _mm256_fmadd_ps(v[p], _mm256_loadu_ps(x + c * K + blk * 32 + p * 8), acc[r][c][p % kHalves]);
+    }
+  }
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c) {
+      alignas(32) float a[LANES];
+      for (int h = 0; h < kHalves; ++h) _mm256_store_ps(a + h * 8, acc[r][c][h]);
+      float chunk[LANES / 4];
+      for (int q = 0; q < LANES / 4; ++q) chunk[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
+      y[c * N + o + r] = LANES == 8 ? chunk[0] + chunk[1] : (chunk[0] + chunk[1]) + (chunk[2] + chunk[3]);
+    }
+}
+
+template <int BYTES, int LANES, int RM>
+inline void rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N, int64_t B,
+                                 int64_t o_begin, int64_t o_end) {
+  constexpr int kGroup = (LANES == 16 && RM == 3) ? 2 : 4;  // accumulators within AVX2's 16 registers
+  int64_t o = o_begin;
+  for (; o + kGroup <= o_end; o += kGroup) rows_blocks_group<BYTES, LANES, RM, kGroup>(x, w, y, K, N, B, o);
+  for (; o < o_end; ++o) rows_blocks_group<BYTES, LANES, RM, 1>(x, w, y, K, N, B, o);
+}
+
+// 1-3 x rows of a 32-element type's blocks, all of [o_begin, o_end) (returns o_end), or nothing (returns
+// o_begin) for other rows or types.
+template <int LANES>
+int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t B,
+                             int64_t block_bytes, int64_t o_begin, int64_t o_end) {
+  auto by_rows = [&](auto bytes) {
+    constexpr int BYTES = decltype(bytes)::value;
+    if (M == 1) rows_blocks_streamed<BYTES, LANES, 1>(x, w, y, K, N, B, o_begin, o_end);
+    if (M == 2) rows_blocks_streamed<BYTES, LANES, 2>(x, w, y, K, N, B, o_begin, o_end);
+    if (M == 3) rows_blocks_streamed<BYTES, LANES, 3>(x, w, y, K, N, B, o_begin, o_end);
+    return o_end;
+  };
+  if (M < 1 || M > 3) return o_begin;
+  if (block_bytes == 20) return by_rows(std::integral_constant<int, 20>{});
+  if (block_bytes == 18) return by_rows(std::integral_constant<int, 18>{});
+  if (block_bytes == 34) return by_rows(std::integral_constant<int, 34>{});
+  return o_begin;
+}
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -55,10 +154,13 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 }  // namespace avx2_lanes8
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 namespace avx512 {
 
 #include "lane_sums_avx512.inc"
+#define SPECDEC_WIDEN_AVX512 1
+#include "gguf_widen.inc"
+#undef SPECDEC_WIDEN_AVX512
 
 // Sixteen weight values at w[k], widened to float (all lanes, or the first `lanes` with zeros after).
 inline __m512 load_w(const float* w) { return _mm512_loadu_ps(w); }
@@ -148,6 +250,74 @@ inline void group_pass(const float* x, const weight_t* w_group, float* park, int
   }
   for (int c = 0; c < RM; ++c)
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
+}
+
+// One group of G rows of GGUF blocks of a 32-element type (BYTES per block), each streamed start to end and
+// widened block by block in registers (widen_block32: the two 16-lane k steps of a block, which the
+// accumulators take in increasing k as group_pass takes a float row's), against RM rows of x (from row
+// m): the accumulators parked as group_pass parks them. Each weight byte is read from memory once and
+// never stored widened: a plain step reads the file's bytes, not float32's (Q4_1: 0.625 bytes a weight).
+template <int BYTES, int G, int RM>
+inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m) {
+  __m512 acc[G][RM];
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t row_bytes = B * BYTES;
+  for (int64_t blk = 0; blk < B; ++blk) {
+    __m512 x0[RM], x1[RM];
+    for (int c = 0; c < RM; ++c) {
+      x0[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32);
+      x1[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32 + 16);
+    }
+    for (int r = 0; r < G; ++r) {
+      __m512 first, second;
+      widen_block32<BYTES>(w_group + r * row_bytes + blk * BYTES, first, second);
+      for (int c = 0; c < RM; ++c) {
+        acc[r][c] = _mm512_fmadd_ps(first, x0[c], acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(second, x1[c], acc[r][c]);
+      }
+    }
+  }
+  for (int c = 0; c < RM; ++c)
+    for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
+}
+
+// Rows [o_begin, o_end) of float x [M <= 3, K] by GGUF blocks of a 32-element type, 16 weight rows at a
+// time (two groups of 8 streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
+// (the rows past the last whole 16 are the caller's).
+template <int BYTES>
+inline int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N,
+                                    int64_t B, int64_t o_begin, int64_t o_end) {
+  alignas(64) float park[3 * 16 * 16];
+  int64_t o = o_begin;
+  for (; o + 16 <= o_end; o += 16) {
+    for (int g = 0; g < 16; g += 8) {
+      const uint8_t* w_group = w + (o + g) * B * BYTES;
+      float* group_park = park + g * 16;
+      if (M == 1) {
+        group_pass_blocks<BYTES, 8, 1>(x, w_group, group_park, K, B, 0);
+      } else if (M == 2) {
+        group_pass_blocks<BYTES, 8, 2>(x, w_group, group_park, K, B, 0);
+      } else {
+        group_pass_blocks<BYTES, 8, 3>(x, w_group, group_park, K, B, 0);
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 acc[16];
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_load_ps(park + (m * 16 + r) * 16);
+      _mm512_storeu_ps(y + m * N + o, lane_sums16(acc));
+    }
+  }
+  return o;
+}
+
+int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t B,
+                             int64_t block_bytes, int64_t o_begin, int64_t o_end) {
+  if (M < 1 || M > 3) return o_begin;
+  if (block_bytes == 20) return rows_blocks_streamed<20>(x, w, y, M, K, N, B, o_begin, o_end);
+  if (block_bytes == 18) return rows_blocks_streamed<18>(x, w, y, M, K, N, B, o_begin, o_end);
+  if (block_bytes == 34) return rows_blocks_streamed<34>(x, w, y, M, K, N, B, o_begin, o_end);
+  return o_begin;
 }
 
 // Rows [o_begin, o_end) of w against all M rows of x (float; bfloat16 x is widened by the caller).
@@ -240,11 +410,31 @@ void rows_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t K
 
 namespace {
 
+// Whether `weight` is GGUF blocks (uint8 [N, B, block_bytes]: skinny_linear.h) rather than a dense [N, K].
+bool is_blocks(const at::Tensor& weight) { return weight.scalar_type() == at::kByte; }
+
 // One weight's checks (shape, dtype, layout, bias), naming `op`.
 void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const char* op) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": CPU tensors only, got ", x.device(), " and ",
               weight.device());
+  if (is_blocks(weight)) {
+    TORCH_CHECK(weight.dim() == 3, op, ": GGUF blocks must be uint8 [out, blocks, block bytes], got shape ",
+                weight.sizes());
+    const int64_t elements = gguf_block_elements(weight.size(2));
+    TORCH_CHECK(elements > 0, op, ": GGUF blocks of ", weight.size(2),
+                " bytes are no supported type (Q8_0 34, Q4_0 18, Q4_1 20, Q4_K 144, Q6_K 210)");
+    TORCH_CHECK(x.size(-1) == weight.size(1) * elements, op, ": x's last dimension is ", x.size(-1),
+                ", the GGUF weight's in-features are ", weight.size(1) * elements, " (", weight.size(1), " blocks of ",
+                elements, ")");
+    TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": GGUF blocks take float32 x, got ", x.scalar_type());
+    TORCH_CHECK(weight.is_contiguous(), op, ": the GGUF blocks must be contiguous");
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == at::kFloat, op,
+                  ": bias must be [", weight.size(0), "] of float32, got ", bias->sizes(), " of ", bias->scalar_type());
+    }
+    return;
+  }
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be [out, in], got shape ", weight.sizes());
   const int64_t K = weight.size(1);
   const int64_t N = weight.size(0);
@@ -261,15 +451,35 @@ void check_weight(const at::Tensor& x, const at::Tensor& weight, const std::opti
   }
 }
 
+// Rows [o_begin, o_end) of float32 x [M, K] by GGUF blocks w [N, B, block_bytes] into y [M, N] (float):
+// `group` weight rows at a time widened into `dense` [group, K] (skinny_linear.h: GGUF blocks), then the
+// path's float kernel over all M rows into `sums` [M, group], copied into y's columns. Widening once per
+// weight row for all M x rows keeps a tree's verification one widening per weight, whatever its size.
+// `group`: the rows the path's float kernel takes together (16 for AVX-512's streams of 1-3 x rows, else
+// its register block: 4, or the portable kernel's 8), so the widened rows stay in L1 (4 rows of
+// 1,536 floats: 24 KiB) while all passes over the x rows read them.
+template <typename Widen, typename Float>
+void rows_blocks(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t blocks,
+                 int64_t block_bytes, int64_t o_begin, int64_t o_end, Widen widen, Float float_rows, int64_t group) {
+  const int64_t kGroup = group;
+  std::vector<float> dense(static_cast<size_t>(kGroup * K)), sums(static_cast<size_t>(M * kGroup));
+  const int64_t row_bytes = blocks * block_bytes;
+  for (int64_t o = o_begin; o < o_end; o += kGroup) {
+    const int64_t rows = std::min(kGroup, o_end - o);
+    for (int64_t r = 0; r < rows; ++r) widen(w + (o + r) * row_bytes, blocks, block_bytes, dense.data() + r * K);
+    float_rows(x, dense.data(), sums.data(), M, K, rows, 0, rows);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * N + o, sums.data() + m * rows, rows * sizeof(float));
+  }
+}
+
 // y_i = x @ W_i^T (+ b_i) for every weight of the group, all in one parallel pass: each thread takes
 // its share of every weight, so the threads meet once per group (not once per weight). Each output is
 // computed as skinny_linear alone computes it (the same kernel over the same rows): the group changes
 // only who computes what when.
 std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
                                 const std::vector<std::optional<at::Tensor>>& biases, Isa isa) {
-  const at::Tensor& first = weights[0];
-  const int64_t K = first.size(1);
-  const auto dtype = first.scalar_type();
+  const int64_t K = x.size(-1);
+  const auto dtype = x.scalar_type();  // every weight's, or float32 x beside GGUF blocks (check_weight)
   const at::Tensor rows = x.reshape({-1, K}).contiguous();  // [M, K]
   const int64_t M = rows.size(0);
   // float sums [M, N]; bfloat16 inputs are widened to float first (x is small) and the sums
@@ -281,6 +491,7 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
   };
   std::vector<at::Tensor> sums;
   for (const at::Tensor& weight : weights) sums.push_back(at::empty({M, weight.size(0)}, x_in.options()));
+  // (a GGUF weight's out-features are its size(0) too: [N, B, block_bytes])
   auto run = [&](const Task& task) {
     if (M == 0) return;  // no x rows: nothing to compute (and x's data pointer may be null)
     const int64_t N = weights[task.weight].size(0);
@@ -296,6 +507,40 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
     }
     const float* xp = x_in.const_data_ptr<float>();
     float* yp = sums[task.weight].mutable_data_ptr<float>();
+    if (is_blocks(weights[task.weight])) {
+      const at::Tensor& blocks = weights[task.weight];
+      const uint8_t* wp = blocks.const_data_ptr<uint8_t>();
+      const int64_t B = blocks.size(1), bytes = blocks.size(2);
+#if SPECDEC_X86
+      if (avx512_family(isa)) {
+        const bool stream = isa == Isa::kAvx512;
+        // 1-3 x rows of a 32-element type (the default model's): widened in registers on the way (the same
+        // bits); the rest (more rows, the K-quants, a share's last rows) through a widened buffer.
+        const int64_t done = stream ? avx512::rows_blocks_streamed(xp, wp, yp, M, K, N, B, bytes, b, e) : b;
+        if (done == e) return;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx512::widen_row,
+                           [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
+                                    int64_t ob, int64_t oe) { avx512::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); },
+                           stream && M <= 3 ? 16 : 4);
+      }
+      if (avx2_lanes8_family(isa)) {
+        const bool stream = isa == Isa::kAvx2;
+        // 1-3 x rows of a 32-element type: widened in registers on the way, the same bits
+        const int64_t done = avx2::rows_blocks_streamed<8>(xp, wp, yp, M, K, N, B, bytes, b, e);
+        if (done == e) return;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx2::widen_row,
+                           [stream](const float* xr, const float* wr, float* yr, int64_t m, int64_t k, int64_t n,
+                                    int64_t ob, int64_t oe) { avx2_lanes8::rows_f32(xr, wr, yr, m, k, n, ob, oe, stream); },
+                           4);
+      }
+      if (isa == Isa::kAvx2Lanes16) {
+        const int64_t done = avx2::rows_blocks_streamed<16>(xp, wp, yp, M, K, N, B, bytes, b, e);
+        if (done == e) return;
+        return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx2::widen_row, avx2::rows_f32, 8);
+      }
+#endif
+      return rows_blocks(xp, wp, yp, M, K, N, B, bytes, b, e, portable::widen_row, portable::rows_f32, 8);
+    }
     if (dtype == at::kFloat) {
       const float* wp = weights[task.weight].const_data_ptr<float>();
 #if SPECDEC_X86
@@ -364,6 +609,46 @@ std::vector<at::Tensor> skinny_linears_cpu(const at::Tensor& x, at::TensorList w
   }
   const Isa isa = parse_isa(std::string(isa_name), "skinny_linears");
   return linears(x, weights, bias_list, isa);
+}
+
+int64_t linear_in_features(const at::Tensor& weight) {
+  if (weight.scalar_type() == at::kByte && weight.dim() == 3) return weight.size(1) * gguf_block_elements(weight.size(2));
+  return weight.size(-1);
+}
+
+at::Tensor gguf_widen_cpu(const at::Tensor& blocks, c10::string_view isa_name) {
+  const char* op = "specdec_cpu::gguf_widen";
+  TORCH_CHECK(blocks.device().is_cpu(), op, ": CPU tensors only, got ", blocks.device());
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3, op,
+              ": GGUF blocks must be uint8 [out, blocks, block bytes], got ", blocks.scalar_type(), " of shape ",
+              blocks.sizes());
+  const int64_t elements = gguf_block_elements(blocks.size(2));
+  TORCH_CHECK(elements > 0, op, ": GGUF blocks of ", blocks.size(2),
+              " bytes are no supported type (Q8_0 34, Q4_0 18, Q4_1 20, Q4_K 144, Q6_K 210)");
+  TORCH_CHECK(blocks.is_contiguous(), op, ": the GGUF blocks must be contiguous");
+  const Isa isa = parse_isa(std::string(isa_name), "gguf_widen");
+  const int64_t N = blocks.size(0), B = blocks.size(1), bytes = blocks.size(2), K = B * elements;
+  at::Tensor dense = at::empty({N, K}, blocks.options().dtype(at::kFloat));
+  if (N == 0 || K == 0) return dense;
+  const uint8_t* wp = blocks.const_data_ptr<uint8_t>();
+  float* out = dense.mutable_data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const uint8_t* row = wp + o * B * bytes;
+#if SPECDEC_X86
+      if (avx512_family(isa)) {
+        avx512::widen_row(row, B, bytes, out + o * K);
+        continue;
+      }
+      if (avx2_family(isa)) {
+        avx2::widen_row(row, B, bytes, out + o * K);
+        continue;
+      }
+#endif
+      portable::widen_row(row, B, bytes, out + o * K);
+    }
+  });
+  return dense;
 }
 
 }  // namespace specdec_cpu_kernels

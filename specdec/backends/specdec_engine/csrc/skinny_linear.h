@@ -31,4 +31,35 @@
 // CPU with AVX-512 that mixes AVX2 kernels with its AVX-512 ones per tree size takes 'avx2-lanes16'.
 //
 // Layouts: x [M, K] and w [N, K] row-major and contiguous; y [M, N] row-major.
+//
+// GGUF BLOCKS. A weight may also be a GGUF file's quantized blocks: uint8 [N, B, block_bytes], row o
+// of the weight being B consecutive blocks (a GGUF row, each an independent run of blocks), whose type
+// the block size names (gguf_block_elements below: Q8_0 34, Q4_0 18, Q4_1 20, Q4_K 144, Q6_K 210 bytes),
+// K = B x the type's elements per block, x float32. Each weight value is widened to exactly the float
+// gguf-py's dequantizer gives it (gguf_widen.inc), 16 weight rows at a time into a buffer that stays in
+// the core's caches, and those rows go through the float kernel of the same path over all M rows:
+// every output is bitwise the float32 kernel's on the dequantized weight, on every path; the memory
+// reads only the blocks (Q4_1: 0.625 bytes per weight against float's 4).
 #pragma once
+
+#include <cstdint>
+
+namespace specdec_cpu_kernels {
+
+// The elements per block of the GGUF type whose blocks are `block_bytes` long, or 0 for a size no
+// supported type has.
+inline int64_t gguf_block_elements(int64_t block_bytes) {
+  switch (block_bytes) {
+    case 34:   // Q8_0
+    case 18:   // Q4_0
+    case 20:   // Q4_1
+      return 32;
+    case 144:  // Q4_K
+    case 210:  // Q6_K
+      return 256;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace specdec_cpu_kernels
