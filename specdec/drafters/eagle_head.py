@@ -106,6 +106,9 @@ class EagleHead(torch.nn.Module):
         self.config = config
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=True, dtype=weight.dtype, device=weight.device)
         self.layer = layer_type(config, 0).to(dtype=weight.dtype, device=weight.device)
+        from specdec.models import cache_keyword  # imports transformers: at first use, not with specdec.drafters
+
+        self._cache_keyword = cache_keyword(self.layer)  # "cache" or "past_key_values", by transformers release
         # The target's modules, outside the module tree (a tuple hides them from state_dict and .parameters()).
         self._target = (embed, norm, rotary)
         vocab = torch.arange(weight.shape[0]) if draft_vocab is None else draft_vocab.to(torch.long)
@@ -138,7 +141,7 @@ class EagleHead(torch.nn.Module):
         rotary = self._target[2](x, positions)
         extra: dict[str, Any] = {}
         if cache is not None:
-            extra = {"past_key_values": cache, "use_cache": True}
+            extra = {self._cache_keyword: cache, "use_cache": True}
         out = self.layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rotary, **extra)
         z = out[0] if isinstance(out, tuple) else out
         predicted: torch.Tensor = self._target[1](z)
