@@ -29,7 +29,8 @@ from specdec.commands import (
 from specdec.errors import SpecDecError
 
 # The subcommands, in the order ``specdec --help`` lists them; each module has ``register(subparsers)``.
-SUBCOMMANDS = (generate, demo, datastore, calibrate, precompile, bench, recycling_template, train_head, cache, coldstart)
+SUBCOMMANDS = (generate, demo, datastore, calibrate, precompile, bench, recycling_template, train_head, cache,
+               coldstart)
 
 
 def build_parser() -> argparse.ArgumentParser:

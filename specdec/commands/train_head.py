@@ -28,7 +28,8 @@ def cmd_train_head(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
+    cast: Any = model  # transformers types .to oddly
     train_windows, valid_windows = corpus_windows(config, tokenizer)
     print(f"corpus: {len(train_windows)} training and {len(valid_windows)} validation windows of "
           f"{config.window} tokens", file=sys.stderr)  # fmt: skip
@@ -38,15 +39,15 @@ def cmd_train_head(args: argparse.Namespace) -> int:
         print(f"\rfeatures: {done}/{total} windows ({time.perf_counter() - started:.0f} s)", end="", file=sys.stderr)
 
     if args.features_dtype != "float32":  # the features only: the head trains in float32 on the float32 LM head
-        model.to(getattr(torch, args.features_dtype))
+        cast.to(dtype=getattr(torch, args.features_dtype))
     data = extract(model, train_windows, config, progress)
     valid = extract(model, valid_windows, config, progress)
-    model.to(torch.float32)
+    cast.to(dtype=torch.float32)
     print(file=sys.stderr)
     extract_s = time.perf_counter() - started
     head, result = train(model, config, data, valid, log=lambda line: print(line, file=sys.stderr))
-    trained: dict[str, Any] = {"settings": settings(config), "result": result,
-                               "features_s": round(extract_s, 1), "features_dtype": args.features_dtype, "torch": torch.__version__}  # fmt: skip
+    trained: dict[str, Any] = {"settings": settings(config), "result": result, "features_s": round(extract_s, 1),
+                               "features_dtype": args.features_dtype, "torch": torch.__version__}  # fmt: skip
     save_head(head, model, args.out, trained)
     print(f"wrote {args.out}: validation top-1 agreement {result['valid_top1']:.3f}")
     return 0
@@ -61,7 +62,7 @@ def register(sub: Any) -> None:
                         help="'stdlib' (the Python standard library's source) or a JSONL file of "
                              "{'question', 'answer'} rows (GSM8K's training set); repeat for several, each an "
                              "equal share of --tokens (default: stdlib)")  # fmt: skip
-    parser.add_argument("--tokens", type=int, default=400_000, help="training tokens in all (default: 400000)")
+    parser.add_argument("--tokens", type=int, default=400_000, help="tokens in all (default: 400000)")
     parser.add_argument("--window", type=int, default=512, help="tokens per training window (default: 512)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

@@ -220,7 +220,7 @@ def load_head(path: str | Path, model: Any) -> EagleHead:
     vocab = tensors.pop("draft_vocab", None)
     if vocab is None or vocab.dim() != 1 or vocab.dtype != torch.int64 or vocab.numel() == 0:
         raise HeadFileError(f"EAGLE head file {str(path)!r}: draft_vocab must be a non-empty int64 vector")
-    if int(vocab.min()) < 0 or int(vocab.max()) >= facts["vocab_size"] or vocab.unique().numel() != vocab.numel():
+    if int(vocab.min()) < 0 or int(vocab.max()) >= facts["vocab_size"] or len(set(vocab.tolist())) != vocab.numel():
         raise HeadFileError(f"EAGLE head file {str(path)!r}: draft_vocab holds ids outside [0, "
                             f"{facts['vocab_size']}) or repeated ids")  # fmt: skip
     head = EagleHead(model, vocab)

@@ -154,7 +154,7 @@ def extract(
     step = 4  # windows per forward: 4 x 512 tokens keep the logits at ~400 MB
     for start in range(0, count, step):
         out = model(input_ids=tokens[start : start + step], output_hidden_states=True)
-        features[start : start + step] = out.hidden_states[-1].to(torch.float16)  # after the final norm (transformers 5)
+        features[start : start + step] = out.hidden_states[-1].to(torch.float16)  # after the final norm
         argmax[start : start + step] = out.logits.argmax(-1).to(torch.int32)
         if progress is not None:
             progress(min(start + step, count), count)
@@ -231,14 +231,15 @@ def train(
                                                   index)  # fmt: skip
             loss = regression + config.ce_weight * ce
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             optimizer.step()
             schedule.step()
             step += 1
             if step % 50 == 0 or step == steps:
-                log(f"epoch {epoch + 1} step {step}/{steps}: smooth-L1 {float(regression.detach()):.4f} CE {float(ce.detach()):.3f} "
-                    f"top-1 {int(hits) / count:.3f} ({time.perf_counter() - started:.0f} s)")
+                log(f"epoch {epoch + 1} step {step}/{steps}: smooth-L1 {float(regression.detach()):.4f} "
+                    f"CE {float(ce.detach()):.3f} top-1 {int(hits) / count:.3f} "
+                    f"({time.perf_counter() - started:.0f} s)")
     result = evaluate(head, valid, index)
     coverage = float((index[argmax.flatten().long()] >= 0).float().mean())
     result.update(train_s=round(time.perf_counter() - started, 1), train_windows=int(tokens.shape[0]),
