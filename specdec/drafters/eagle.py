@@ -9,13 +9,14 @@ which tracks its chance of being accepted).
 
 **The head's state.** The head keeps its own KV cache (a transformers ``DynamicCache`` of its one
 layer) over **context pairs**: pair ``j`` is ``(f_j, x_{j+1})`` at position ``j``, for every committed
-position ``j`` whose next token is decided: the committed tokens' and the pending token's. The
+position ``j`` whose next token is committed too. The
 features come from the verifier (the drafter's ``feedback_features``: every prompt position at
 reset, every verified node after a step, :class:`~specdec.types.Feedback`); drafters never see the
 model's forward. Where the verifier's forward hands over none (the fixed-shape buckets), the
 drafter computes them itself with the target's forward over the committed tokens (one more target
 forward per step: lossless, slower). Context pairs are never taken back (committed tokens stay
-committed), so the cache only grows; a proposal's tree pairs are cropped off when it ends.
+committed), so the cache only grows; a proposal's root pair (``f_{C-1}``, the pending token) and tree
+pairs are cropped off when it ends, the root pair fed again with the next proposal's new pairs.
 
 **Growing the tree** (``topk`` = k, ``depth`` = D, ``num_nodes`` = N), one head forward per depth:
 
@@ -189,13 +190,14 @@ class EagleDrafter:
         q = context - self.fed
         allowed = torch.ones(q, self.fed + q, dtype=torch.bool, device=self.device).tril(self.fed)
         predicted, logp = self._run(features, new_tokens, range(self.fed, context), allowed)
-        self.waiting, self.fed = [], context
+        # The root pair is fed again by the next proposal (its pending token may differ then: a proposal with no
+        # update between); the pairs before it are the committed context's and stay.
+        self.waiting, self.fed = [features[-1:]], context - 1
         try:
             return self._grow(pending, logp[-1:], predicted[-1:], context, nodes)  # from the root pair's output
         finally:
-            extra = int(self.cache.get_seq_length()) - context
-            if extra > 0:
-                self.cache.crop(-extra)  # the tree's pairs go, the context pairs stay (a negative count: 5.0-5.24)
+            extra = int(self.cache.get_seq_length()) - self.fed
+            self.cache.crop(-extra)  # the root's and the tree's pairs go (a negative count: transformers 5.0-5.24)
 
     def _grow(self, pending: int, root_logp: torch.Tensor, root_feature: torch.Tensor, context: int,
               nodes: int) -> DraftTree:  # fmt: skip
