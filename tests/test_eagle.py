@@ -48,6 +48,13 @@ def random_head(arch: str) -> EagleHead:
     return _HEADS[arch]
 
 
+def bf16_head(arch: str) -> EagleHead:
+    """:func:`random_head`'s weights in bfloat16 (what ``dtype="auto"`` runs for a float32 target on a CPU)."""
+    head = EagleHead(tiny_model(arch), dtype=torch.bfloat16)
+    head.load_state_dict(random_head(arch).state_dict())
+    return head.eval()
+
+
 def cases() -> list[tuple[str, str]]:
     return [(arch, engine) for arch in ARCHS for engine in ENGINES if engine != "specdec" or arch in RUNNER_ARCHS]
 
@@ -59,7 +66,7 @@ def test_eagle_matches_plain_greedy(arch: str, engine: str) -> None:
     rng = random.Random(f"eagle-{arch}-{engine}")
     drafted = 0
     for drafter, options in [("eagle", {"head": head}), ("eagle", {"head": head, "topk": 3, "depth": 4}),
-                             ("sam+eagle", {"eagle.head": head})]:  # fmt: skip
+                             ("sam+eagle", {"eagle.head": head}), ("eagle", {"head": bf16_head(arch)})]:  # fmt: skip
         prompt = random_prompt(rng)
         max_new = rng.randrange(10, 40)
         result = specdec.run(target, prompt, drafter, drafter_options=options, max_new_tokens=max_new,

@@ -54,21 +54,39 @@ from specdec.errors import SpecDecError
 from specdec.types import DrafterFactory, DraftTree, Feedback
 
 MAX_FEATURE = 15
+DTYPES = ("auto", "target", "float32", "bfloat16", "float16", "float64")
 
 
 @dataclass(frozen=True)
 class EagleConfig:
     """``head``: the head file (``"default"``: the one shipped for the default model) or an
     :class:`~specdec.drafters.eagle_head.EagleHead`; ``topk``: children per expanded node and frontier
-    width; ``depth``: the tree's deepest level; ``num_nodes``: the tree's nodes, root included."""
+    width; ``depth``: the tree's deepest level; ``num_nodes``: the tree's nodes, root included; ``dtype``:
+    what the head computes in (a head file's; an ``EagleHead`` keeps its own): ``"auto"`` (bfloat16 for a
+    float32 target on a CPU with BF16 dot products, where its small products run ~3x faster, else the
+    target's), ``"target"``, or a dtype's name."""
 
     head: Any = "default"
     topk: int = 8
     depth: int = 6
     num_nodes: int = 48
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         require_positive("eagle", topk=self.topk, depth=self.depth, num_nodes=self.num_nodes)
+        if self.dtype not in DTYPES:
+            raise SpecDecError(f"drafter 'eagle': dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    def head_dtype(self, model: Any) -> torch.dtype | None:
+        """The dtype the head computes in for target ``model`` (None: the target's)."""
+        if self.dtype == "target":
+            return None
+        if self.dtype != "auto":
+            dtype: torch.dtype = getattr(torch, self.dtype)
+            return dtype
+        weight = model.get_output_embeddings().weight
+        fast = weight.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return torch.bfloat16 if weight.dtype == torch.float32 and fast else None
 
 
 class TargetFeatures:
@@ -272,7 +290,7 @@ def eagle_factory(options: Mapping[str, Any], context: DrafterContext) -> Drafte
         head = config.head
     elif isinstance(config.head, (str, Path)):
         path = default_head_path() if config.head == "default" else Path(config.head)
-        head = load_head(path, model)  # checked against the target here, shared by every drafter (no state)
+        head = load_head(path, model, config.head_dtype(model))  # checked here, shared by every drafter (no state)
     else:
         raise SpecDecError(f"drafter 'eagle': head must be a head file, 'default' or an EagleHead, "
                            f"got {type(config.head).__name__}")  # fmt: skip

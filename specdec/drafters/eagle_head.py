@@ -89,10 +89,12 @@ class EagleHead(torch.nn.Module):
 
     ``model``: the target (read, never changed: its modules are referenced, not registered here, so
     ``state_dict()`` holds the head's own weights only); ``draft_vocab`` int64 ``[V_d]``: the token ids
-    the head scores (None: the whole vocabulary). Parameters in the target's dtype and device.
+    the head scores (None: the whole vocabulary); ``dtype``: the head's own weights' and the LM-head
+    rows' (None: the target's). The target's embeddings and final norm run in the target's dtype;
+    their outputs are cast. Features come back in the target's dtype.
     """
 
-    def __init__(self, model: Any, draft_vocab: torch.Tensor | None = None) -> None:
+    def __init__(self, model: Any, draft_vocab: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         embed, norm, lm_head, rotary = _parts(model)
         layer_type = type(model.model.layers[0])
@@ -104,8 +106,10 @@ class EagleHead(torch.nn.Module):
         hidden = int(config.hidden_size)
         self.hidden_size = hidden
         self.config = config
-        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=True, dtype=weight.dtype, device=weight.device)
-        self.layer = layer_type(config, 0).to(dtype=weight.dtype, device=weight.device)
+        own = dtype or weight.dtype
+        self.target_dtype = weight.dtype
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=True, dtype=own, device=weight.device)
+        self.layer = layer_type(config, 0).to(dtype=own, device=weight.device)
         from specdec.models import cache_keyword  # imports transformers: at first use, not with specdec.drafters
 
         self._cache_keyword = cache_keyword(self.layer)  # "cache" or "past_key_values", by transformers release
@@ -114,9 +118,9 @@ class EagleHead(torch.nn.Module):
         vocab = torch.arange(weight.shape[0]) if draft_vocab is None else draft_vocab.to(torch.long)
         self.draft_vocab = vocab.to(weight.device)  # int64 [V_d]
         # The draft vocabulary's rows of the LM head: a copy of [V_d, H] (the head's bias, if any, likewise).
-        self._head_weight = weight.detach()[self.draft_vocab].clone()
+        self._head_weight = weight.detach()[self.draft_vocab].to(own)
         bias = getattr(lm_head, "bias", None)
-        self._head_bias = None if bias is None else bias.detach()[self.draft_vocab].clone()
+        self._head_bias = None if bias is None else bias.detach()[self.draft_vocab].to(own)
 
     @property
     def attention(self) -> str:
@@ -137,19 +141,20 @@ class EagleHead(torch.nn.Module):
         ``mask``: an additive float ``[B, 1, T, S]`` over the cached and new keys (None: causal over the
         new ones, as in training); ``cache``: a transformers cache the layer writes its keys and values to.
         """
-        x = self.fc(torch.cat([self.embed(tokens), features], dim=-1))  # [B, T, H]
+        own = self.fc.weight.dtype
+        x = self.fc(torch.cat([self.embed(tokens).to(own), features.to(own)], dim=-1))  # [B, T, H]
         rotary = self._target[2](x, positions)
         extra: dict[str, Any] = {}
         if cache is not None:
             extra = {self._cache_keyword: cache, "use_cache": True}
         out = self.layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rotary, **extra)
         z = out[0] if isinstance(out, tuple) else out
-        predicted: torch.Tensor = self._target[1](z)
+        predicted: torch.Tensor = self._target[1](z.to(self.target_dtype))
         return predicted
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits ``[..., V_d]`` of ``features`` ``[..., H]``."""
-        return torch.nn.functional.linear(features, self._head_weight, self._head_bias)
+        return torch.nn.functional.linear(features.to(self._head_weight.dtype), self._head_weight, self._head_bias)
 
     def own_state(self) -> dict[str, torch.Tensor]:
         """The head's own weights (``fc.*``, ``layer.*``): what its file stores."""
@@ -195,8 +200,9 @@ def head_metadata(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def load_head(path: str | Path, model: Any) -> EagleHead:
-    """The head stored at ``path``, for target ``model`` (in its dtype, on its device); every check first.
+def load_head(path: str | Path, model: Any, dtype: torch.dtype | None = None) -> EagleHead:
+    """The head stored at ``path``, for target ``model`` (on its device, in ``dtype``, None: the target's); every
+    check first.
 
     Raises :class:`HeadFileError` for a missing, truncated or foreign file, a format version this
     release does not read, a target of another hidden size, vocabulary, layer count or type, a
@@ -223,7 +229,7 @@ def load_head(path: str | Path, model: Any) -> EagleHead:
     if int(vocab.min()) < 0 or int(vocab.max()) >= facts["vocab_size"] or len(set(vocab.tolist())) != vocab.numel():
         raise HeadFileError(f"EAGLE head file {str(path)!r}: draft_vocab holds ids outside [0, "
                             f"{facts['vocab_size']}) or repeated ids")  # fmt: skip
-    head = EagleHead(model, vocab)
+    head = EagleHead(model, vocab, dtype)
     expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
     got = {name: tuple(t.shape) for name, t in tensors.items()}
     if set(expected) != set(got):
@@ -233,5 +239,5 @@ def load_head(path: str | Path, model: Any) -> EagleHead:
     for name, shape in expected.items():
         if got[name] != shape:
             raise HeadFileError(f"EAGLE head file {str(path)!r}: {name} has shape {got[name]}, expected {shape}")
-    head.load_state_dict(tensors, strict=True)  # casts float16 to the target's dtype
+    head.load_state_dict(tensors, strict=True)  # casts float16 to the head's dtype
     return head.eval()
