@@ -147,7 +147,7 @@ class LiveSequence:
         self.state, self.pending, prompt_feedback = verifier.prefill(
             prompt, prompt_topk=drafter.feedback_topk if config.prompt_feedback else 0,
             chooser=config.chooser(len(prompt)), repetition_penalty=decision.repetition_penalty,
-            reserve=reachable(config, verifier, len(prompt)),
+            reserve=reachable(config, verifier, len(prompt)), features=wants_features(drafter),
         )  # fmt: skip
         self.record.prefilled()
         drafter.reset(prompt, prompt_feedback)
@@ -280,13 +280,18 @@ class StepPlanner(Protocol):
         ...
 
 
+def wants_features(drafter: Drafter) -> bool:
+    """Whether ``drafter`` reads the model's features (its optional ``feedback_features``; :class:`Drafter`)."""
+    return bool(getattr(drafter, "feedback_features", False))
+
+
 def verify_rows(
-    verifier: Verifier[Any], states: Sequence[Any], trees: Sequence[DraftTree], topk: int
+    verifier: Verifier[Any], states: Sequence[Any], trees: Sequence[DraftTree], topk: int, features: bool = False
 ) -> list[Verification]:
     """Every row's verification: one batched call where the verifier has one, else row after row."""
     if isinstance(verifier, BatchVerifier):
-        return verifier.verify_batch(states, trees, topk)
-    return [verifier.verify(state, tree, topk) for state, tree in zip(states, trees, strict=True)]
+        return verifier.verify_batch(states, trees, topk, features)
+    return [verifier.verify(state, tree, topk, features) for state, tree in zip(states, trees, strict=True)]
 
 
 def step(
@@ -327,7 +332,10 @@ def step(
     topk = max((d.row.sequence.drafter.feedback_topk for d in drafted if d.asked or not drafting), default=0)
     verify_started = time.perf_counter()
     states = [d.row.sequence.state for d in drafted]
-    results = verify_rows(verifier, states, trees, topk) if batch else [verifier.verify(states[0], trees[0], topk)]
+    # Features for drafters that read them, on every step (the head's state is the features of every committed token).
+    features = any(wants_features(d.row.sequence.drafter) for d in drafted)
+    results = (verify_rows(verifier, states, trees, topk, features) if batch
+               else [verifier.verify(states[0], trees[0], topk, features)])  # fmt: skip
     verify_s = time.perf_counter() - verify_started
     learned = []
     for d, result in zip(drafted, results, strict=True):

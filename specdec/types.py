@@ -235,12 +235,19 @@ class Feedback:
     after prefill), so a drafter can tell the committed context's predictions from those
     made on rejected branches.
 
-    Shapes: ``tokens`` int64 ``[M]``; ``topk`` int64 ``[M, k]``.
+    ``features``, for drafters that ask for them (``feedback_features``, below, e.g. the EAGLE head):
+    the model's last hidden state, after its final norm (the LM head's input), at every row, where
+    the verifier's forward can hand it over (:class:`~specdec.backends.forward.FeatureForward`);
+    None otherwise.
+
+    Shapes: ``tokens`` int64 ``[M]``; ``topk`` int64 ``[M, k]`` (``k`` may be 0 when only features were
+    asked for); ``features`` float ``[M, H]`` in the model's dtype, on its device.
     """
 
     tokens: IntArray
     topk: IntArray
     accepted_nodes: tuple[int, ...] = ()
+    features: Any = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +291,10 @@ class Drafter(Protocol):
     :class:`Feedback` (0: none, and the verifier skips computing them). A drafter object
     keeps its learned state across :meth:`reset` calls if it has any (Token Recycling's
     matrix), so reusing one object across requests is how a user keeps that state.
+
+    A drafter with a true ``feedback_features`` attribute (optional; absent means False) also gets
+    the model's features of every verified node, and of every prompt position at reset
+    (:attr:`Feedback.features`), on every step, the ones it did not draft for included.
     """
 
     name: str
@@ -444,14 +455,16 @@ class Verifier(Protocol[StateT]):
 
     def prefill(
         self, prompt: Sequence[int], prompt_topk: int = 0, *, chooser: TokenChooser | None = None,
-        repetition_penalty: float = 1.0, reserve: int = 0,
+        repetition_penalty: float = 1.0, reserve: int = 0, features: bool = False,
     ) -> tuple[StateT, int, Feedback | None]:
         """Run ``prompt``: the new sequence's state, its first pending token, and (with ``prompt_topk``)
-        the model's top ids after every prompt token. ``reserve``: how many more tokens it may grow by."""
+        the model's top ids after every prompt token. ``reserve``: how many more tokens it may grow by;
+        ``features``: hand over the model's features at every prompt position too (:class:`Feedback`)."""
         ...
 
-    def verify(self, state: StateT, tree: DraftTree, topk: int = 0) -> Verification:
-        """One forward over ``tree`` after the committed tokens; commits the accepted path."""
+    def verify(self, state: StateT, tree: DraftTree, topk: int = 0, features: bool = False) -> Verification:
+        """One forward over ``tree`` after the committed tokens; commits the accepted path. ``features``:
+        the feedback carries the model's features at every node, where the verifier can give them."""
         ...
 
     def rewind(self, state: StateT, committed_len: int) -> None:
@@ -524,7 +537,8 @@ class BatchVerifier(Verifier[StateT], Protocol[StateT]):
     @property
     def live_limit(self) -> int | None: ...
 
-    def verify_batch(self, states: Sequence[StateT], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
+    def verify_batch(self, states: Sequence[StateT], trees: Sequence[DraftTree], topk: int = 0,
+                     features: bool = False) -> list[Verification]:  # fmt: skip
         """One verification per row (``states[b]`` with ``trees[b]``); commits each row's accepted path."""
         ...
 

@@ -15,7 +15,7 @@ from specdec.errors import SpecDecError
 
 # Every drafter that must exist in every checkout; "arctic" (a peer to measure against) is listed
 # exactly where Arctic Inference is installed.
-MUST_EXIST = ("early-exit", "model", "none", "pld", "recycling", "rest", "sam")
+MUST_EXIST = ("eagle", "early-exit", "model", "none", "pld", "recycling", "rest", "sam")
 
 
 def test_every_drafter_is_registered() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -217,6 +217,28 @@ class ForwardSteps(Protocol):
 
     def release(self, state: KVState) -> None:
         """The sequence is over (its ``cache`` is dropped by the verifier afterwards)."""
+        ...
+
+
+@runtime_checkable
+class FeatureForward(Protocol):
+    """A forward that can also hand over the model's **features**: its last hidden state after the final
+    norm (the LM head's input), float ``[rows, H]`` in the model's dtype. What feature-reading drafters
+    (the EAGLE head) draft from; a forward without these methods hands over none.
+
+    Implemented by :class:`~specdec.backends.hf.forward.HFForward` and
+    :class:`~specdec.backends.specdec_engine.forward.SpecdecForward`; the fixed-shape buckets return logits
+    only (their compiled functions and captured graphs have one output).
+    """
+
+    def prefill_features(
+        self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """:meth:`ForwardSteps.prefill`, and the features of every prompt position ``[L, H]``."""
+        ...
+
+    def tree_features(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`ForwardSteps.tree`, and the features of every node ``[N, H]``."""
         ...
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.backends.forward import Forward, KVState, Target, check_model, kv_bytes_per_token
+from specdec.backends.forward import FeatureForward, Forward, KVState, Target, check_model, kv_bytes_per_token
 from specdec.backends.hf.forward import HFForward
 from specdec.backends.identity import model_identity, weights_fingerprint
 from specdec.backends.topk import topk_ids
@@ -72,6 +72,10 @@ def _decision_precision(logits: torch.Tensor) -> torch.Tensor:
     """Half-precision logits are decided in float32, as ``generate`` does; fp32/fp64 stay as they are."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
+
+def _no_topk(rows: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The ``topk`` of a feedback that carries features only: int64 ``[rows, 0]``."""
+    return np.zeros((rows, 0), dtype=np.int64)
 
 
 class ModelVerifier:
@@ -181,6 +185,7 @@ class ModelVerifier:
         chooser: TokenChooser | None = None,
         repetition_penalty: float = 1.0,
         reserve: int = 0,
+        features: bool = False,
     ) -> tuple[KVState, int, Feedback | None]:
         """Run the prompt; return the state, the first pending token and optional per-position feedback.
 
@@ -188,12 +193,19 @@ class ModelVerifier:
         model's top ids after every prompt token (Token Recycling's warm start).
         ``chooser`` and ``repetition_penalty`` decide this sequence's tokens from here on.
         ``reserve``: how many more tokens the sequence may grow by (a static cache sizes
-        itself for them; the dynamic cache grows as it goes and ignores it).
+        itself for them; the dynamic cache grows as it goes and ignores it). ``features``: the
+        feedback carries the model's features at every prompt position, where the forward gives them
+        (:class:`~specdec.backends.forward.FeatureForward`; else no feature feedback).
         """
         self._check_prompt(prompt)
         input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            cache, logits = self.forward.prefill(input_ids, keep_all=prompt_topk > 0, reserve=reserve)
+            hidden = None
+            if features and isinstance(self.forward, FeatureForward):
+                cache, logits, hidden = self.forward.prefill_features(input_ids, keep_all=prompt_topk > 0,
+                                                                      reserve=reserve)  # fmt: skip
+            else:
+                cache, logits = self.forward.prefill(input_ids, keep_all=prompt_topk > 0, reserve=reserve)
             logits = _decision_precision(logits)  # [L or 1, V]
             state = KVState(cache, len(prompt), chooser or self.chooser, float(repetition_penalty))
             self.forward.opened(state)
@@ -205,32 +217,41 @@ class ModelVerifier:
             position = torch.tensor([len(prompt)], device=self.device)
             pending = int(state.chooser.choose(last, position)[0])
             feedback = None
-            if prompt_topk:
-                top = topk_ids(logits, prompt_topk).cpu().numpy()
-                feedback = Feedback(np.asarray(prompt, dtype=np.int64), top)
+            if prompt_topk or hidden is not None:
+                top = topk_ids(logits, prompt_topk).cpu().numpy() if prompt_topk else _no_topk(len(prompt))
+                feedback = Feedback(np.asarray(prompt, dtype=np.int64), top, (), hidden)
         return state, pending, feedback
 
-    def verify(self, state: KVState, tree: DraftTree, topk: int = 0) -> Verification:
-        """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path."""
+    def verify(self, state: KVState, tree: DraftTree, topk: int = 0, features: bool = False) -> Verification:
+        """One forward over ``tree`` after ``state.committed_len`` tokens; commits the accepted path.
+        ``features``: the feedback carries every node's features, where the forward gives them."""
         self._check_row(state, tree)
         with torch.inference_mode():
-            logits, positions = self.forward.tree(state, tree)  # [N, V], int64 [N]
+            hidden = None
+            if features and isinstance(self.forward, FeatureForward):
+                logits, positions, hidden = self.forward.tree_features(state, tree)  # [N, V], int64 [N], [N, H]
+            else:
+                logits, positions = self.forward.tree(state, tree)  # [N, V], int64 [N]
             (acceptance,) = self._accept([state], [tree], logits, positions, topk)
-            return self._commit(state, tree, acceptance)
+            return self._commit(state, tree, acceptance, hidden)
 
     @property
     def live_limit(self) -> int | None:
         """How many sequences this verifier holds at once (None: each sequence owns its cache)."""
         return self.forward.live_limit
 
-    def verify_batch(self, states: Sequence[KVState], trees: Sequence[DraftTree], topk: int = 0) -> list[Verification]:
+    def verify_batch(self, states: Sequence[KVState], trees: Sequence[DraftTree], topk: int = 0,
+                     features: bool = False) -> list[Verification]:  # fmt: skip
         """Every row's tree, then each row's choices, walk and compaction in its own cache or region.
 
         Where the forward verifies many rows in one call (:meth:`Forward.rows`), one forward over
         all of them; else :meth:`verify` for every row, one row after another (the model's own
         forward takes one sequence per cache: each row's result is exactly its own verification).
+        With ``features``, row after row (:meth:`verify`), which hands them over.
         """
         self._check_rows(states, trees)
+        if features:
+            return [self.verify(state, tree, topk, features) for state, tree in zip(states, trees, strict=True)]
         with torch.inference_mode():
             joint = self.forward.rows(states, trees)
             if joint is not None:
@@ -275,7 +296,8 @@ class ModelVerifier:
             logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.ops.accept_rows(trees, logits, positions, [state.chooser for state in states], topk)
 
-    def _commit(self, state: KVState, tree: DraftTree, acceptance: Acceptance) -> Verification:
+    def _commit(self, state: KVState, tree: DraftTree, acceptance: Acceptance,
+                features: torch.Tensor | None = None) -> Verification:  # fmt: skip
         """Keep the accepted path's KV and count it committed (inside ``inference_mode``: ``presence`` is
         an inference tensor)."""
         committed = state.committed_len
@@ -284,8 +306,9 @@ class ModelVerifier:
             state.presence[torch.tensor([tree.tokens[i] for i in acceptance.path], device=self.device)] = True
         state.committed_len = committed + len(acceptance.path)
         feedback = None
-        if acceptance.topk is not None:
-            feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), acceptance.topk, acceptance.path)
+        if acceptance.topk is not None or features is not None:
+            top = acceptance.topk if acceptance.topk is not None else _no_topk(tree.size)
+            feedback = Feedback(np.asarray(tree.tokens, dtype=np.int64), top, acceptance.path, features)
         accepted_tokens = tuple(tree.tokens[i] for i in acceptance.path)
         return Verification(acceptance.path, accepted_tokens, acceptance.bonus, feedback)
 

@@ -325,10 +325,10 @@ class _TreeLog:
         self.forward_kernels.append(self._inner.kernels)
         return self._inner.prefill(*args, **kwargs)
 
-    def verify(self, state: Any, tree: DraftTree, topk: int = 0) -> Any:
+    def verify(self, state: Any, tree: DraftTree, topk: int = 0, features: bool = False) -> Any:
         self.trees.append(tree)
         self.forward_kernels.append(self._inner.kernels)
-        return self._inner.verify(state, tree, topk)
+        return self._inner.verify(state, tree, topk, features)
 
     def clear(self) -> None:
         self.trees.clear()
@@ -473,9 +473,9 @@ class _Replay:
         self._use_next()
         return self._inner.prefill(*args, **kwargs)
 
-    def verify(self, state: Any, tree: DraftTree, topk: int = 0) -> Any:
+    def verify(self, state: Any, tree: DraftTree, topk: int = 0, features: bool = False) -> Any:
         self._use_next()
-        return self._inner.verify(state, tree, topk)
+        return self._inner.verify(state, tree, topk, features)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -157,9 +157,10 @@ class ReplayVerifier:
 
     def prefill(
         self, prompt: Sequence[int], prompt_topk: int = 0, *, chooser: TokenChooser | None = None,
-        repetition_penalty: float = 1.0, reserve: int = 0,
+        repetition_penalty: float = 1.0, reserve: int = 0, features: bool = False,
     ) -> tuple[ReplayState, int, Feedback | None]:
-        """The pending token after ``prompt`` (which must be the stream's beginning); the options are ignored."""
+        """The pending token after ``prompt`` (which must be the stream's beginning); the options are ignored
+        (a replay has no model: it hands over no features)."""
         length = len(prompt)
         if not 1 <= length < len(self.stream) or list(prompt) != self.stream[:length]:
             raise SpecDecError(f"a replay's prompt must be the stream's first 1 to {len(self.stream) - 1} tokens")
@@ -170,7 +171,7 @@ class ReplayVerifier:
             feedback = Feedback(np.asarray(prompt, dtype=np.int64), (choices + ranks) % self.vocab_size)
         return ReplayState(length), self.stream[length], feedback
 
-    def verify(self, state: ReplayState, tree: DraftTree, topk: int = 0) -> Verification:
+    def verify(self, state: ReplayState, tree: DraftTree, topk: int = 0, features: bool = False) -> Verification:
         path, feedback = judge(tree, self.stream, state.committed_len, self.vocab_size, topk)
         state.committed_len += len(path)
         accepted = tuple(tree.tokens[i] for i in path)

@@ -2,7 +2,7 @@
 
 ``specdec`` (the console script, :func:`main`) and its subcommands, one module each:
 ``generate``, ``demo``, ``datastore``, ``calibrate``, ``bench``, ``recycling-template``,
-``cache``, ``cold-start``; their shared argument helpers (:mod:`~specdec.commands.arguments`);
+``train-head``, ``cache``, ``cold-start``; their shared argument helpers (:mod:`~specdec.commands.arguments`);
 and the ``python -m`` drivers of the vLLM integration (:mod:`~specdec.commands.vllm_flags`,
 :mod:`~specdec.commands.vllm_check`). The commands import the library; no library module
 imports them (``tests/test_layers.py`` holds that).
@@ -24,11 +24,13 @@ from specdec.commands import (
     generate,
     precompile,
     recycling_template,
+    train_head,
 )
 from specdec.errors import SpecDecError
 
 # The subcommands, in the order ``specdec --help`` lists them; each module has ``register(subparsers)``.
-SUBCOMMANDS = (generate, demo, datastore, calibrate, precompile, bench, recycling_template, cache, coldstart)
+SUBCOMMANDS = (generate, demo, datastore, calibrate, precompile, bench, recycling_template, train_head, cache,
+               coldstart)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from typing import Any
 from specdec.drafters import arctic
 from specdec.drafters.base import DrafterContext, Factory, parse_options
 from specdec.drafters.composite import composite_factory
+from specdec.drafters.eagle import eagle_factory
 from specdec.drafters.model_draft import draft_model_factory, early_exit_factory
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.pld import PLDConfig, PromptLookupDrafter
@@ -49,6 +50,7 @@ def _recycling_factory(options: Mapping[str, Any], context: DrafterContext) -> D
 
 # name -> builder of a factory from the user's options and what is known of the target
 REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory]] = {
+    "eagle": eagle_factory,
     "early-exit": early_exit_factory,
     "model": draft_model_factory,
     "none": _none_factory,
@@ -57,9 +59,9 @@ REGISTRY: dict[str, Callable[[Mapping[str, Any], DrafterContext], DrafterFactory
     "rest": rest_factory,
     "sam": sam_factory,
 }
-# The drafters that run a model (the target's first layers, a draft model): they need the target or a draft
-# model, so suites that build every registered drafter from a name alone leave these out.
-MODEL_DRAFTERS = ("early-exit", "model")
+# The drafters that run a model (the target's first layers, a draft model, a head over its features): they need
+# the target or a draft model, so suites that build every registered drafter from a name alone leave these out.
+MODEL_DRAFTERS = ("eagle", "early-exit", "model")
 # Arctic Inference's suffix decoding, a peer to measure against: listed only where it is installed.
 if arctic.installed():
     REGISTRY["arctic"] = arctic.arctic_factory

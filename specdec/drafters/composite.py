@@ -144,13 +144,16 @@ def order_by_acceptance(tree: DraftTree, acceptance: Any) -> DraftTree:
     )
 
 
-def _part_feedback(feedback: Feedback | None, k: int) -> Feedback | None:
-    """The feedback a part asked for: none, or the first ``k`` ids per row (a view, no copy)."""
-    if feedback is None or k == 0:
+def _part_feedback(feedback: Feedback | None, part: Drafter) -> Feedback | None:
+    """The feedback ``part`` asked for: none, or the first ``feedback_topk`` ids per row (a view, no copy), with
+    the features where it reads them (``feedback_features``)."""
+    k, features = part.feedback_topk, bool(getattr(part, "feedback_features", False))
+    if feedback is None or (k == 0 and not features):
         return None
-    if feedback.topk.shape[1] == k:
+    if feedback.topk.shape[1] == k and (features or feedback.features is None):
         return feedback
-    return Feedback(feedback.tokens, feedback.topk[:, :k], feedback.accepted_nodes)
+    return Feedback(feedback.tokens, feedback.topk[:, :k], feedback.accepted_nodes,
+                    feedback.features if features else None)  # fmt: skip
 
 
 class CompositeDrafter:
@@ -167,10 +170,11 @@ class CompositeDrafter:
         self.threshold = threshold if threshold is not None else DEFAULT_THRESHOLDS.get(retrieval.name, PAPER_THRESHOLD)
         self.mode = self.config.mode or DEFAULT_MODES.get(retrieval.name, "either")
         self.feedback_topk = max(retrieval.feedback_topk, auxiliary.feedback_topk)
+        self.feedback_features = any(getattr(part, "feedback_features", False) for part in (retrieval, auxiliary))
 
     def reset(self, prompt: Sequence[int], feedback: Feedback | None = None) -> None:
-        self.retrieval.reset(prompt, _part_feedback(feedback, self.retrieval.feedback_topk))
-        self.auxiliary.reset(prompt, _part_feedback(feedback, self.auxiliary.feedback_topk))
+        self.retrieval.reset(prompt, _part_feedback(feedback, self.retrieval))
+        self.auxiliary.reset(prompt, _part_feedback(feedback, self.auxiliary))
 
     def propose(self, pending: int, max_nodes: int) -> DraftTree:
         retrieved = self.retrieval.propose(pending, max_nodes)
@@ -189,8 +193,8 @@ class CompositeDrafter:
         return merged.prefix(max_nodes)
 
     def update(self, accepted: Sequence[int], feedback: Feedback | None) -> None:
-        self.retrieval.update(accepted, _part_feedback(feedback, self.retrieval.feedback_topk))
-        self.auxiliary.update(accepted, _part_feedback(feedback, self.auxiliary.feedback_topk))
+        self.retrieval.update(accepted, _part_feedback(feedback, self.retrieval))
+        self.auxiliary.update(accepted, _part_feedback(feedback, self.auxiliary))
 
     def finish(self) -> None:
         """The sequence ended: tell the parts that keep state across sequences (``sam``'s store)."""

@@ -53,19 +53,41 @@ class HFForward(ModelKernels):
         return windows.new_cache(self.model.config, self.window)
 
     def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:
+        cache, out = self._prefill(input_ids, keep_all, reserve, features=False)
+        return cache, out.logits[0]
+
+    def prefill_features(
+        self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """:meth:`prefill` and every prompt position's features (``FeatureForward``): transformers 5 reports
+        the hidden state after the final norm as the last of ``hidden_states``; the logits are the same."""
+        cache, out = self._prefill(input_ids, keep_all, reserve, features=True)
+        return cache, out.logits[0], out.hidden_states[-1][0]
+
+    def _prefill(self, input_ids: torch.Tensor, keep_all: bool, reserve: int, features: bool) -> tuple[Any, Any]:
         del reserve  # the dynamic cache grows as it goes
         cache = self.new_cache()
         keep = 0 if keep_all else 1
+        extra: dict[str, Any] = {"output_hidden_states": True} if features else {}
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
-                         **{self.target.cache_keyword: cache})  # fmt: skip
+                         **{self.target.cache_keyword: cache}, **extra)  # fmt: skip
         if self.window is not None:
             windows.after_prefill(cache, input_ids[0].tolist())  # records the prompt, trims the sliding layers
-        return cache, out.logits[0]
+        return cache, out
 
     def opened(self, state: KVState) -> None:
         """Nothing to record: the state holds its own cache."""
 
     def tree(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        out, position_ids = self._tree(state, tree, features=False)
+        return out.logits[0], position_ids[0]
+
+    def tree_features(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`tree` and every node's features (``FeatureForward``; see :meth:`prefill_features`)."""
+        out, position_ids = self._tree(state, tree, features=True)
+        return out.logits[0], position_ids[0], out.hidden_states[-1][0]
+
+    def _tree(self, state: KVState, tree: DraftTree, features: bool) -> tuple[Any, torch.Tensor]:
         committed = state.committed_len
         additive = self.target.additive_dtype
         mask, position_ids = self.ops.tree_inputs(tree, committed, self.device, additive)
@@ -77,8 +99,9 @@ class HFForward(ModelKernels):
             position_ids=position_ids,
             use_cache=True,
             **{self.target.cache_keyword: state.cache},
+            **({"output_hidden_states": True} if features else {}),
         )
-        return out.logits[0], position_ids[0]
+        return out, position_ids
 
     def rows(self, states: Sequence[KVState], trees: Sequence[DraftTree]) -> None:
         """None: one row at a time (the model's own forward takes one sequence per cache)."""

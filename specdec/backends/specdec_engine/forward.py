@@ -265,6 +265,26 @@ class SpecdecForward:
         cache.committed_len = length
         return cache, logits
 
+    def prefill_features(
+        self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """:meth:`prefill` and every prompt position's features (``FeatureForward``), from the same forward."""
+        length = int(input_ids.shape[1])
+        cache = StaticKVCache(self.runner.num_layers, capacity_for(length + max(reserve, 0) + 1), self.device)
+        positions = torch.arange(length, device=self.device).unsqueeze(0)
+        segment = Segment(input_ids, positions, cache, 0, None, last_only=not keep_all)
+        rows = min(length, CPU_KERNEL_MAX_ROWS) if length <= PREFILL_MAX_ROWS else length  # as prefill's
+        logits, features = self.runner.forward_features(segment, self._kernels_for(rows))
+        cache.committed_len = length
+        return cache, logits, features
+
+    def tree_features(self, state: KVState, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`tree` and every node's features (``FeatureForward``); a plain step runs the kernels in force
+        (the plain-step trial times the feature-less steps only)."""
+        segment, positions = self._segment(state, tree)
+        logits, features = self.runner.forward_features(segment, self._kernels_for(tree.size))
+        return logits, positions, features
+
     def opened(self, state: KVState) -> None:
         """Nothing to record: the state holds its own cache."""
 

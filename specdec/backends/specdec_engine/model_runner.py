@@ -367,6 +367,16 @@ class DecoderRunner:
         All segments' rows go through each linear layer together (one weight pass for the
         whole batch: ``R = sum T_s`` rows); attention runs per segment over its own cache.
         """
+        logits: torch.Tensor = self._rows(segments, kernels, features=False)
+        return logits
+
+    def forward_features(self, segment: Segment, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
+        """One segment's logits (as :meth:`forward`) and the features of all its rows ``[T, E]`` (after the
+        final norm: the LM head's input). The logits are bitwise :meth:`forward`'s: the same operations."""
+        logits, features = self._rows([segment], kernels, features=True)
+        return logits, features
+
+    def _rows(self, segments: Sequence[Segment], kernels: Kernels, features: bool) -> Any:
         rows = [segment.tokens.shape[1] for segment in segments]
         tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
         positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
@@ -383,16 +393,15 @@ class DecoderRunner:
             )  # fmt: skip
         else:
             hidden = self._layers_looped(hidden, cos, sin, segments, kernels, layers)
-        # The rows whose logits are wanted: all of a segment's, or its last.
-        keep = []
-        offset = 0
-        for segment, count in zip(segments, rows, strict=True):
-            keep.append((offset + count - 1, 1) if segment.last_only else (offset, count))
-            offset += count
+        if features:  # every row's features (after the final norm), the logits of the rows wanted only
+            normed = self.final_norm(hidden)[0]  # [R, E]
+            wanted = torch.cat([normed[first : first + count] for first, count in _kept(segments, rows)])
+            return kernels.linear(wanted, *head), normed
         if all(not segment.last_only for segment in segments):
             hidden = self.final_norm(hidden)[0]
         else:
-            hidden = self.final_norm(torch.cat([hidden[0, first : first + count] for first, count in keep]))
+            hidden = self.final_norm(torch.cat([hidden[0, first : first + count]
+                                                for first, count in _kept(segments, rows)]))  # fmt: skip
         logits: torch.Tensor = kernels.linear(hidden, *head)  # [R', V]
         return logits
 
@@ -457,6 +466,15 @@ class DecoderRunner:
             gate, up = kernels.group(x, layer.gate, layer.up)
             hidden = residual + linear(layer.act(gate) * up, *layer.down)
         return hidden
+
+
+def _kept(segments: Sequence[Segment], rows: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first row, count)`` of the rows whose logits are wanted: all of a segment's, or its last."""
+    keep, offset = [], 0
+    for segment, count in zip(segments, rows, strict=True):
+        keep.append((offset + count - 1, 1) if segment.last_only else (offset, count))
+        offset += count
+    return keep
 
 
 def _hooked(module: Any) -> bool:
