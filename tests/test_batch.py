@@ -127,9 +127,9 @@ def test_rows_join_as_others_finish_and_results_come_as_they_complete() -> None:
     live: list[int] = []
     verify_batch = generator.verifier.verify_batch  # type: ignore[attr-defined]
 
-    def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0) -> Any:
+    def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0, features: bool = False) -> Any:
         live.append(len(states))
-        return verify_batch(states, trees, topk)
+        return verify_batch(states, trees, topk, features)
 
     generator.verifier.verify_batch = watched  # type: ignore[attr-defined]
     order = []
@@ -677,9 +677,9 @@ def test_row_bytes_bound_a_rows_cache() -> None:
     seen: list[int] = []
     verify = verifier.verify_batch
 
-    def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0) -> Any:
+    def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0, features: bool = False) -> Any:
         seen.extend(state.cache.nbytes for state in states)
-        return verify(states, trees, topk)
+        return verify(states, trees, topk, features)
 
     verifier.verify_batch = watched
     prompt = [3, 4, 5, 6] * 30
@@ -708,10 +708,11 @@ def test_each_rows_step_records_say_how_many_rows_shared_the_step() -> None:
         generator = specdec.Generator(model, drafter=drafter, engine="specdec")
         live: list[int] = []
 
-        def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0, *, original: Any = (
-                generator.verifier.verify_batch), live: list[int] = live) -> Any:  # type: ignore[attr-defined]
+        def watched(states: Sequence[Any], trees: Sequence[DraftTree], topk: int = 0, features: bool = False, *,
+                    original: Any = generator.verifier.verify_batch,  # type: ignore[attr-defined]
+                    live: list[int] = live) -> Any:  # fmt: skip
             live.append(len(states))
-            return original(states, trees, topk)
+            return original(states, trees, topk, features)
 
         generator.verifier.verify_batch = watched  # type: ignore[attr-defined]
         results = generator.generate_batch(prompts, batch_size=2, max_new_tokens=10)

@@ -607,11 +607,11 @@ def test_a_redo_runs_each_forward_with_the_kernels_the_run_used() -> None:
         inner.use_kernels(first)
         verify, seen = inner.verify, []
 
-        def switching(state: Any, tree: Any, topk: int = 0) -> Any:  # the recalibration, after three steps
+        def switching(state: Any, tree: Any, topk: int = 0, features: bool = False) -> Any:  # recalibrates at step 3
             seen.append(inner.kernels)
             if len(seen) == 3:
                 inner.use_kernels(other)
-            return verify(state, tree, topk)
+            return verify(state, tree, topk, features)
 
         inner.verify = switching
         run = method.generate(prompt, 16)
