@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from specdec.drafters.model_draft import model_parts
 from specdec.errors import SpecDecError
 
 FORMAT = "specdec-eagle-head"
@@ -55,22 +56,9 @@ class HeadFileError(SpecDecError):
 
 def _parts(model: Any) -> tuple[Any, Any, Any, Any]:
     """The target's embeddings, final norm, LM head and rotary embedding, or a clear error."""
-    inner = getattr(model, "model", None)
-    found = {
-        "model.model.embed_tokens": getattr(inner, "embed_tokens", None),
-        "model.model.norm": getattr(inner, "norm", None),
-        "model.lm_head": getattr(model, "lm_head", None),
-        "model.model.rotary_emb": getattr(inner, "rotary_emb", None),
-        "model.model.layers": getattr(inner, "layers", None),
-    }
-    missing = [name for name, value in found.items() if value is None]
-    if missing:
-        raise SpecDecError(
-            f"drafter 'eagle' needs the usual causal-LM layout (embed_tokens, layers, norm, rotary_emb, lm_head); "
-            f"{type(model).__name__} has no {missing[0]}"
-        )
-    return found["model.model.embed_tokens"], found["model.model.norm"], found["model.lm_head"], \
-        found["model.model.rotary_emb"]  # fmt: skip
+    embed, norm, lm_head, rotary, _ = model_parts(model, "eagle", ("embed_tokens", "norm", "lm_head", "rotary_emb",
+                                                                  "layers"))  # fmt: skip
+    return embed, norm, lm_head, rotary
 
 
 def target_facts(model: Any) -> dict[str, Any]:

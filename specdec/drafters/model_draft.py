@@ -145,22 +145,24 @@ def _shallow(module: torch.nn.Module) -> Any:
     return clone
 
 
-def decoder_layers(model: Any) -> Any:
-    """``model.model.layers`` of the usual causal-LM layout, with its final norm and LM head; else a clear error."""
+def model_parts(model: Any, drafter: str, names: Sequence[str]) -> list[Any]:
+    """The parts ``names`` of the usual causal-LM layout (``"lm_head"``: ``model.lm_head``; any other:
+    ``model.model.<name>``) that ``drafter`` reads, in order; a clear error naming the first one missing."""
     inner = getattr(model, "model", None)
-    found = {
-        "model.model": inner,
-        "model.model.layers": getattr(inner, "layers", None),
-        "model.model.norm": getattr(inner, "norm", None),
-        "model.lm_head": getattr(model, "lm_head", None),
-    }
-    missing = [name for name, value in found.items() if value is None]
+    found = [getattr(model if name == "lm_head" else inner, name, None) for name in names]
+    missing = [("model." if name == "lm_head" else "model.model.") + name
+               for name, part in zip(names, found, strict=True) if part is None]  # fmt: skip
     if missing:
         raise SpecDecError(
-            f"drafter 'early-exit' needs the usual layout model.model.layers, model.model.norm and model.lm_head; "
+            f"drafter {drafter!r} needs the usual causal-LM layout ({', '.join(names)}); "
             f"{type(model).__name__} has no {missing[0]}"
         )
-    layers = found["model.model.layers"]
+    return found
+
+
+def decoder_layers(model: Any) -> Any:
+    """``model.model.layers`` of the usual causal-LM layout, with its final norm and LM head; else a clear error."""
+    layers = model_parts(model, "early-exit", ("layers", "norm", "lm_head"))[0]
     if not isinstance(layers, torch.nn.ModuleList):
         raise SpecDecError(f"drafter 'early-exit': model.model.layers is a {type(layers).__name__}, not a ModuleList")
     return layers
