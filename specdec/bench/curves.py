@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from specdec.backends import make_verifier
 from specdec.backends.forward import attention_shape
+from specdec.backends.specdec_engine import gguf_blocks
 from specdec.backends.specdec_engine.gguf_blocks import WEIGHTS_ENV
 from specdec.bench.methods import parse_methods
 from specdec.bench.plot import write_with_plot
@@ -90,13 +91,14 @@ def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
     return variants
 
 
-def weight_read_ms(model: Any, repeats: int = 5) -> float:
-    """The fastest of ``repeats`` passes that read every parameter byte once (a sum per tensor).
+def weight_read_ms(model: Any, repeats: int = 5, tensors: list[torch.Tensor] | None = None) -> float:
+    """The fastest of ``repeats`` passes that read every parameter byte once (a sum per tensor), or
+    every byte of ``tensors`` (:func:`block_tensors`).
 
     A one-token forward must read all the weights, so this is the floor a memory-bound
     forward approaches: the curves' reference line.
     """
-    parameters = [p.detach() for p in model.parameters()]
+    parameters = [p.detach() for p in model.parameters()] if tensors is None else tensors
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):
@@ -107,6 +109,21 @@ def weight_read_ms(model: Any, repeats: int = 5) -> float:
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - started)
     return round(best * 1e3, 2)
+
+
+def block_tensors(model: Any) -> list[torch.Tensor] | None:
+    """What a one-node forward on a GGUF file's blocks reads (``gguf_weights=blocks``): the blocks, viewed as
+    float32 words where their bytes allow (a sum of bytes would time the arithmetic, not the read), and the
+    parameters the blocks do not stand for but the input embedding (of which a forward reads one row a
+    token); None for a model without blocks (:func:`~specdec.backends.specdec_engine.gguf_blocks.model_blocks`)."""
+    weights = gguf_blocks.model_blocks(model)
+    if weights is None:
+        return None
+    covered = {id(t) for name, t in model.named_parameters(remove_duplicate=False) if name in weights.blocks}
+    covered.add(id(model.get_input_embeddings().weight))
+    blocks = [b.reshape(-1) for b in weights.blocks.values()]
+    words = [b.view(torch.float32) if b.numel() % 4 == 0 else b for b in blocks]
+    return words + [p.detach() for p in model.parameters() if id(p) not in covered]
 
 
 def gemm_peak_gflops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024,
@@ -202,9 +219,12 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
     # minutes (a weight read of 8.6 to 11.9 ms measured on one day), so a floor read only at the end
     # could come from another minute than the forwards it is compared with.
     reads: list[float] = []
+    blocks, block_reads = block_tensors(model), []
     for context in sorted(contexts, reverse=True):  # rewind the prefilled caches, context by context
         for round_ in range(repeats + 1):  # round 0 warms up
             reads.append(weight_read_ms(model, 1))
+            if blocks is not None:
+                block_reads.append(weight_read_ms(model, 1, blocks))
             for size in sizes:
                 tokens = [rng.randrange(vocab) for _ in range(size - 1)]
                 for name, verifier in variants.items():
@@ -228,6 +248,10 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
         "first_call_s": first,
         "weight_read_ms": min([*reads, weight_read_ms(model, repeats)]),
         "weight_read_ms_per_round": reads,
+        **({} if blocks is None else {
+            "block_read_ms": min([*block_reads, weight_read_ms(model, repeats, blocks)]),
+            "block_read_ms_per_round": block_reads,
+            "block_mb": round(sum(t.numel() * t.element_size() for t in blocks) / 1e6, 1)}),
         "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
         "kernel_path": kernel_path() if parameter.device.type == "cpu" else None,
         # The arithmetic floor: ~2 flops per parameter per node, at the GEMM peak torch reaches here with the
@@ -321,6 +345,11 @@ def markdown(report: dict[str, Any]) -> str:
         if reads:
             table += f"; read in every round: {min(reads):.1f}-{max(reads):.1f} ms"
         table += "."
+    if "block_read_ms" in report:
+        reads = report.get("block_read_ms_per_round") or [report["block_read_ms"]]
+        table += (f"\nReading the GGUF file's blocks and the other weights a forward reads ({report['block_mb']} MB)"
+                  f" once: {report['block_read_ms']:.1f} ms (the floor on gguf_weights=blocks); in every round: "
+                  f"{min(reads):.1f}-{max(reads):.1f} ms.")
     return table
 
 

@@ -11,6 +11,7 @@
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
+    specdec bench llamacpp --out runs/llamacpp      # specdec.run vs llama.cpp's plain decoding of the same GGUF
     specdec bench load --out runs/load              # the one-off calls idle, beside a busy and a streaming process
     specdec bench margins --dtype bfloat16          # logit gap of verification vs one-token forwards (near-tie margins)
     specdec bench batch --batch-size 1,2,4,8 --out runs/batch   # many prompts: tokens/s by batch size vs HF
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from specdec.backends import TREE_OPS
-from specdec.bench import batched, oneoff, quality
+from specdec.bench import batched, llamacpp, oneoff, quality
 from specdec.bench import load as load_bench
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
@@ -54,7 +55,7 @@ from specdec.bench.stream_replay import REPLAY_MODES, cost_table, recorded_strea
 from specdec.commands.arguments import MODEL_HELP, FormerFlag
 from specdec.drafters import DrafterContext
 from specdec.errors import SpecDecError
-from specdec.models import encode_prompt, load_model, load_tokenizer
+from specdec.models import encode_prompt, gguf_file, load_model, load_tokenizer
 from specdec.testing import near_tie_margin
 
 DEFAULT_METHODS = "none,hf-generate,hf-pld,pld"
@@ -309,6 +310,20 @@ def cmd_oneoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_llamacpp(args: argparse.Namespace) -> int:
+    model, tokenizer = load(args)
+    gguf = gguf_file(model)
+    if gguf is None:
+        raise SpecDecError(f"--model {args.model!r} was not loaded from a GGUF file: llama.cpp needs one")
+    results = llamacpp.measure(model, tokenizer, gguf, drafters=args.drafters, prompts=args.prompts,
+                               max_new_tokens=args.max_new_tokens, threads=args.threads, progress=not args.quiet)
+    text = llamacpp.report(results)
+    print(text)
+    if args.out:
+        _write_run(Path(args.out), results, text)
+    return 0
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     if args.load_child is not None:
         load_bench.child_main(args.load_child)
@@ -551,6 +566,18 @@ def register(sub: Any) -> None:
     one.add_argument("--no-warmed", action="store_true",
                      help="with --fresh: skip the warmed process that runs the same prompts beside them")
     one.set_defaults(func=cmd_oneoff)
+
+    cpp = commands.add_parser("llamacpp", help="specdec.run beside llama-cpp-python's plain greedy decoding of the "
+                              "same GGUF file: same prompts, token ids and threads, in turn (needs llama-cpp-python)")
+    _model_options(cpp, sub=True)
+    cpp.add_argument("--drafters", default="none,sam+recycling", metavar="SPECS",
+                     help="comma-separated specs, each timed as run:SPEC (default: %(default)s)")
+    cpp.add_argument("--prompts", type=int, default=12, help="the first N held-out prompts (default: %(default)s)")
+    cpp.add_argument("--max-new-tokens", type=int, default=128)
+    cpp.add_argument("--threads", type=int, default=None, help="threads of both (default: torch's)")
+    cpp.add_argument("--out", default=None, metavar="DIR", help="where results.json and report.md go")
+    cpp.add_argument("--quiet", action="store_true", help="no progress bar")
+    cpp.set_defaults(func=cmd_llamacpp)
 
     loaded = commands.add_parser("load", help="the one-off calls beside other work: idle, beside busy processes and "
                                  "beside a memory-streaming one, each in a fresh process with empty caches")
