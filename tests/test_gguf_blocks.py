@@ -12,6 +12,7 @@ model's tokens identical both ways. Bad input to the ops: tests/test_cpu_kernels
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,25 @@ def test_the_default_models_tokens_on_blocks_are_the_widened_models(
                                     max_new_tokens=48)  # fmt: skip
         outputs[choice] = list(result.tokens)
     assert outputs["blocks"] == outputs["dense"]
+
+
+def test_curves_time_cpu_on_one_thread_and_floor_the_blocks_bytes(tiny: tuple[Path, Any]) -> None:
+    from specdec.bench.curves import markdown, measure
+
+    _, model = tiny
+    threads = torch.get_num_threads()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the file's one F16 weight runs widened (said once)
+        report = measure(model, "blocks=specdec:kernels=cpu:gguf_weights=blocks", (1, 2), (8,), 1, cpu_time=True)
+        weights = gguf_blocks.model_blocks(model)
+    assert weights is not None
+    assert torch.get_num_threads() == threads and report["threads"] == 1 and report["clock"] == "thread CPU time"
+    # the floor reads the blocks and the weights they do not stand for, but the embedding (a row a token)
+    covered = {id(t) for name, t in model.named_parameters(remove_duplicate=False) if name in weights.blocks}
+    covered.add(id(model.get_input_embeddings().weight))
+    rest = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in covered)
+    assert report["block_bytes"] == weights.nbytes + rest
+    assert report["block_bytes"] < sum(p.numel() * p.element_size() for p in model.parameters())
+    assert len(report["block_read_ms_per_round"]) == 2 and report["block_read_ms"] > 0
+    text = markdown(report)
+    assert "ms of thread CPU time, 1 thread(s)" in text and "Reading the GGUF file's blocks" in text

@@ -205,8 +205,23 @@ def kernel_path() -> dict[str, str]:
 
 
 def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tuple[int, ...],
-            repeats: int) -> dict[str, Any]:
-    """``{"ms": {variant: {context: [fastest ms per size]}}, ...}`` (module docstring)."""
+            repeats: int, cpu_time: bool = False) -> dict[str, Any]:
+    """``{"ms": {variant: {context: [fastest ms per size]}}, ...}`` (module docstring). ``cpu_time``: one
+    thread, each verification timed by the thread's CPU time (``time.thread_time``), which a busy machine's
+    other jobs do not inflate as they inflate wall clock (a descheduled thread accrues none); the floors
+    are then one thread's too."""
+    threads = torch.get_num_threads()
+    if cpu_time:
+        torch.set_num_threads(1)
+    try:
+        return _measure(model, specs, sizes, contexts, repeats, cpu_time)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int,
+             cpu_time: bool) -> dict[str, Any]:
+    clock = time.thread_time if cpu_time else time.perf_counter
     variants = make_variants(model, specs)
     rng = random.Random(0)
     vocab = next(iter(variants.values())).vocab_size
@@ -230,9 +245,9 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
                 for name, verifier in variants.items():
                     state, pending, _ = states[name]
                     verifier.rewind(state, context)
-                    started = time.perf_counter()
+                    started = clock()
                     verifier.verify(state, DraftTree.chain(pending, tokens))
-                    elapsed = time.perf_counter() - started
+                    elapsed = clock() - started
                     if round_:
                         best[name][context][size] = min(best[name][context].get(size, float("inf")), elapsed)
                     else:  # the first call of a size: compiling or capturing, where the variant does
@@ -244,6 +259,7 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
     return {
         "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
         "threads": torch.get_num_threads(), "device": str(parameter.device),
+        "clock": "thread CPU time" if cpu_time else "wall",
         "ms": {name: {str(c): [round(best[name][c][s] * 1e3, 2) for s in sizes] for c in contexts} for name in best},
         "first_call_s": first,
         "weight_read_ms": min([*reads, weight_read_ms(model, repeats)]),
@@ -251,7 +267,8 @@ def measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tup
         **({} if blocks is None else {
             "block_read_ms": min([*block_reads, weight_read_ms(model, repeats, blocks)]),
             "block_read_ms_per_round": block_reads,
-            "block_mb": round(sum(t.numel() * t.element_size() for t in blocks) / 1e6, 1)}),
+            "block_bytes": (read := sum(t.numel() * t.element_size() for t in blocks)),
+            "block_mb": round(read / 1e6, 1)}),
         "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
         "kernel_path": kernel_path() if parameter.device.type == "cpu" else None,
         # The arithmetic floor: ~2 flops per parameter per node, at the GEMM peak torch reaches here with the
@@ -322,6 +339,8 @@ def markdown(report: dict[str, Any]) -> str:
         for name, by_context in report["ms"].items():
             rows.append([context, name, *[f"{ms:.1f} ({ms / one:.2f}x)" for ms in by_context[str(context)]]])
     table = markdown_table(["context", "variant", *map(str, sizes)], rows)
+    if report.get("clock", "wall") != "wall":
+        table += f"\n\nms of {report['clock']}, {report['threads']} thread(s); the floors below are wall clock."
     if report.get("first_call_s"):
         table += "\n\n" + first_call_line(report)
     if report.get("gemm_peak_gflops") and "weight_read_ms" in report:

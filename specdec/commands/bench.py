@@ -252,7 +252,7 @@ def cmd_curves(args: argparse.Namespace) -> int:
     sizes = tuple(int(s) for s in args.sizes.split(","))
     contexts = tuple(int(c) for c in args.contexts.split(","))
     model, _ = load(args)
-    report = measure_curves(model, args.variants, sizes, contexts, args.repeats)
+    report = measure_curves(model, args.variants, sizes, contexts, args.repeats, cpu_time=args.cpu_time)
     report["command"] = _command_line()
     print(write_curves(report, args.out))
     return 0
@@ -528,6 +528,9 @@ def register(sub: Any) -> None:
     curves.add_argument("--sizes", default="1,2,3,4,6,8,12,16,32,64")
     curves.add_argument("--contexts", default="64,1024")
     curves.add_argument("--repeats", type=int, default=5)
+    curves.add_argument("--cpu-time", action="store_true",
+                        help="one thread, timed by its CPU time (time.thread_time): what a kernel costs on a machine "
+                        "whose other jobs make wall clock swing")
     curves.add_argument("--out", default=None, metavar="DIR", help="write curves.json, curves.md, curves.png here")
     curves.set_defaults(func=cmd_curves)
 
