@@ -263,15 +263,26 @@ inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* par
   for (int r = 0; r < G; ++r)
     for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t row_bytes = B * BYTES;
+  alignas(64) float scales[16];
   for (int64_t blk = 0; blk < B; ++blk) {
     __m512 x0[RM], x1[RM];
     for (int c = 0; c < RM; ++c) {
       x0[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32);
       x1[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32 + 16);
     }
+    // the G rows' scales in one conversion (group_scales8), or each row's own where one is inf or NaN
+    const bool together = G == 8 && group_scales8<BYTES>(w_group, row_bytes, blk, scales);
     for (int r = 0; r < G; ++r) {
       __m512 first, second;
-      widen_block32<BYTES>(w_group + r * row_bytes + blk * BYTES, first, second);
+      const uint8_t* b = w_group + r * row_bytes + blk * BYTES;
+      if (together) {
+        constexpr int kStride = BYTES == 20 ? 2 : 1;
+        widen_block32_scaled<BYTES>(b, _mm512_set1_ps(scales[kStride * r]),
+                                    BYTES == 20 ? _mm512_set1_ps(scales[kStride * r + 1]) : _mm512_setzero_ps(),
+                                    first, second);
+      } else {
+        widen_block32<BYTES>(b, first, second);
+      }
       for (int c = 0; c < RM; ++c) {
         acc[r][c] = _mm512_fmadd_ps(first, x0[c], acc[r][c]);
         acc[r][c] = _mm512_fmadd_ps(second, x1[c], acc[r][c]);
