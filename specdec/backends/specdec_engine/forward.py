@@ -338,7 +338,8 @@ class SpecdecForward:
         if committed + tree.size > cache.capacity:
             cache.committed_len = committed
             cache.grow(capacity_for(committed + tree.size))
-        positions = torch.tensor([tree.depths], dtype=torch.long, device=self.device) + committed  # [1, N]
+        positions = torch.tensor([[committed + depth for depth in tree.depths]], dtype=torch.long,
+                                 device=self.device)  # fmt: skip  # [1, N]
         ancestors = None if tree.is_chain else torch.from_numpy(ancestor_matrix(tree.parents)).to(self.device)
         tokens = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
         return Segment(tokens, positions, cache, committed, ancestors), positions[0]
