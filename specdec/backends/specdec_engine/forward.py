@@ -120,8 +120,9 @@ class PlainStepTrial:
         return min(self.candidates, key=lambda name: min(self.seconds[name]))
 
 
-# The plain-step trial's verdicts in this process, by the forward's kernel build and the model's identity
-# (SpecdecForward.__init__): the variants compute the same bits, so a verdict can only change the speed.
+# The plain-step trial's verdicts in this process, by the forward's kernel build and the model's identity (its
+# thread count included: SpecdecForward.__init__): the variants compute the same bits, so a verdict can only
+# change the speed.
 PLAIN_VERDICTS: dict[str, str] = {}
 
 
