@@ -1080,3 +1080,16 @@ def test_the_gemm_peak_of_a_forced_path_is_measured_with_its_instructions() -> N
     assert limited_gemm_peak_gflops(gemm_limits("avx2")) > 0  # the child runs and reports a number
     with pytest.raises(SpecDecError, match="measuring the GEMM peak under"):
         limited_gemm_peak_gflops({"PYTHONPATH": "/nonexistent", "PYTHONNOUSERSITE": "1", "PYTHONHOME": "/nonexistent"})
+
+
+def test_a_plain_step_against_its_forward() -> None:
+    """``specdec bench step``: both clocks at a context, the ratio, and parts that add up to the timed step."""
+    from specdec.bench.step import PARTS, markdown, measure
+
+    report = measure(tiny_model("llama"), None, (8,), 2, engine="specdec")
+    assert [(row["clock"], row["context"]) for row in report["rows"]] == [("cpu", 8), ("wall", 8)]
+    for row in report["rows"]:
+        assert row["forward_ms"] > 0 and row["ratio"] == round(row["step_ms"] / row["forward_ms"], 3)
+        assert list(row["parts_ms"]) == list(PARTS) and row["parts_ms"]["forward"] > 0
+        assert sum(row["parts_ms"].values()) == pytest.approx(row["wrapped_step_ms"], abs=0.02)
+    assert report["rows"][0]["threads"] == 1 and "| step / forward |" in markdown(report).replace("  ", " ")

@@ -29,6 +29,7 @@ from tiny_models import ARCHITECTURES, VOCAB, own_tiny_model, tiny_model
 import specdec
 from specdec.backends.slot_cache import StaticKVCache
 from specdec.backends.specdec_engine import cpu_kernels
+from specdec.backends.specdec_engine import forward as specdec_forward
 from specdec.backends.specdec_engine.forward import (
     CPU_KERNEL_MAX_ROWS,
     PLAIN_TRIAL_STEPS,
@@ -519,6 +520,7 @@ def test_plain_steps_time_their_variants_until_a_kernel_choice_is_set(kernels: K
     from specdec.budget import calibration_cache
 
     monkeypatch.setattr(calibration_cache, "cached_table", lambda verifier: None)  # as on a fresh machine
+    monkeypatch.setattr(specdec_forward, "PLAIN_VERDICTS", {})  # as in a fresh process
     model = own_tiny_model("llama")
     prompt = list(range(3, 25))
     truth = hf_greedy(model, prompt, 24)
@@ -537,6 +539,9 @@ def test_plain_steps_time_their_variants_until_a_kernel_choice_is_set(kernels: K
     winner = min(trial.candidates, key=lambda name: min(trial.seconds[name]))
     assert forward.kernels.variant_for(1) == winner and forward.kernels.variant_for(2) == "cpu"
     assert generator.generate(prompt, max_new_tokens=24).tokens == truth  # on the winner alone
+    again = specdec.Generator(model, drafter="none", engine="specdec")  # the process's verdict: no second trial
+    assert again.verifier.forward.plain_trial is None and again.verifier.forward.kernels == forward.kernels
+    assert again.generate(prompt, max_new_tokens=24).tokens == truth
     chosen = specdec.Generator(model, drafter="none", engine="specdec")
     chosen.verifier.use_kernels(KernelChoice.uniform("cpu"))
     assert chosen.verifier.forward.plain_trial is None

@@ -9,6 +9,7 @@
     specdec bench quality --check tests/data/quality_baseline.json     # MAT/steps on fixed prompts
     specdec bench costs --kind sam                  # a datastore's build, size, load and step costs
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
+    specdec bench step --contexts 128,1024          # a plain step of run(drafter="none") against its forward
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
     specdec bench llamacpp --out runs/llamacpp      # specdec.run vs llama.cpp's plain decoding of the same GGUF
@@ -258,6 +259,19 @@ def cmd_curves(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_step(args: argparse.Namespace) -> int:
+    from specdec.bench import step as step_bench
+
+    contexts = tuple(int(c) for c in args.contexts.split(","))
+    model, tokenizer = load(args)
+    report = step_bench.measure(model, tokenizer, contexts, args.repeats, args.engine)
+    report["command"] = _command_line()
+    if args.json is not None:
+        write_json_atomic(Path(args.json), report)
+    print(step_bench.markdown(report))
+    return 0
+
+
 def cmd_linears(args: argparse.Namespace) -> int:
     rows = tuple(int(r) for r in args.rows.split(","))
     paths = [p.strip() for p in args.paths.split(",")] if args.paths else None
@@ -462,7 +476,7 @@ def register(sub: Any) -> None:
                        "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
     commands = bench.add_subparsers(dest="bench_command",
-                                    metavar="{replay,judge,quality,margins,costs,curves,oneoff,load,batch,soak,ratios}")
+                                    metavar="{replay,judge,quality,margins,costs,curves,step,oneoff,load,batch,soak,ratios}")
 
     replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
                                  "modelled speedup under frozen cost tables, no model, no clock")
@@ -533,6 +547,16 @@ def register(sub: Any) -> None:
                         "whose other jobs make wall clock swing")
     curves.add_argument("--out", default=None, metavar="DIR", help="write curves.json, curves.md, curves.png here")
     curves.set_defaults(func=cmd_curves)
+
+    plain = commands.add_parser("step", help="a plain step of run(drafter='none') against its one-node forward: "
+                                "CPU time on 1 thread and wall time, the ratio, and where the rest goes")
+    _model_options(plain, sub=True)
+    plain.add_argument("--contexts", default="128,1024",
+                       help="committed tokens before the steps (default: %(default)s)")
+    plain.add_argument("--repeats", type=int, default=20, help="timed steps and forwards per context (median kept)")
+    plain.add_argument("--engine", default="auto", help="the Generator's engine (default: auto)")
+    plain.add_argument("--json", default=None, metavar="PATH", help="also write the report here")
+    plain.set_defaults(func=cmd_step)
 
     linears = commands.add_parser("linears", help="the CPU kernels' linear layers alone: ms and GFLOP/s per "
                                   "thread by kernel path and row count, weights streamed and cache-resident")

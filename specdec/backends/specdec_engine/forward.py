@@ -27,7 +27,8 @@ bits, faster where many rows make the forward bound by arithmetic rather than by
 calibration times every
 variant at every tree size and the :class:`~specdec.Generator` passes its verdict on; where
 none is cached (a generator that never drafts never calibrates), the first plain steps time the
-one-token variants in turn, where there are several, and keep the fastest (:class:`PlainStepTrial`). While the
+one-token variants in turn, where there are several, and keep the fastest for the process (:class:`PlainStepTrial`,
+:data:`PLAIN_VERDICTS`). While the
 CPU kernels serve both a plain step and a tree, a tree node's logits are bitwise those of the
 same token verified alone (their contracts), so speculative output is plain decoding's exactly.
 
@@ -41,6 +42,7 @@ verified alone.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +52,7 @@ from typing import Any
 import torch
 
 from specdec.backends.forward import KVState, Target
+from specdec.backends.identity import model_identity
 from specdec.backends.slot_cache import StaticKVCache, capacity_for
 from specdec.backends.specdec_engine import cpu_kernels, gguf_blocks
 from specdec.backends.specdec_engine.model_runner import PLAIN, DecoderRunner, Kernels, Segment, aten_linear
@@ -117,6 +120,19 @@ class PlainStepTrial:
         return min(self.candidates, key=lambda name: min(self.seconds[name]))
 
 
+# The plain-step trial's verdicts in this process, by the forward's kernel build and the model's identity (its
+# thread count included: SpecdecForward.__init__): the variants compute the same bits, so a verdict can only
+# change the speed.
+PLAIN_VERDICTS: dict[str, str] = {}
+
+
+def _plain_choice(winner: str) -> KernelChoice:
+    """A plain-step trial's ``winner`` for one token, ``"cpu"`` up to :data:`CPU_KERNEL_MAX_ROWS` rows."""
+    if winner == CPU_KERNEL:
+        return KernelChoice(((CPU_KERNEL_MAX_ROWS, CPU_KERNEL),))
+    return KernelChoice(((1, winner), (CPU_KERNEL_MAX_ROWS, CPU_KERNEL)))
+
+
 @functools.cache
 def _forced_kernels(isa: str, blocks: bool = False) -> Kernels:
     """Specdec's CPU kernels with every op forced to ``isa``
@@ -174,11 +190,22 @@ class SpecdecForward:
                 self.cpu_blocks = _forced_kernels(cpu_kernels.BLOCKS_ISAS[path], self.blocks)
         # Where one-token forwards have other variants than "cpu" (the AVX-512 and AVX2 paths), the first plain
         # steps time them until a kernel choice is set (use_kernels: a calibration's, or a caller's) or they
-        # decide.
+        # decide; a verdict is kept for the process (PLAIN_VERDICTS), so a later forward of the same model and
+        # kernels (every specdec.run call makes one) starts from it and times nothing.
         self.plain_trial: PlainStepTrial | None = None
+        self._verdict_key = ""
         if self.cpu_blocks is not None:
-            skipped = (DEFAULT_KERNEL, CPU_ATTENTION)  # torch's linear layers: slower for one token than "cpu"
-            self.plain_trial = PlainStepTrial([v for v in self.kernel_variants(1) if v not in skipped])
+            identity = model_identity(target.model, dtype=target.dtype, device=self.device, backend="-",
+                                      cache=self.cache_kind)  # fmt: skip
+            self._verdict_key = self.kernels_build() + "/" + json.dumps(identity, sort_keys=True)
+            known = PLAIN_VERDICTS.get(self._verdict_key)
+            if known is not None:
+                self._kernels = _plain_choice(known)
+            else:
+                # Torch's linear layers are slower for one token than "cpu"; "cpu-widened" reads float32 weights,
+                # several times the blocks' bytes, where one row is bound by reading them.
+                skipped = (DEFAULT_KERNEL, CPU_ATTENTION, CPU_WIDENED)
+                self.plain_trial = PlainStepTrial([v for v in self.kernel_variants(1) if v not in skipped])
 
     @property
     def kernels(self) -> KernelChoice:
@@ -300,8 +327,8 @@ class SpecdecForward:
         winner = trial.record(variant, time.perf_counter() - started)  # the logits are on the CPU: the forward is done
         if winner is not None:
             self.plain_trial = None
-            if winner != CPU_KERNEL:
-                self._kernels = KernelChoice(((1, winner), (CPU_KERNEL_MAX_ROWS, CPU_KERNEL)))
+            self._kernels = _plain_choice(winner)
+            PLAIN_VERDICTS[self._verdict_key] = winner
         return logits, positions
 
     def _segment(self, state: KVState, tree: DraftTree) -> tuple[Segment, torch.Tensor]:
@@ -312,7 +339,8 @@ class SpecdecForward:
         if committed + tree.size > cache.capacity:
             cache.committed_len = committed
             cache.grow(capacity_for(committed + tree.size))
-        positions = torch.tensor([tree.depths], dtype=torch.long, device=self.device) + committed  # [1, N]
+        positions = torch.tensor([[committed + depth for depth in tree.depths]], dtype=torch.long,
+                                 device=self.device)  # fmt: skip  # [1, N]
         ancestors = None if tree.is_chain else torch.from_numpy(ancestor_matrix(tree.parents)).to(self.device)
         tokens = torch.tensor([tree.tokens], dtype=torch.long, device=self.device)
         return Segment(tokens, positions, cache, committed, ancestors), positions[0]

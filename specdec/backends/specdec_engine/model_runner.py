@@ -359,6 +359,8 @@ class DecoderRunner:
     def forward(self, segments: Sequence[Segment], kernels: Kernels) -> list[torch.Tensor]:
         """Logits for every segment: ``[T_s, V]`` each (``[1, V]`` with ``last_only``): :meth:`forward_rows`, split."""
         logits = self.forward_rows(segments, kernels)
+        if len(segments) == 1:  # a lone sequence's (every plain step's): no split to make
+            return [logits]
         return list(torch.split(logits, [1 if s.last_only else s.tokens.shape[1] for s in segments]))
 
     def forward_rows(self, segments: Sequence[Segment], kernels: Kernels) -> torch.Tensor:
@@ -378,8 +380,11 @@ class DecoderRunner:
 
     def _rows(self, segments: Sequence[Segment], kernels: Kernels, features: bool) -> Any:
         rows = [segment.tokens.shape[1] for segment in segments]
-        tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
-        positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
+        if len(segments) == 1:  # a lone sequence's: its own tensors (a concatenation would copy them)
+            tokens, positions = segments[0].tokens, segments[0].positions  # [1, R] each
+        else:
+            tokens = torch.cat([segment.tokens for segment in segments], dim=1)  # [1, R]
+            positions = torch.cat([segment.positions for segment in segments], dim=1)  # [1, R]
         hidden = self.embed(tokens)  # [1, R, E]
         cos, sin = self.rotary(hidden, positions)  # [1, R, D] each
         layers, layer_weights, head = self._parts(kernels)
