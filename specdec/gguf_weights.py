@@ -287,4 +287,7 @@ def _dense(gguf: Any, processor: Any, tensors: dict[str, Any], tensor_name: str 
         return None
     weights = gguf.dequantize(tensor.data, tensor.tensor_type)
     result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping={}, parsed_parameters={})
-    return torch.from_numpy(np.copy(result.weights)).to(torch.float32)
+    values = result.weights
+    if np.may_share_memory(values, tensor.data):  # a view of the file's map (float32 tensors): a copy of its own
+        values = np.copy(values)  # (a widened one is already its own array: no second copy of the embedding)
+    return torch.from_numpy(np.ascontiguousarray(values)).to(torch.float32)
