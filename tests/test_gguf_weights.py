@@ -206,3 +206,32 @@ def default_blocks_only() -> tuple[Any, Any]:
     if not _DEFAULT_BLOCKS:
         _DEFAULT_BLOCKS.append(load_model(weights="blocks"))
     return _DEFAULT_BLOCKS[0]
+
+
+def test_the_curves_time_a_blocks_only_model_on_specdec_and_read_its_blocks(pair: tuple[Any, Any]) -> None:
+    from specdec.bench.curves import DEFAULT_VARIANTS, default_variants, weight_tensors
+
+    dense, only = pair
+    assert default_variants(dense) == DEFAULT_VARIANTS and "hf=" not in default_variants(only)
+    read = sum(t.numel() * t.element_size() for t in weight_tensors(only))
+    others = sum(b.numel() * b.element_size() for n, b in only.named_buffers() if not n.endswith(".blocks"))  # rotary
+    assert read == resident_bytes(only) - others - 4 * sum(isinstance(m, GgufBlocksLinear) for m in only.modules())
+
+
+# -- a random llama of a chosen shape (specdec.bench.random_gguf) ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
+def test_a_random_llama_file_loads_both_ways_to_the_same_tokens(tmp_path: Path, kind: str, kernels: Any) -> None:
+    from specdec.bench.random_gguf import Shape, write_random_llama
+
+    del kernels
+    shape = Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=VOCAB, context=256)
+    path = write_random_llama(tmp_path / f"random.{kind}.gguf", kind, shape, tokenizer_from=tmp_path / "none")
+    dense, only = load_tiny(path), load_blocks_model(path)
+    note_gguf_file(only, path)
+    assert {m.kind for m in only.modules() if isinstance(m, GgufBlocksLinear)} == {kind}
+    prompt = [int(t) for t in torch.randint(2, VOCAB, (16,), generator=torch.Generator().manual_seed(2))]
+    tokens = [list(specdec.run(m, prompt, drafter="none", engine="specdec", max_new_tokens=16, ignore_eos=True).tokens)
+              for m in (dense, only)]  # fmt: skip
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 16

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec.errors import SpecDecError
 from specdec.gguf_weights import GGUF_BLOCK_TYPES, HALF_FIELDS
 
 # Each block type's float16 scale (and minimum) for a weight spread of about 0.02 (random bytes elsewhere).
@@ -91,7 +92,8 @@ def _copy_tokenizer(writer: Any, source: Path) -> None:
 def write_random_llama(path: Path, kind: str = "Q8_0", shape: Shape | None = None, seed: int = 0,
                        tokenizer_from: Path | None = None) -> Path:  # fmt: skip
     """Write a random llama of ``shape`` (default :class:`Shape`), every weight of GGUF type ``kind``, to
-    ``path``; the tokenizer fields of ``tokenizer_from`` (default: the default model's file, where installed)."""
+    ``path``; the tokenizer fields of ``tokenizer_from`` (default: the default model's file, where installed;
+    none where that is no file)."""
     import gguf
 
     from specdec.models import default_gguf_path
@@ -114,9 +116,9 @@ def write_random_llama(path: Path, kind: str = "Q8_0", shape: Shape | None = Non
     writer.add_rope_dimension_count(shape.hidden // shape.heads)
     try:
         source = tokenizer_from or default_gguf_path()
-    except Exception:  # the default model is not installed: a file without a tokenizer (token ids only)
+    except SpecDecError:  # the default model is not installed: a file without a tokenizer (token ids only)
         source = None
-    if source is not None:
+    if source is not None and source.is_file():
         _copy_tokenizer(writer, source)
     tensors = _tensors(shape)
     elements_of = GGUF_BLOCK_TYPES[kind]
