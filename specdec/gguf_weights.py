@@ -204,6 +204,12 @@ def refuse_other_engine(model: Any, engine: str) -> None:
                            f"(loaded with weights='blocks'); {_WAY_OUT}")  # fmt: skip
 
 
+def dense_bytes(path: Path) -> int:
+    """The bytes of the GGUF file's tensors dequantized to float32 (what a dense load holds), from its header."""
+    _, tensors = read_tensors(path)
+    return sum(4 * int(np.prod([int(n) for n in tensor.shape])) for tensor in tensors.values())
+
+
 def resident_bytes(model: Any) -> int:
     """The bytes of the distinct storages behind ``model``'s parameters and buffers (a placeholder: 4)."""
     storages = {}

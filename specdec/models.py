@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cachefiles import folder, warn_unwritable_once
 from specdec.errors import SpecDecError
-from specdec.gguf_weights import load_blocks_model
-from specdec.model_memory import check_fits
+from specdec.gguf_weights import dense_bytes, load_blocks_model
+from specdec.model_memory import check_bytes_fit, check_fits, size_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -219,6 +219,10 @@ def load_model(
             model = load_blocks_model(gguf, attn_implementation)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         else:
+            as_dtype = dtype or torch.float32  # refused before transformers dequantizes a byte (model_memory)
+            needed = dense_bytes(gguf) // 4 * torch.empty((), dtype=as_dtype).element_size()
+            check_bytes_fit(needed, f"the GGUF file {str(gguf)!r} loaded dense", f"in {str(as_dtype)[6:]}", device,
+                            f"load it with weights='blocks' (its blocks: {size_text(gguf.stat().st_size)}), ")
             model, tokenizer = _load_gguf(gguf, attn_implementation, dtype or torch.float32)
     elif weights == "blocks":
         raise SpecDecError(f"weights='blocks' loads a GGUF file; {str(path)!r} is not one")

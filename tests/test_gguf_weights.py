@@ -256,3 +256,13 @@ def test_a_gguf_path_loads_blocks_only_for_specdec_and_dense_for_hf(tmp_path: Pa
     outputs = [specdec.run(str(path), prompt, drafter="none", engine=engine, max_new_tokens=12, ignore_eos=True,
                            tokenizer=tokenizer).tokens for engine in ("auto", "hf")]  # fmt: skip
     assert list(outputs[0]) == list(outputs[1]) and not gguf_weights.blocks_only(dense)
+
+
+def test_a_dense_load_that_cannot_fit_is_refused_naming_blocks(tmp_path: Path, monkeypatch: Any) -> None:
+    from specdec import model_memory
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tied=True)
+    monkeypatch.setattr(model_memory, "available_memory", lambda device: 2**20)
+    match = r"tiny.gguf' loaded dense does not fit: its weights take 4.8 MiB in float32, .* weights='blocks'"
+    with pytest.raises(SpecDecError, match=match):
+        load_model(path, weights="dense")
