@@ -11,9 +11,8 @@ GGUF files (``LlamaTensorProcessor``: within each head, rows ``(j, a)`` of the f
 blocks gives the model's layout. Checked, never later: the file must parse, every tensor must hold
 the bytes its shape needs (a truncated file is refused), every block's scales must be finite float16.
 
-The blocks-only load (``load_model(..., weights="blocks")``).
-
-Why: transformers loads a GGUF file by dequantizing every tensor to float32 first
+**The blocks-only load** (``load_model(..., weights="blocks")``). Why: transformers loads a GGUF file
+by dequantizing every tensor to float32 first
 (``load_gguf_checkpoint``), so the peak and the resident memory are the float32 model's: an 8B Q4_K
 file of about 5 GB needs about 32 GB. ``engine="specdec"`` reads the blocks anyway
 (:mod:`~specdec.backends.specdec_engine.gguf_blocks`), so the float32 copy of those weights is never read.
@@ -32,7 +31,8 @@ transformers makes them), then:
 
 A tied output head keeps the embedding's float32 tensor as its weight (the model needs it for the
 lookup anyway) and reads the embedding's blocks on engine="specdec". Peak memory: the blocks (mapped)
-plus the dense tensors, about the file's size plus the float32 embedding.
+plus the dense tensors, about the file's size plus the float32 embedding (a 1B shape's peak resident
+set, dense against blocks-only: docs/bench/gguf-memory-2026-12-03/, made with :mod:`specdec.bench.random_gguf`).
 
 Nothing else can run such a model: Hugging Face's forward (``generate``, engine="hf"), the bucket
 engines and torch's linear would read the placeholders, so a :class:`GgufBlocksLinear`'s forward

@@ -192,11 +192,12 @@ def load_model(
     A ``path`` may also be a GGUF file. ``weights`` says what a GGUF load holds: ``"dense"``, transformers'
     float32 dequantization (every engine runs it; engine="specdec" still reads the file's blocks);
     ``"blocks"``, the linear weights as the file's blocks only, never widened to float32 (about the file's
-    size resident where dense costs the float32 model's: :mod:`specdec.backends.specdec_engine.gguf_model`),
+    size resident where dense costs the float32 model's: :mod:`specdec.gguf_weights`),
     which engine="specdec" alone runs (others refuse it, naming ``"dense"``); ``"auto"``: ``"blocks"`` for a
     GGUF file loaded float32 on the CPU, where that engine runs it, as the one choice that
-    loads a large file on a small machine, else ``"dense"``; the default model (``"auto"`` is its converted
-    float32 cache) loads blocks-only with ``"blocks"``.
+    loads a large file on a small machine, else ``"dense"`` (``specdec.run`` naming another engine loads it
+    dense); the default model (``"auto"`` is its converted float32 cache) loads blocks-only with ``"blocks"``.
+    A dense load that cannot fit is refused before any tensor is dequantized, naming ``"blocks"``.
 
     >>> model, tokenizer = load_model(device="cuda", dtype="bfloat16")  # doctest: +SKIP
     """

@@ -162,8 +162,8 @@ class SpecdecForward:
         # A model loaded from a GGUF file: its linear layers read the file's blocks on the CPU kernels (the same
         # bits as its float32 weights, a sixth of the bytes for Q4_1: gguf_blocks), torch's kernels the weights.
         self.gguf = gguf_blocks.model_blocks(target.model)
-        # A blocks-only model (gguf_model) has no float32 weights: every variant reads the blocks, torch's linear
-        # layers each weight widened from them (the float32 weight's bits) on the way.
+        # A blocks-only model (specdec.gguf_weights) has no float32 weights: every variant reads the blocks, torch's
+        # linear layers each weight widened from them (the float32 weight's bits) on the way.
         self.only_blocks = self.gguf is not None and self.gguf.only_copy
         self.runner = DecoderRunner(target.model, None if self.gguf is None else self.gguf.blocks, self.only_blocks)
         self.blocks = self.gguf is not None
