@@ -91,7 +91,7 @@ class Generator:
         cache: str | None = None,
     ) -> None:
         self._turns = Turns()  # one generation at a time (class docstring: threads)
-        self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype)
+        self.model, self.tokenizer = resolve_model(model, tokenizer, device, dtype, engine)
         engine, tree_ops = former_spellings(self.model, engine, tree_ops, cache, backend)
         self.verifier: ModelVerifier = make_verifier(self.model, engine, tree_ops=tree_ops)
         calibration_cache.use_cached_kernels(self.verifier)  # nothing measured here

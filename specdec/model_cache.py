@@ -17,16 +17,22 @@ ModelSpec = str | os.PathLike[str] | Any
 _LOADED: dict[str, tuple[Any, Any]] = {}
 
 
-def resolve_model(model: ModelSpec, tokenizer: Any, device: Any = None, dtype: Any = None) -> tuple[Any, Any]:
+def resolve_model(
+    model: ModelSpec, tokenizer: Any, device: Any = None, dtype: Any = None, engine: str = "auto"
+) -> tuple[Any, Any]:
     """A model object (loading a path or "default" once per process and placement) and its tokenizer.
 
     ``device`` and ``dtype`` place a model that specdec loads; a model object the user
-    passes stays where it is (specdec never moves or casts the user's model).
+    passes stays where it is (specdec never moves or casts the user's model). A GGUF file loads
+    blocks-only where ``engine`` may be specdec's (``weights="auto"`` of :func:`~specdec.models.load_model`),
+    else dense: the other engines cannot run a blocks-only model.
     """
     if isinstance(model, (str, os.PathLike)):
-        key = f"{model}|{device}|{dtype}"
+        weights = "auto" if engine in ("auto", "specdec") else "dense"
+        key = f"{model}|{device}|{dtype}|{weights}"
         if key not in _LOADED:
-            _LOADED[key] = load_model(None if str(model) == "default" else model, device=device, dtype=dtype)
+            _LOADED[key] = load_model(None if str(model) == "default" else model, device=device, dtype=dtype,
+                                      weights=weights)  # fmt: skip
         loaded_model, loaded_tokenizer = _LOADED[key]
         return loaded_model, tokenizer if tokenizer is not None else loaded_tokenizer
     if model is None:

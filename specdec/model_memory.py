@@ -100,7 +100,7 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def _size(count: float) -> str:
+def size_text(count: float) -> str:
     """Bytes in GiB (or MiB under one GiB), one decimal."""
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
@@ -111,15 +111,25 @@ def check_fits(path: str | Path, dtype: torch.dtype | None, device: torch.device
     (the CPU where None), naming both sizes. Where the available memory cannot be read, nothing is
     refused."""
     needed = checkpoint_bytes(path, dtype)
-    place = device or torch.device("cpu")
-    available = available_memory(place)
-    if needed is None or available is None or needed <= WEIGHTS_SHARE * available:
-        return needed
+    if needed is None:
+        return None
     loaded_as = f"in {str(dtype).removeprefix('torch.')}" if dtype is not None else "as stored"
     halved = checkpoint_bytes(path, torch.bfloat16) or needed
-    smaller = f"load it in bfloat16 (dtype='bfloat16': {_size(halved)}), " if halved < needed else ""
+    smaller = f"load it in bfloat16 (dtype='bfloat16': {size_text(halved)}), " if halved < needed else ""
+    check_bytes_fit(needed, f"the model at {str(path)!r}", loaded_as, device, smaller)
+    return needed
+
+
+def check_bytes_fit(needed: int, what: str, loaded_as: str, device: torch.device | None, instead: str = "") -> None:
+    """Raise :class:`SpecDecError` where ``needed`` bytes of ``what``'s weights (``loaded_as``: "in float32")
+    are more than :data:`WEIGHTS_SHARE` of the memory available on ``device`` (the CPU where None), naming
+    both sizes and ``instead`` (another way to load it, ending ", "); nothing where that cannot be read."""
+    place = device or torch.device("cpu")
+    available = available_memory(place)
+    if available is None or needed <= WEIGHTS_SHARE * available:
+        return
     raise SpecDecError(
-        f"the model at {str(path)!r} does not fit: its weights take {_size(needed)} {loaded_as}, more than "
-        f"{WEIGHTS_SHARE:.0%} of the {_size(available)} available on {place}; free memory, {smaller}or load "
+        f"{what} does not fit: its weights take {size_text(needed)} {loaded_as}, more than "
+        f"{WEIGHTS_SHARE:.0%} of the {size_text(available)} available on {place}; free memory, {instead}or load "
         f"it on another device"
     )

@@ -30,7 +30,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cachefiles import folder, warn_unwritable_once
 from specdec.errors import SpecDecError
-from specdec.model_memory import check_fits
+from specdec.gguf_weights import dense_bytes, load_blocks_model
+from specdec.model_memory import check_bytes_fit, check_fits, size_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -45,6 +46,8 @@ _CACHE_LAYOUT_VERSION = 1
 # flex attention (which wants a BlockMask) silently ignore or reject it, which would
 # let every tree node see its siblings: wrong logits, not an error. We refuse them.
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+# What a GGUF load holds (load_model's ``weights``).
+WEIGHTS = ("auto", "dense", "blocks")
 
 
 # The GGUF file each model specdec loaded from one was dequantized from (weakly: a model's entry goes with it),
@@ -174,6 +177,7 @@ def load_model(
     attn_implementation: str = "sdpa",
     dtype: Any = None,
     device: Any = None,
+    weights: str = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer; with no ``path``, the default SmolLM2 model.
 
@@ -185,19 +189,48 @@ def load_model(
     the checkpoint's own dtype otherwise. Weights that would not fit the device's available memory
     are refused before loading, naming the sizes (:func:`specdec.model_memory.check_fits`).
 
+    A ``path`` may also be a GGUF file. ``weights`` says what a GGUF load holds: ``"dense"``, transformers'
+    float32 dequantization (every engine runs it; engine="specdec" still reads the file's blocks);
+    ``"blocks"``, the linear weights as the file's blocks only, never widened to float32 (about the file's
+    size resident where dense costs the float32 model's: :mod:`specdec.gguf_weights`),
+    which engine="specdec" alone runs (others refuse it, naming ``"dense"``); ``"auto"``: ``"blocks"`` for a
+    GGUF file loaded float32 on the CPU, where that engine runs it, as the one choice that
+    loads a large file on a small machine, else ``"dense"`` (``specdec.run`` naming another engine loads it
+    dense); the default model (``"auto"`` is its converted float32 cache) loads blocks-only with ``"blocks"``.
+    A dense load that cannot fit is refused before any tensor is dequantized, naming ``"blocks"``.
+
     >>> model, tokenizer = load_model(device="cuda", dtype="bfloat16")  # doctest: +SKIP
     """
     dtype, device = parse_dtype(dtype), parse_device(device)
+    if weights not in WEIGHTS:
+        raise SpecDecError(f"weights={weights!r}: valid values are {', '.join(WEIGHTS)}")
 
     if attn_implementation not in SUPPORTED_ATTENTION:
         raise SpecDecError(
             f"attn_implementation={attn_implementation!r} is not supported: tree verification needs a 4D "
             f"attention mask, which only {', '.join(SUPPORTED_ATTENTION)} honour"
         )
-    if path is None or str(path) == "default":
+    default = path is None or str(path) == "default"
+    gguf = default_gguf_path() if default else Path(path)  # type: ignore[arg-type]
+    if gguf.suffix == ".gguf" and gguf.is_file() and (not default or weights == "blocks"):
+        if weights == "blocks" or (weights == "auto" and _blocks_run(dtype, device)):
+            if dtype not in (None, torch.float32) or (device is not None and device.type != "cpu"):
+                raise SpecDecError(f"weights='blocks' loads float32 on the CPU (got dtype={dtype}, device={device}): "
+                                   "load the file with weights='dense'")  # fmt: skip
+            model = load_blocks_model(gguf, attn_implementation)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        else:
+            as_dtype = dtype or torch.float32  # refused before transformers dequantizes a byte (model_memory)
+            needed = dense_bytes(gguf) // 4 * torch.empty((), dtype=as_dtype).element_size()
+            check_bytes_fit(needed, f"the GGUF file {str(gguf)!r} loaded dense", f"in {str(as_dtype)[6:]}", device,
+                            f"load it with weights='blocks' (its blocks: {size_text(gguf.stat().st_size)}), ")
+            model, tokenizer = _load_gguf(gguf, attn_implementation, dtype or torch.float32)
+    elif weights == "blocks":
+        raise SpecDecError(f"weights='blocks' loads a GGUF file; {str(path)!r} is not one")
+    elif default:
         model, tokenizer = _load_default(attn_implementation, dtype or torch.float32)
     else:
-        local = Path(path)
+        local = Path(path)  # type: ignore[arg-type]
         if not local.exists():
             raise SpecDecError(f"no model at {str(path)!r}: pass a local checkpoint directory or 'default'")
         check_fits(local, dtype, device)  # before any weight is read: a model that cannot fit is refused, naming sizes
@@ -205,9 +238,15 @@ def load_model(
     model.eval()
     if device is not None:
         model.to(device)
-    if path is None or str(path) == "default":
-        note_gguf_file(model, default_gguf_path())
+    if gguf.suffix == ".gguf" and (default or gguf.is_file()):
+        note_gguf_file(model, gguf)
     return model, tokenizer
+
+
+def _blocks_run(dtype: Any, device: Any) -> bool:
+    """Whether a GGUF file loads blocks-only under ``weights="auto"``: float32 on the CPU, where engine="specdec"
+    reads them (a machine whose compiler cannot build its kernels is told so at the engine, naming "dense")."""
+    return dtype in (None, torch.float32) and (device is None or device.type == "cpu")
 
 
 def _load_checkpoint(local: Path, attn_implementation: str, dtype: Any) -> tuple[Any, Any]:

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec
+from specdec import gguf_weights
 from specdec.backends.specdec_engine import cpu_kernels, gguf_blocks
 from specdec.errors import SpecDecError
 from specdec.models import note_gguf_file
@@ -49,7 +50,7 @@ def random_blocks(kind: str, rows: int, count: int, rng: np.random.Generator, sc
     _, size = cpu_kernels.GGUF_BLOCK_TYPES[kind]
     raw = rng.integers(0, 256, size=(rows, count, size), dtype=np.uint8)
     if scale > 0:
-        for offset in gguf_blocks._HALF_FIELDS[kind]:
+        for offset in gguf_weights.HALF_FIELDS[kind]:
             halves = (rng.uniform(0.5, 1.5, size=(rows, count)) * scale).astype(np.float16)
             raw[..., offset : offset + 2] = halves[..., None].view(np.uint8).reshape(rows, count, 2)
     return raw
@@ -88,7 +89,7 @@ def test_subnormal_and_signed_zero_scales_widen_exactly(kernels: Any) -> None:
     del kernels
     for kind in TYPES:
         raw = random_blocks(kind, 4, 2, np.random.default_rng(1))
-        for offset in gguf_blocks._HALF_FIELDS[kind]:
+        for offset in gguf_weights.HALF_FIELDS[kind]:
             for i, bits in enumerate((0x0001, 0x03FF, 0x8000, 0x8201)):  # subnormals, -0
                 raw[i, :, offset : offset + 2] = np.array([bits], dtype=np.uint16).view(np.uint8)
         for isa in _isas():

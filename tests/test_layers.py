@@ -26,8 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
              "specdec.model_cache", "specdec.options", "specdec.batch_rows", "specdec")),  # "specdec": __init__.py
     ("engine / drafters / budget", ("specdec.engine", "specdec.batching", "specdec.decoding", "specdec.drafters",
                                     "specdec.budget")),
-    ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.model_memory",
-                               "specdec.sampling", "specdec.native")),
+    ("backends / datastores", ("specdec.backends", "specdec.datastores", "specdec.models", "specdec.gguf_weights",
+                               "specdec.model_memory", "specdec.sampling", "specdec.native")),
     ("reference", ("specdec.reference",)),
     ("types", ("specdec.types",)),
     ("ground room", ("specdec.cachefiles", "specdec.errors")),

@@ -41,6 +41,7 @@ from specdec.backends.specdec_engine.model_runner import unsupported_reason
 from specdec.backends.tree_ops import TorchTreeOps, TreeOps
 from specdec.backends.verifier import ModelVerifier
 from specdec.errors import SpecDecError, warn_deprecated
+from specdec.gguf_weights import refuse_other_engine
 from specdec.native import NativeBuildError
 from specdec.types import TokenChooser
 
@@ -149,6 +150,7 @@ def make_verifier(
     check_model(model)  # a model we cannot serve is the first thing to report
     device = next(model.parameters()).device
     row = TABLE[resolve_engine(engine, device, model)]  # the name, checked once
+    refuse_other_engine(model, row.name)  # a model holding only GGUF blocks: specdec's forward alone reads them
     return row.build(model, make_tree_ops(tree_ops, device), chooser)
 
 

@@ -25,7 +25,7 @@ Beside the times the report gives the floors a forward cannot beat: reading ever
 the GEMM peak torch reaches on this machine (:func:`gemm_peak_gflops`, measured once, briefly; with MKL
 and oneDNN limited to the instructions of the kernel path that ran, :func:`gemm_peak`), and
 which CPU kernel path ``kernels=cpu`` ran (:func:`kernel_path`: ``SPECDEC_CPU_ISA`` or the best this
-CPU has).
+CPU has). A blocks-only GGUF model (:mod:`specdec.gguf_weights`) reads its blocks: they are its floor's bytes.
 
 :func:`ratio_table` tabulates the ``cuda_ext`` vs ``torch`` tree-op microbenchmarks
 (``benchmarks/test_bench_backend.py``) from a pytest-benchmark JSON.
@@ -53,6 +53,7 @@ from specdec.bench.methods import parse_methods
 from specdec.bench.plot import write_with_plot
 from specdec.bench.report import markdown_table
 from specdec.errors import SpecDecError
+from specdec.gguf_weights import GgufBlocksLinear, blocks_only
 from specdec.types import DraftTree, KernelChoice
 
 DEFAULT_VARIANTS = (
@@ -61,11 +62,28 @@ DEFAULT_VARIANTS = (
 )
 
 
+def default_variants(model: Any) -> str:
+    """:data:`DEFAULT_VARIANTS`, less ``hf`` for a model holding only GGUF blocks (which only specdec runs)."""
+    return DEFAULT_VARIANTS.removeprefix("hf=hf,") if blocks_only(model) else DEFAULT_VARIANTS
+
+
+def weight_tensors(model: Any) -> list[torch.Tensor]:
+    """What a forward reads of ``model``'s weights: its parameters, a blocks-only layer's blocks in place of
+    its placeholder weight (:class:`~specdec.gguf_weights.GgufBlocksLinear`)."""
+    found: dict[int, torch.Tensor] = {}  # by the tensor's id: a tied head's weight once
+    for module in model.modules():
+        placeholder = module.weight if isinstance(module, GgufBlocksLinear) else None
+        found.update((id(p), p) for p in module.parameters(recurse=False) if p is not placeholder)
+        if placeholder is not None:
+            found[id(module.blocks)] = module.blocks
+    return [t.detach() for t in found.values()]
+
+
 def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
     """``{label: verifier}`` for comma-separated variant specs (module docstring)."""
     takes = set(inspect.signature(make_verifier).parameters)
     variants = {}
-    for spec in parse_methods([specs or DEFAULT_VARIANTS]):
+    for spec in parse_methods([specs or default_variants(model)]):
         arguments = {k: v for k, v in spec.options.items() if k in takes}
         weights = spec.options.get("gguf_weights")
         before = os.environ.get(WEIGHTS_ENV)
@@ -98,7 +116,7 @@ def weight_read_ms(model: Any, repeats: int = 5, tensors: list[torch.Tensor] | N
     A one-token forward must read all the weights, so this is the floor a memory-bound
     forward approaches: the curves' reference line.
     """
-    parameters = [p.detach() for p in model.parameters()] if tensors is None else tensors
+    parameters = weight_tensors(model) if tensors is None else tensors
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):
@@ -122,8 +140,16 @@ def block_tensors(model: Any) -> list[torch.Tensor] | None:
     covered = {id(t) for name, t in model.named_parameters(remove_duplicate=False) if name in weights.blocks}
     covered.add(id(model.get_input_embeddings().weight))
     blocks = [b.reshape(-1) for b in weights.blocks.values()]
-    words = [b.view(torch.float32) if b.numel() % 4 == 0 else b for b in blocks]
+    words = [_as_words(b) for b in blocks]
     return words + [p.detach() for p in model.parameters() if id(p) not in covered]
+
+
+def _as_words(data: torch.Tensor) -> torch.Tensor:
+    """uint8 ``data`` viewed as float32 words where its size and offset allow, else as it is."""
+    try:
+        return data.view(torch.float32) if data.numel() % 4 == 0 else data
+    except RuntimeError:  # a view of a file's map at an offset not a multiple of 4
+        return data
 
 
 def gemm_peak_gflops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1024,
@@ -257,7 +283,8 @@ def _measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tu
     parameter = next(model.parameters())
     parameters = sum(p.numel() for p in model.parameters())
     return {
-        "variants": specs or DEFAULT_VARIANTS, "sizes": list(sizes), "contexts": list(contexts), "repeats": repeats,
+        "variants": specs or default_variants(model), "sizes": list(sizes), "contexts": list(contexts),
+        "repeats": repeats,
         "threads": torch.get_num_threads(), "device": str(parameter.device),
         "clock": "thread CPU time" if cpu_time else "wall",
         "ms": {name: {str(c): [round(best[name][c][s] * 1e3, 2) for s in sizes] for c in contexts} for name in best},
@@ -269,7 +296,7 @@ def _measure(model: Any, specs: str | None, sizes: tuple[int, ...], contexts: tu
             "block_read_ms_per_round": block_reads,
             "block_bytes": (read := sum(t.numel() * t.element_size() for t in blocks)),
             "block_mb": round(read / 1e6, 1)}),
-        "weight_mb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6, 1),
+        "weight_mb": round(sum(t.numel() * t.element_size() for t in weight_tensors(model)) / 1e6, 1),
         "kernel_path": kernel_path() if parameter.device.type == "cpu" else None,
         # The arithmetic floor: ~2 flops per parameter per node, at the GEMM peak torch reaches here with the
         # instructions of the kernel path that ran.

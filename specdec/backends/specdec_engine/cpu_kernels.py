@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from specdec.errors import SpecDecError
+from specdec.gguf_weights import GGUF_BLOCK_TYPES as GGUF_BLOCK_TYPES
 from specdec.native import NativeBuildError, extension_key, load_extension, register_meta
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -97,8 +98,7 @@ AVX2_ISA = "avx2-lanes16"
 ISA_ENV = "SPECDEC_CPU_ISA"
 
 # GGUF blocks a weight of the skinny linear may be (uint8 [N, B, block_bytes]): the block's size in bytes
-# names its type, and each type's elements per block (csrc/skinny_linear.h; gguf-py's GGML_QUANT_SIZES).
-GGUF_BLOCK_TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+# names its type, and each type's elements per block (specdec.gguf_weights.GGUF_BLOCK_TYPES).
 GGUF_BLOCK_ELEMENTS = {size: elements for elements, size in GGUF_BLOCK_TYPES.values()}
 
 _LOCK = threading.Lock()

@@ -133,6 +133,15 @@ def _plain_choice(winner: str) -> KernelChoice:
     return KernelChoice(((1, winner), (CPU_KERNEL_MAX_ROWS, CPU_KERNEL)))
 
 
+def widening_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``torch.nn.functional.linear`` where ``weight`` may be GGUF blocks (uint8 ``[N, B, block_bytes]``): widened
+    first (:func:`~specdec.backends.specdec_engine.cpu_kernels.gguf_widen`, the float32 weight's bits, a transient
+    ``[N, K]``), so torch's kernels compute on a blocks-only model what they compute on the widened one."""
+    if weight.dtype == torch.uint8:
+        weight = cpu_kernels.gguf_widen(weight)
+    return aten_linear(x, weight, bias)
+
+
 @functools.cache
 def _forced_kernels(isa: str, blocks: bool = False) -> Kernels:
     """Specdec's CPU kernels with every op forced to ``isa``
@@ -169,15 +178,20 @@ class SpecdecForward:
         # A model loaded from a GGUF file: its linear layers read the file's blocks on the CPU kernels (the same
         # bits as its float32 weights, a sixth of the bytes for Q4_1: gguf_blocks), torch's kernels the weights.
         self.gguf = gguf_blocks.model_blocks(target.model)
-        self.runner = DecoderRunner(target.model, None if self.gguf is None else self.gguf.blocks)
+        # A blocks-only model (specdec.gguf_weights) has no float32 weights: every variant reads the blocks, torch's
+        # linear layers each weight widened from them (the float32 weight's bits) on the way.
+        self.only_blocks = self.gguf is not None and self.gguf.only_copy
+        self.runner = DecoderRunner(target.model, None if self.gguf is None else self.gguf.blocks, self.only_blocks)
         self.blocks = self.gguf is not None
+        self.plain = Kernels(widening_linear, blocks=True) if self.only_blocks else PLAIN
         self.cpu_kernels = Kernels(
             cpu_kernels.skinny_linear, cpu_kernels.tree_attention, cpu_kernels.skinny_linears,
             cpu_kernels.tree_attention_segments, cpu_kernels.write_segments, cpu_kernels.decoder_layers, self.blocks,
         )  # fmt: skip
-        self.cpu_widened = replace(self.cpu_kernels, blocks=False)
-        self.cpu_attention = Kernels(aten_linear, cpu_kernels.tree_attention, None, cpu_kernels.tree_attention_segments,
-                                     cpu_kernels.write_segments)  # fmt: skip
+        self.cpu_widened = self.cpu_kernels if self.only_blocks else replace(self.cpu_kernels, blocks=False)
+        self.cpu_attention = Kernels(self.plain.linear, cpu_kernels.tree_attention, None,
+                                     cpu_kernels.tree_attention_segments, cpu_kernels.write_segments,
+                                     blocks=self.only_blocks)  # fmt: skip
         self.kernels_available = cpu_kernels.supports(target.model) and cpu_kernels.available()
         self.cpu_blocks: Kernels | None = None
         self.runs_avx512 = False  # "cpu" runs the AVX-512 path (which "cpu-avx2" may stand in for)
@@ -239,7 +253,8 @@ class SpecdecForward:
         machine's ISA) never plan another's."""
         if not self.kernels_available:
             return "-"
-        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}{'/gguf-blocks' if self.blocks else ''}"
+        weights = "/gguf-blocks-only" if self.only_blocks else "/gguf-blocks" if self.blocks else ""
+        return f"{cpu_kernels.build_key()}/{cpu_kernels.cpu_isa()}{weights}"
 
     def kernel_variants(self, rows: int) -> tuple[str, ...]:
         """``("default", "cpu", "cpu-attention")`` where the CPU kernels serve the model and ``rows`` is
@@ -256,7 +271,7 @@ class SpecdecForward:
                 variants += (CPU_BLOCKS,)
             if self.runs_avx512 and rows <= AVX2_MAX_ROWS:
                 variants += (CPU_AVX2,)
-            if self.blocks:
+            if self.blocks and not self.only_blocks:
                 variants += (CPU_WIDENED,)
             return variants
         return (DEFAULT_KERNEL,)
@@ -264,7 +279,7 @@ class SpecdecForward:
     def _kernels_for(self, rows: int) -> Kernels:
         if self.kernels_available and rows <= CPU_KERNEL_MAX_ROWS:
             return self._variant_kernels(self._kernels.variant_for(rows))
-        return PLAIN
+        return self.plain
 
     def _variant_kernels(self, variant: str) -> Kernels:
         """The kernels of ``variant`` where the CPU kernels serve the model (the caller checked)."""
@@ -278,7 +293,7 @@ class SpecdecForward:
             return self.cpu_widened
         if variant == CPU_AVX2:  # off AVX-512 "cpu" runs AVX2 or portable already: "cpu" itself
             return _forced_kernels(cpu_kernels.AVX2_ISA, self.blocks) if self.runs_avx512 else self.cpu_kernels
-        return PLAIN
+        return self.plain
 
     # -- the forward (specdec.backends.verifier.Forward) -------------------------------------------
     def prefill(self, input_ids: torch.Tensor, *, keep_all: bool, reserve: int) -> tuple[Any, torch.Tensor]:

@@ -13,17 +13,13 @@ blocks where the head is tied to it), of the types in
 :data:`~specdec.backends.specdec_engine.cpu_kernels.GGUF_BLOCK_TYPES` (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K).
 Weights of other types keep the model's float32 tensor (one warning per file names them).
 
-Rows: transformers reverses llama.cpp's permutation of the query and key rows of ``llama``
-GGUF files (``LlamaTensorProcessor``: within each head, rows ``(j, a)`` of the file become rows
-``(a, j)``); a GGUF row is an independent run of blocks, so the same permutation of whole rows of
-blocks gives the model's layout.
-
-Checked at load, never later: the file must parse, every tensor must hold the bytes its shape needs
-(a truncated file is refused), every block's scales must be finite float16 values, and every weight
+Checked at load, never later: the file and its blocks (:mod:`specdec.gguf_weights`: it parses, no tensor
+is truncated, every scale is finite; the query and key rows in the model's order), and every weight
 widened from its blocks must equal the model's tensor bit for bit (so a model edited after loading,
 or a mapping that went wrong, is refused naming the weight, never run on the wrong numbers). After
 that the blocks are what the forward reads: an in-place update of the model's float32 weights is
-not seen (``SPECDEC_GGUF_WEIGHTS=dense`` reads the model's own tensors).
+not seen (``SPECDEC_GGUF_WEIGHTS=dense`` reads the model's own tensors). A blocks-only model
+(``load_model(..., weights="blocks")``) has no float32 copy to check against or fall back on.
 """
 
 from __future__ import annotations
@@ -39,24 +35,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec import gguf_weights
 from specdec.backends.specdec_engine import cpu_kernels
 from specdec.errors import SpecDecError
+from specdec.gguf_weights import linear_tensors, read_tensors, tensor_blocks
 from specdec.models import gguf_file
 
 # What engine="specdec" reads for a model loaded from a GGUF file: "blocks" (the file's quantized blocks,
 # widened on the way: the same bits) or "dense" (the model's float32 tensors).
 WEIGHTS_ENV = "SPECDEC_GGUF_WEIGHTS"
 WEIGHTS_CHOICES = ("blocks", "dense")
-
-# The GGUF tensor of each linear layer, by its name in a Llama-family Hugging Face model.
-_LAYER_TENSORS = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}  # fmt: skip
-
-# Each block type's float16 fields (byte offsets of the scales and minimums a block starts or ends with).
-_HALF_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}
 
 _WARNED: set[Path] = set()
 
@@ -73,12 +61,15 @@ def weights_choice() -> str:
 class GgufWeights:
     """The blocks standing for a model's linear weights: ``blocks[name]`` uint8 ``[out, B, block_bytes]``
     by the weight's parameter name (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``);
-    ``types[name]`` the GGUF type; ``dense``: the linear weights left as the model's tensors (other types)."""
+    ``types[name]`` the GGUF type; ``dense``: the linear weights left as the model's tensors (other types);
+    ``only_copy``: the blocks are the only copy of those weights, the model's are placeholders (a blocks-only
+    load: :mod:`specdec.gguf_weights`)."""
 
     path: Path
     blocks: Mapping[str, torch.Tensor]
     types: Mapping[str, str]
     dense: tuple[str, ...]
+    only_copy: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -92,7 +83,11 @@ _LOADED: weakref.WeakKeyDictionary[Any, GgufWeights] = weakref.WeakKeyDictionary
 def model_blocks(model: Any) -> GgufWeights | None:
     """The GGUF blocks engine="specdec" reads for ``model``: None where the model was not loaded from a GGUF
     file (:func:`specdec.models.gguf_file`), is not float32 on the CPU, :data:`WEIGHTS_ENV` says ``dense``,
-    or the CPU kernels are unavailable. Read and checked once per model (module docstring), then shared."""
+    or the CPU kernels are unavailable. Read and checked once per model (module docstring), then shared.
+    A blocks-only model (:func:`~specdec.gguf_weights.blocks_only`) has no float32
+    weights to fall back on: each of those conditions raises for it, naming the way out."""
+    if gguf_weights.blocks_only(model):
+        return _only_copy(model)
     path = gguf_file(model)
     if path is None or weights_choice() != "blocks" or not cpu_kernels.available():
         return None
@@ -106,76 +101,45 @@ def model_blocks(model: Any) -> GgufWeights | None:
     return known
 
 
-def _permutation(rows: int, heads: int) -> np.ndarray:
-    """The file's row of each model row of a ``llama`` file's query or key weight: transformers'
-    ``reverse_permute`` (rows ``[heads, dim, 2]`` of the file read as ``[heads, 2, dim]``)."""
-    dim = rows // heads // 2
-    order: np.ndarray = np.arange(rows).reshape(heads, dim, 2).swapaxes(2, 1).reshape(rows)
-    return order
-
-
-def _check_scales(name: str, kind: str, raw: np.ndarray) -> None:
-    """Refuse blocks whose float16 scales are not finite (a damaged file), naming the tensor and block."""
-    for offset in _HALF_FIELDS[kind]:
-        halves = np.ascontiguousarray(raw[..., offset : offset + 2]).view(np.float16)[..., 0]
-        bad = ~np.isfinite(halves)
-        if bad.any():
-            row, block = (int(i) for i in np.argwhere(bad)[0])
-            raise SpecDecError(f"GGUF tensor {name!r}: block {block} of row {row} has a non-finite scale "
-                               f"({halves[row, block]!r}): the file is damaged")  # fmt: skip
-
-
-def _read_tensors(path: Path) -> tuple[str, dict[str, Any]]:
-    try:
-        import gguf
-
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, IndexError, KeyError) as error:
-        raise SpecDecError(f"the GGUF file {str(path)!r} does not parse ({type(error).__name__}: {error})") from error
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else ""
-    return arch, {tensor.name: tensor for tensor in reader.tensors}
+def _only_copy(model: Any) -> GgufWeights:
+    """The blocks of a blocks-only model (:func:`specdec.gguf_weights.only_copy`), refused where none can run."""
+    refusal = None
+    if weights_choice() != "blocks":
+        refusal = f"{WEIGHTS_ENV}=dense reads the model's float32 weights"
+    elif not cpu_kernels.available():
+        refusal = "specdec's CPU kernels, which read the blocks, are unavailable here"
+    elif any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
+        refusal = "the blocks are read on the CPU in float32 (the model was moved or cast)"
+    if refusal is not None:
+        raise SpecDecError(f"{refusal}, and this model holds only its GGUF blocks (loaded with weights='blocks'): "
+                           "load the file with weights='dense'")  # fmt: skip
+    known = _LOADED.get(model)
+    if known is None:
+        found = gguf_weights.only_copy(model)
+        known = GgufWeights(gguf_file(model) or Path(), found.blocks, found.types, found.widened, only_copy=True)
+        _LOADED[model] = known
+    return known
 
 
 def read_blocks(path: Path, model: Any) -> GgufWeights:
     """Read the blocks of ``model``'s linear weights from the GGUF file at ``path`` and check them (module
     docstring); raises :class:`~specdec.errors.SpecDecError` naming the file, tensor or weight at fault."""
-    arch, tensors = _read_tensors(path)
-    config = model.config
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    wanted = {
-        f"model.layers.{i}.{hf}.weight": f"blk.{i}.{gg}.weight"
-        for i in range(config.num_hidden_layers) for hf, gg in _LAYER_TENSORS.items()
-    }  # fmt: skip
-    wanted["lm_head.weight"] = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    arch, tensors = read_tensors(path)
     params = dict(model.named_parameters(remove_duplicate=False))
     blocks: dict[str, torch.Tensor] = {}
     types: dict[str, str] = {}
     dense: list[str] = []
-    for name, tensor_name in wanted.items():
-        tensor = tensors.get(tensor_name)
+    for name, tensor_name in linear_tensors(model.config, tensors).items():
+        tensor = tensors[tensor_name]
         weight = params.get(name)
-        if tensor is None or weight is None:
+        if weight is None:
             raise SpecDecError(f"the GGUF file {str(path)!r} has no tensor {tensor_name!r} for the model's {name!r}")
         kind = tensor.tensor_type.name
         if kind not in cpu_kernels.GGUF_BLOCK_TYPES:
             dense.append(f"{name} ({kind})")
             continue
-        elements, block_bytes = cpu_kernels.GGUF_BLOCK_TYPES[kind]
         out_features, in_features = (int(n) for n in weight.shape)
-        shape = [int(n) for n in tensor.shape]  # GGUF order: [in, out]
-        if shape != [in_features, out_features] or in_features % elements:
-            raise SpecDecError(f"GGUF tensor {tensor_name!r} is {kind} of shape {shape}; the model's {name!r} is "
-                               f"[{out_features}, {in_features}] (in-features a multiple of {elements})")  # fmt: skip
-        expected = out_features * (in_features // elements) * block_bytes
-        data = np.asarray(tensor.data)
-        if data.dtype != np.uint8 or data.size != expected:
-            raise SpecDecError(f"GGUF tensor {tensor_name!r} ({kind}) holds {data.size * data.itemsize} bytes, its "
-                               f"shape needs {expected}: the file is truncated or damaged")  # fmt: skip
-        raw = data.reshape(out_features, in_features // elements, block_bytes)
-        _check_scales(tensor_name, kind, raw)
-        if arch == "llama" and tensor_name.endswith((".attn_q.weight", ".attn_k.weight")):
-            raw = raw[_permutation(out_features, heads if ".attn_q." in tensor_name else kv_heads)]
+        raw = tensor_blocks(arch, tensor, out_features, in_features, model.config)
         block_tensor = torch.from_numpy(np.array(raw, copy=True))  # off the file's memory map
         widened = cpu_kernels.gguf_widen(block_tensor)
         if not torch.equal(widened, weight.detach()):

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from specdec.backends.slot_cache import StaticKVCache
 from specdec.backends.specdec_engine.cpu_kernels import LayerWeights
 from specdec.errors import UnsupportedModelError
+from specdec.gguf_weights import GgufBlocksLinear
 
 # model_type values whose decoder layer is Llama's (norm -> attention -> residual -> norm -> MLP -> residual).
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -160,6 +161,10 @@ def _weights(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     return linear.weight, linear.bias
 
 
+# The linear modules the runner reads: torch's, and GGUF blocks-only layers (their weight: the blocks it is handed).
+_LINEARS = (torch.nn.Linear, GgufBlocksLinear)
+
+
 def unsupported_reason(model: Any) -> str | None:
     """Why :class:`DecoderRunner` cannot run ``model``, or None when it can."""
     config = getattr(model, "config", None)
@@ -183,9 +188,9 @@ def unsupported_reason(model: Any) -> str | None:
             return "a decoder layer without Llama's attention and MLP"
         modules = [getattr(attention, name) for name in names]
         modules += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-        if any(type(m) is not torch.nn.Linear or "forward" in m.__dict__ for m in modules):
+        if any(type(m) not in _LINEARS or "forward" in m.__dict__ for m in modules):
             return "linear layers that are not plain torch.nn.Linear (quantized, adapted or hooked)"
-    if type(model.lm_head) is not torch.nn.Linear:
+    if type(model.lm_head) not in _LINEARS:
         return "an output head that is not a plain torch.nn.Linear"
     return None
 
@@ -199,9 +204,11 @@ class DecoderRunner:
     ``blocks``: GGUF blocks standing for some of the model's linear weights, by parameter name
     (:class:`~specdec.backends.specdec_engine.gguf_blocks.GgufWeights`), which kernels that take
     blocks (``Kernels.blocks``) read in their place; those weights' in-place updates are not seen.
+    ``only_copy``: the blocks are the only copy of those weights (a blocks-only model: its tensors are
+    placeholders), so kernels that do not take blocks are refused.
     """
 
-    def __init__(self, model: Any, blocks: Mapping[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, model: Any, blocks: Mapping[str, torch.Tensor] | None = None, only_copy: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             # an UnsupportedModelError (a ValueError) like every other engine's refusal of a model
@@ -243,6 +250,7 @@ class DecoderRunner:
         # The same with GGUF blocks in place of the float32 weights they stand for, where given.
         self.block_parts: tuple[list[_Layer], LayerWeights | None, tuple[torch.Tensor, torch.Tensor | None]] | None
         self.block_parts = None
+        self.only_copy = only_copy
         if blocks:
             swap = {id(tensor): blocks[name] for name, tensor in model.named_parameters(remove_duplicate=False)
                     if name in blocks}  # fmt: skip
@@ -266,6 +274,7 @@ class DecoderRunner:
         take them and the runner has them, else the model's tensors."""
         if kernels.blocks and self.block_parts is not None:
             return self.block_parts
+        assert not self.only_copy, "kernels without GGUF blocks on a blocks-only model (its weights: placeholders)"
         return self.layers, self.layer_weights, self.head
 
     def _layer_weights(self, layers: Sequence[_Layer]) -> LayerWeights | None:
