@@ -118,15 +118,16 @@ def test_a_product_with_blocks_is_the_float_product_bitwise(
         assert torch.equal(cpu_kernels.skinny_linear(x, blocks, bias, isa), expected), (kind, m, n, isa)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
 @pytest.mark.parametrize("m", [1, 2, 3])
 def test_a_row_group_with_an_infinite_or_nan_scale_is_the_float_product(kernels: Any, kind: str, m: int) -> None:
-    """The streamed row groups widen 8 rows' scales in one conversion, but where one of them is inf or NaN
-    (which a file's load check refuses, the op does not): each row's own widening then, the same values."""
+    """The streamed row groups (1-3 rows of x, 16 weight rows at a time: Q4_K's included) widen 8 rows'
+    scales in one conversion, but where one of them is inf or NaN (which a file's load check refuses, the op
+    does not): each row's own widening then, the same values; the finite rows bitwise, NaN payloads too."""
     del kernels
     rng = np.random.default_rng(7)
     raw = random_blocks(kind, 32, 2, rng, scale=1e-3)
-    offsets = gguf_blocks._HALF_FIELDS[kind]
+    offsets = gguf_weights.HALF_FIELDS[kind]
     raw[3, 1, offsets[0] : offsets[0] + 2] = np.array([0x00, 0x7C], dtype=np.uint8)  # d = +inf
     raw[20, 0, offsets[-1] : offsets[-1] + 2] = np.array([0x01, 0x7C], dtype=np.uint8)  # a signalling NaN
     blocks, weight = torch.from_numpy(raw), torch.from_numpy(dequantized(raw, kind))

@@ -293,7 +293,36 @@ inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* par
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
 }
 
-// Rows [o_begin, o_end) of float x [M <= 3, K] by GGUF blocks of a 32-element type, 16 weight rows at a
+// group_pass_blocks for Q4_K (256-element blocks of 8 sub-blocks): each row's scales unpacked once a block,
+// then each pair of sub-blocks as four 16-lane vectors in increasing k (widen_q4_k_pair).
+template <int G, int RM>
+inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m) {
+  __m512 acc[G][RM];
+  for (int r = 0; r < G; ++r)
+    for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t row_bytes = B * 144;
+  float scale[G][8], min[G][8];
+  for (int64_t blk = 0; blk < B; ++blk) {
+    for (int r = 0; r < G; ++r) q4_k_scales(w_group + r * row_bytes + blk * 144, scale[r], min[r]);
+    for (int pair = 0; pair < 4; ++pair) {
+      const int64_t k = blk * 256 + pair * 64;
+      __m512 xv[RM][4];
+      for (int c = 0; c < RM; ++c)
+        for (int q = 0; q < 4; ++q) xv[c][q] = _mm512_loadu_ps(x + (m + c) * K + k + q * 16);
+      for (int r = 0; r < G; ++r) {
+        __m512 v[4];
+        widen_q4_k_pair(w_group + r * row_bytes + blk * 144, pair, scale[r][2 * pair], min[r][2 * pair],
+                        scale[r][2 * pair + 1], min[r][2 * pair + 1], v);
+        for (int c = 0; c < RM; ++c)
+          for (int q = 0; q < 4; ++q) acc[r][c] = _mm512_fmadd_ps(v[q], xv[c][q], acc[r][c]);
+      }
+    }
+  }
+  for (int c = 0; c < RM; ++c)
+    for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
+}
+
+// Rows [o_begin, o_end) of float x [M <= 3, K] by GGUF blocks of a 32-element type or Q4_K, 16 weight rows at a
 // time (two groups of 8 streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
 // (the rows past the last whole 16 are the caller's).
 template <int BYTES>
@@ -305,7 +334,15 @@ inline int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, 
     for (int g = 0; g < 16; g += 8) {
       const uint8_t* w_group = w + (o + g) * B * BYTES;
       float* group_park = park + g * 16;
-      if (M == 1) {
+      if constexpr (BYTES == 144) {
+        if (M == 1) {
+          group_pass_q4_k<8, 1>(x, w_group, group_park, K, B, 0);
+        } else if (M == 2) {
+          group_pass_q4_k<8, 2>(x, w_group, group_park, K, B, 0);
+        } else {
+          group_pass_q4_k<8, 3>(x, w_group, group_park, K, B, 0);
+        }
+      } else if (M == 1) {
         group_pass_blocks<BYTES, 8, 1>(x, w_group, group_park, K, B, 0);
       } else if (M == 2) {
         group_pass_blocks<BYTES, 8, 2>(x, w_group, group_park, K, B, 0);
@@ -328,6 +365,7 @@ int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t
   if (block_bytes == 20) return rows_blocks_streamed<20>(x, w, y, M, K, N, B, o_begin, o_end);
   if (block_bytes == 18) return rows_blocks_streamed<18>(x, w, y, M, K, N, B, o_begin, o_end);
   if (block_bytes == 34) return rows_blocks_streamed<34>(x, w, y, M, K, N, B, o_begin, o_end);
+  if (block_bytes == 144) return rows_blocks_streamed<144>(x, w, y, M, K, N, B, o_begin, o_end);
   return o_begin;
 }
 
