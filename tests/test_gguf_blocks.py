@@ -251,30 +251,34 @@ def _forward(model: Any, blocks: bool) -> Any:
     return forward
 
 
-def test_a_tiny_llamas_logits_on_blocks_are_the_widened_models_bitwise(tiny: tuple[Path, Any]) -> None:
+def prompt_then_tree_logits(forward: Any, kernels: Any) -> torch.Tensor:
+    """``forward``'s runner with ``kernels`` on a fresh cache: the logits of a 7-token prompt, then of a 5-node
+    tree of two branches after it (the same random tokens every call), rows in order."""
     from specdec.backends.slot_cache import StaticKVCache
-    from specdec.backends.specdec_engine.forward import CPU_WIDENED, _forced_kernels
     from specdec.backends.specdec_engine.model_runner import Segment
+
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    ancestors = torch.ones(5, 5, dtype=torch.bool).tril()
+    ancestors[3, 2] = ancestors[4, 2] = ancestors[4, 3] = False
+    cache = StaticKVCache(LAYERS, 32, torch.device("cpu"))
+    (first,) = forward.runner.forward([Segment(tokens[:, :7], torch.arange(7)[None], cache, 0)], kernels)
+    tree = Segment(tokens[:, 7:], torch.tensor([[7, 8, 9, 9, 10]]), cache, 7, ancestors)
+    (second,) = forward.runner.forward([tree], kernels)
+    return torch.cat([first, second])
+
+
+def test_a_tiny_llamas_logits_on_blocks_are_the_widened_models_bitwise(tiny: tuple[Path, Any]) -> None:
+    from specdec.backends.specdec_engine.forward import CPU_WIDENED, _forced_kernels
 
     _, model = tiny
     on_blocks, on_floats = _forward(model, True), _forward(model, False)
     # the calibration may time the float32 weights beside the blocks ("cpu-widened": the same bits)
     assert CPU_WIDENED in on_blocks.kernel_variants(1) and CPU_WIDENED not in on_floats.kernel_variants(1)
     assert on_blocks._variant_kernels(CPU_WIDENED).blocks is False and on_blocks._variant_kernels("cpu").blocks
-    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
-    ancestors = torch.ones(5, 5, dtype=torch.bool).tril()
-    ancestors[3, 2] = ancestors[4, 2] = ancestors[4, 3] = False
     with torch.inference_mode():
         for isa in _isas():
-            logits = []
-            for forward, blocks in ((on_blocks, True), (on_floats, False)):
-                kernels = _forced_kernels(isa, blocks)
-                cache = StaticKVCache(LAYERS, 32, torch.device("cpu"))
-                prompt = Segment(tokens[:, :7], torch.arange(7)[None], cache, 0)
-                (first,) = forward.runner.forward([prompt], kernels)
-                tree = Segment(tokens[:, 7:], torch.tensor([[7, 8, 9, 9, 10]]), cache, 7, ancestors)
-                (second,) = forward.runner.forward([tree], kernels)
-                logits.append(torch.cat([first, second]))
+            logits = [prompt_then_tree_logits(forward, _forced_kernels(isa, blocks))
+                      for forward, blocks in ((on_blocks, True), (on_floats, False))]  # fmt: skip
             assert torch.isfinite(logits[1]).all()
             assert torch.equal(logits[0], logits[1]), isa
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_gguf_blocks import HIDDEN, LAYERS, VOCAB, _isas, load_tiny, write_tiny_gguf
+from test_gguf_blocks import HIDDEN, LAYERS, VOCAB, _isas, load_tiny, prompt_then_tree_logits, write_tiny_gguf
 
 import specdec
 from specdec import gguf_weights
@@ -83,28 +83,16 @@ def test_the_blocks_only_models_parameters_and_buffers_cost_a_fraction_of_the_de
 
 def test_a_blocks_only_models_logits_are_the_dense_models_bitwise(pair: tuple[Any, Any]) -> None:
     from specdec.backends.forward import Target
-    from specdec.backends.slot_cache import StaticKVCache
     from specdec.backends.specdec_engine.forward import SpecdecForward, _forced_kernels
-    from specdec.backends.specdec_engine.model_runner import Segment
 
     forwards = [SpecdecForward(Target.of(model)) for model in pair]
     assert [f.only_blocks for f in forwards] == [False, True]
     assert "cpu-widened" not in forwards[1].kernel_variants(1)
-    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
-    ancestors = torch.ones(5, 5, dtype=torch.bool).tril()
-    ancestors[3, 2] = ancestors[4, 2] = ancestors[4, 3] = False
     ways = [(isa, lambda f, isa=isa: _forced_kernels(isa, True)) for isa in _isas()]
     ways += [(variant, lambda f, v=variant: f._variant_kernels(v)) for variant in forwards[1].KERNELS]
     with torch.inference_mode():
         for way, kernels_of in ways:
-            logits = []
-            for forward in forwards:
-                kernels = kernels_of(forward)
-                cache = StaticKVCache(LAYERS, 32, torch.device("cpu"))
-                (first,) = forward.runner.forward([Segment(tokens[:, :7], torch.arange(7)[None], cache, 0)], kernels)
-                tree = Segment(tokens[:, 7:], torch.tensor([[7, 8, 9, 9, 10]]), cache, 7, ancestors)
-                (second,) = forward.runner.forward([tree], kernels)
-                logits.append(torch.cat([first, second]))
+            logits = [prompt_then_tree_logits(forward, kernels_of(forward)) for forward in forwards]
             assert torch.isfinite(logits[0]).all()
             assert torch.equal(logits[0], logits[1]), way
 

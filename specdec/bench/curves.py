@@ -48,7 +48,6 @@ from tqdm import tqdm
 from specdec.backends import make_verifier
 from specdec.backends.forward import attention_shape
 from specdec.backends.specdec_engine import gguf_blocks
-from specdec.backends.specdec_engine.gguf_blocks import WEIGHTS_ENV
 from specdec.bench.methods import parse_methods
 from specdec.bench.plot import write_with_plot
 from specdec.bench.report import markdown_table
@@ -86,16 +85,8 @@ def make_variants(model: Any, specs: str | None) -> dict[str, Any]:
     for spec in parse_methods([specs or default_variants(model)]):
         arguments = {k: v for k, v in spec.options.items() if k in takes}
         weights = spec.options.get("gguf_weights")
-        before = os.environ.get(WEIGHTS_ENV)
-        if weights is not None:
-            os.environ[WEIGHTS_ENV] = str(weights)  # read when the verifier is made, then kept by it
-        try:
+        with gguf_blocks.weights_chosen(None if weights is None else str(weights)):  # read when the verifier is made
             verifier = make_verifier(model, spec.name, **arguments)
-        finally:
-            if weights is not None and before is None:
-                del os.environ[WEIGHTS_ENV]
-            elif weights is not None and before is not None:
-                os.environ[WEIGHTS_ENV] = before
         for key, value in spec.options.items():
             if key in arguments or key == "gguf_weights":
                 continue

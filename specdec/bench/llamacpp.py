@@ -28,7 +28,6 @@ first (the extension built, the model's first forwards done).
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specdec.backends.specdec_engine.gguf_blocks import WEIGHTS_ENV
+from specdec.backends.specdec_engine.gguf_blocks import weights_chosen
 from specdec.bench.methods import MethodSpec, parse_method, parse_methods
 from specdec.bench.oneoff import WARM_PROMPT, Timing, heldout_prompts, hf_greedy, timed_run
 from specdec.bench.report import markdown_table
@@ -87,15 +86,8 @@ def dense_arm(model: Any, tokenizer: Any) -> Arm:
     spec = parse_method("none")
 
     def arm(ids: Sequence[int], max_new_tokens: int) -> Timing:
-        before = os.environ.get(WEIGHTS_ENV)
-        os.environ[WEIGHTS_ENV] = "dense"
-        try:
+        with weights_chosen("dense"):
             return timed_run(model, tokenizer, ids, spec, max_new_tokens)
-        finally:
-            if before is None:
-                os.environ.pop(WEIGHTS_ENV)
-            else:
-                os.environ[WEIGHTS_ENV] = before
 
     return arm
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,24 @@ def weights_choice() -> str:
     if value not in WEIGHTS_CHOICES:
         raise SpecDecError(f"{WEIGHTS_ENV}={value!r}: valid values are {', '.join(WEIGHTS_CHOICES)}")
     return value
+
+
+@contextmanager
+def weights_chosen(value: str | None) -> Iterator[None]:
+    """:data:`WEIGHTS_ENV` set to ``value`` inside the block (None: left as it is), then as it was: what a
+    verifier reads when it is made, so one made inside keeps that choice."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(WEIGHTS_ENV)
+    os.environ[WEIGHTS_ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(WEIGHTS_ENV, None)
+        else:
+            os.environ[WEIGHTS_ENV] = before
 
 
 @dataclass(frozen=True)
