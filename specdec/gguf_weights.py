@@ -25,13 +25,13 @@ transformers makes them), then:
   output head) becomes a :class:`GgufBlocksLinear`: its blocks, uint8 ``[out, B, block_bytes]``, a view of
   the file's memory map (no copy; the ``llama`` query and key rows permuted as transformers permutes them,
   which copies those two), and a placeholder weight of the right shape that costs 4 bytes;
-- every other tensor (the embedding, the norms, biases, linear weights of other types) is dequantized
-  exactly as transformers does it: gguf-py's ``dequantize``, then transformers' tensor processor of the
-  architecture, then float32: the same bits as ``from_pretrained(..., gguf_file=...)``.
+- an input embedding of a block type becomes a :class:`GgufBlocksEmbedding`: its blocks, each row it looks
+  up widened by gguf-py's ``dequantize`` (a tied head reads the same blocks on engine="specdec");
+- every other tensor (the norms, biases, linear weights of other types, an embedding of another type) is
+  dequantized exactly as transformers does it: gguf-py's ``dequantize``, then transformers' tensor processor
+  of the architecture, then float32: the same bits as ``from_pretrained(..., gguf_file=...)``.
 
-A tied output head keeps the embedding's float32 tensor as its weight (the model needs it for the
-lookup anyway) and reads the embedding's blocks on engine="specdec". Peak memory: the blocks (mapped)
-plus the dense tensors, about the file's size plus the float32 embedding (a 1B shape's peak resident
+Peak memory: the blocks (mapped) plus the dense tensors, about the file's size (a 1B shape's peak resident
 set, dense against blocks-only: docs/bench/gguf-memory-2026-12-03/, made with :mod:`specdec.bench.random_gguf`).
 
 Nothing else can run such a model: Hugging Face's forward (``generate``, engine="hf"), the bucket
@@ -168,6 +168,36 @@ class GgufBlocksLinear(torch.nn.Linear):
         return f"{super().extra_repr()}, blocks={self.kind}"
 
 
+class GgufBlocksEmbedding(torch.nn.Module):
+    """An input embedding held only as its GGUF blocks (uint8 ``[vocab, B, block_bytes]``, a view of the file's
+    map): each row a forward looks up is widened by gguf-py's ``dequantize``, the function transformers widens the
+    whole table with, so the rows are the dense table's bits while the table itself is never in memory (an 8B
+    shape's float32 table is 2.1 GB). Its ``weight`` is a placeholder of the table's shape (a tied head's too)."""
+
+    blocks: torch.Tensor
+
+    def __init__(self, blocks: torch.Tensor, kind: str, embedding_dim: int, padding_idx: int | None) -> None:
+        torch.nn.Module.__init__(self)
+        self.num_embeddings, self.embedding_dim, self.padding_idx = int(blocks.shape[0]), embedding_dim, padding_idx
+        placeholder = torch.full((), float("nan"), dtype=torch.float32).expand(self.num_embeddings, embedding_dim)
+        self.weight = torch.nn.Parameter(placeholder, requires_grad=False)
+        self.register_buffer("blocks", blocks, persistent=False)
+        self.kind = kind
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        import gguf
+
+        ids = input.reshape(-1).to(device=self.blocks.device, dtype=torch.int64)
+        if ids.numel() == 0:  # gguf-py's reshapes do not take an empty array
+            return torch.zeros(*input.shape, self.embedding_dim)
+        rows = self.blocks.index_select(0, ids).reshape(ids.numel(), -1).numpy()  # an id out of range: IndexError
+        values = gguf.dequantize(rows, gguf.GGMLQuantizationType[self.kind])
+        return torch.from_numpy(values).reshape(*input.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, blocks={self.kind}"
+
+
 @dataclass(frozen=True)
 class OnlyCopy:
     """A blocks-only model's blocks: ``blocks[name]`` uint8 ``[out, B, block_bytes]`` by weight name (with a
@@ -261,9 +291,10 @@ def load_blocks_model(path: Path, attn_implementation: str = "sdpa") -> Any:
         bias = _dense(gguf, processor, tensors, gguf_names.get(f"{module_name}.bias"))
         parent, _, child = module_name.rpartition(".")
         setattr(modules[parent], child, GgufBlocksLinear(blocks[name], kind, linear.in_features, bias))
+    _embedding_blocks(model, arch, tensors, gguf_names, blocks)
     for name, _ in model.named_parameters(remove_duplicate=False):
         owner, _, attr = name.rpartition(".")
-        if isinstance(model.get_submodule(owner), GgufBlocksLinear):
+        if isinstance(model.get_submodule(owner), (GgufBlocksLinear, GgufBlocksEmbedding)):
             continue  # its weight a placeholder, its bias read above
         value = _dense(gguf, processor, tensors, gguf_names.get(name))
         if value is None:
@@ -283,6 +314,25 @@ def load_blocks_model(path: Path, attn_implementation: str = "sdpa") -> Any:
     model.eval()
     _ONLY_COPY[model] = OnlyCopy(blocks, types, tuple(widened))
     return model
+
+
+def _embedding_blocks(model: Any, arch: str, tensors: dict[str, Any], gguf_names: dict[str, str],
+                      blocks: dict[str, torch.Tensor]) -> None:
+    """Make ``model``'s input embedding a :class:`GgufBlocksEmbedding` where its GGUF type is a block type (a tied
+    head's blocks are the same view); left dense otherwise. Every :data:`_ARCHITECTURES` tensor processor leaves
+    ``token_embd`` as the file has it, so the rows gguf-py widens are the ones transformers loads."""
+    embedding = model.get_input_embeddings()
+    name = next(n for n, m in model.named_modules() if m is embedding)
+    tensor = tensors.get(gguf_names.get(f"{name}.weight", ""))
+    if tensor is None or tensor.tensor_type.name not in GGUF_BLOCK_TYPES:
+        return
+    raw = blocks.get("lm_head.weight") if "output.weight" not in tensors else None  # a tied head's: the same view
+    if raw is None:
+        raw = torch.from_numpy(tensor_blocks(arch, tensor, embedding.num_embeddings, embedding.embedding_dim,
+                                             model.config))  # fmt: skip
+    parent, _, child = name.rpartition(".")
+    module = GgufBlocksEmbedding(raw, tensor.tensor_type.name, embedding.embedding_dim, embedding.padding_idx)
+    setattr(model.get_submodule(parent), child, module)
 
 
 def _dense(gguf: Any, processor: Any, tensors: dict[str, Any], tensor_name: str | None) -> torch.Tensor | None:

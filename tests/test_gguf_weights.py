@@ -13,15 +13,26 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from test_gguf_blocks import HIDDEN, LAYERS, VOCAB, _isas, load_tiny, prompt_then_tree_logits, write_tiny_gguf
+from test_gguf_blocks import (
+    HIDDEN,
+    LAYERS,
+    VOCAB,
+    _isas,
+    dequantized,
+    load_tiny,
+    prompt_then_tree_logits,
+    random_blocks,
+    write_tiny_gguf,
+)
 
 import specdec
 from specdec import gguf_weights
 from specdec.backends import make_verifier
 from specdec.errors import SpecDecError
-from specdec.gguf_weights import GgufBlocksLinear, load_blocks_model, resident_bytes
+from specdec.gguf_weights import GgufBlocksEmbedding, GgufBlocksLinear, load_blocks_model, resident_bytes
 from specdec.models import load_model, note_gguf_file
 
 pytest.importorskip("gguf")
@@ -57,6 +68,8 @@ def test_the_layers_hold_blocks_and_every_other_tensor_is_transformers_bitwise(p
     layers = {name for name, m in only.named_modules() if isinstance(m, GgufBlocksLinear)}
     assert len(layers) == 7 * LAYERS - 1 + (0 if dense.config.tie_word_embeddings else 1)  # F16 up_proj: dense
     assert type(only.lm_head) is (torch.nn.Linear if dense.config.tie_word_embeddings else GgufBlocksLinear)
+    assert type(only.model.embed_tokens) is GgufBlocksEmbedding  # the tiny llama's embedding: Q8_0
+    layers.add("model.embed_tokens")
     assert gguf_weights.only_copy(only).widened == (WIDENED,)
     dense_params = dict(dense.named_parameters())
     for name, tensor in only.named_parameters():
@@ -74,11 +87,26 @@ def test_the_blocks_only_models_parameters_and_buffers_cost_a_fraction_of_the_de
     pair: tuple[Any, Any],
 ) -> None:
     dense, only = pair
-    layers = [m for m in only.modules() if isinstance(m, GgufBlocksLinear)]
+    layers = [m for m in only.modules() if isinstance(m, (GgufBlocksLinear, GgufBlocksEmbedding))]
     # the dense model less the float32 weights the blocks stand for, plus the blocks and a 4-byte placeholder each
+    # (a tied head's weight is the embedding's placeholder, its blocks the embedding's)
     expected = resident_bytes(dense) - sum(4 * m.weight.numel() - m.blocks.numel() - 4 for m in layers)
     assert resident_bytes(only) == expected
     assert resident_bytes(only) < resident_bytes(dense) / 3
+
+
+@pytest.mark.parametrize("kind", sorted(gguf_weights.GGUF_BLOCK_TYPES))
+def test_an_embedding_held_as_blocks_looks_up_the_dense_tables_rows_bitwise(kind: str) -> None:
+    rng = np.random.default_rng(len(kind))
+    raw = random_blocks(kind, 40, 2, rng, scale=0.01)
+    table = torch.from_numpy(dequantized(raw, kind))
+    embedding = GgufBlocksEmbedding(torch.from_numpy(raw), kind, table.shape[1], None)
+    ids = torch.tensor([[3, 0, 39, 3], [17, 17, 1, 38]])
+    assert torch.equal(embedding(ids), table[ids])
+    assert embedding(ids[:, :0]).shape == (2, 0, table.shape[1])
+    with pytest.raises(IndexError):
+        embedding(torch.tensor([40]))
+    assert embedding.weight.untyped_storage().nbytes() == 4
 
 
 def test_a_blocks_only_models_logits_are_the_dense_models_bitwise(pair: tuple[Any, Any]) -> None:
@@ -180,7 +208,7 @@ def test_the_default_files_blocks_only_tokens_are_the_default_models(
     del kernels
     model, tokenizer = default_model
     only, _ = default_blocks_only()
-    assert resident_bytes(only) < resident_bytes(model) / 2.5  # 180 of 538 MB: the float32 embedding is 113 MB
+    assert resident_bytes(only) < resident_bytes(model) / 5  # 97 of 538 MB: no float32 table of any weight
     prompt = "Write a Python function that checks whether a number is prime."
     outputs = [list(specdec.Generator(m, tokenizer, drafter=drafter, engine="specdec").generate(
         prompt, max_new_tokens=48).tokens) for m in (model, only)]  # fmt: skip
@@ -204,7 +232,8 @@ def test_the_curves_time_a_blocks_only_model_on_specdec_and_read_its_blocks(pair
     assert default_variants(dense) == DEFAULT_VARIANTS and "hf=" not in default_variants(only)
     read = sum(t.numel() * t.element_size() for t in weight_tensors(only))
     others = sum(b.numel() * b.element_size() for n, b in only.named_buffers() if not n.endswith(".blocks"))  # rotary
-    assert read == resident_bytes(only) - others - 4 * sum(isinstance(m, GgufBlocksLinear) for m in only.modules())
+    held = sum(isinstance(m, (GgufBlocksLinear, GgufBlocksEmbedding)) for m in only.modules())
+    assert read == resident_bytes(only) - others - 4 * held
 
 
 # -- a random llama of a chosen shape (specdec.bench.random_gguf) ------------------------------------------------

@@ -52,7 +52,7 @@ from specdec.bench.methods import parse_methods
 from specdec.bench.plot import write_with_plot
 from specdec.bench.report import markdown_table
 from specdec.errors import SpecDecError
-from specdec.gguf_weights import GgufBlocksLinear, blocks_only
+from specdec.gguf_weights import GgufBlocksEmbedding, GgufBlocksLinear, blocks_only
 from specdec.types import DraftTree, KernelChoice
 
 DEFAULT_VARIANTS = (
@@ -67,14 +67,14 @@ def default_variants(model: Any) -> str:
 
 
 def weight_tensors(model: Any) -> list[torch.Tensor]:
-    """What a forward reads of ``model``'s weights: its parameters, a blocks-only layer's blocks in place of
-    its placeholder weight (:class:`~specdec.gguf_weights.GgufBlocksLinear`)."""
+    """What a forward reads of ``model``'s weights: its parameters, a blocks-only module's blocks in place of
+    its placeholder weight (:class:`~specdec.gguf_weights.GgufBlocksLinear`, ``GgufBlocksEmbedding``: a tied
+    head's weight is the embedding's placeholder)."""
+    blocks = {id(m.weight): m.blocks for m in model.modules() if isinstance(m, (GgufBlocksLinear, GgufBlocksEmbedding))}
     found: dict[int, torch.Tensor] = {}  # by the tensor's id: a tied head's weight once
-    for module in model.modules():
-        placeholder = module.weight if isinstance(module, GgufBlocksLinear) else None
-        found.update((id(p), p) for p in module.parameters(recurse=False) if p is not placeholder)
-        if placeholder is not None:
-            found[id(module.blocks)] = module.blocks
+    for parameter in model.parameters():
+        tensor = blocks.get(id(parameter), parameter)
+        found[id(tensor)] = tensor
     return [t.detach() for t in found.values()]
 
 
