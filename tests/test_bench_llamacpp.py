@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import torch
 
 from specdec.bench import llamacpp
 from specdec.errors import SpecDecError
@@ -91,3 +92,17 @@ def test_the_summary_is_mean_tokens_per_second_over_prompts_and_its_ratios() -> 
 ])  # fmt: skip
 def test_first_difference(ours: list[int], theirs: list[int], expected: str) -> None:
     assert llamacpp._first_difference(ours, theirs) == expected
+
+
+def test_the_measurement_runs_on_its_threads_and_restores_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+
+    def failing(*args: object) -> None:
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("a failed arm")
+
+    monkeypatch.setattr(llamacpp, "_measure", failing)
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="a failed arm"):
+        llamacpp.measure(None, None, Path("model.gguf"), threads=before + 1)
+    assert seen == [before + 1] and torch.get_num_threads() == before

@@ -94,9 +94,19 @@ def dense_arm(model: Any, tokenizer: Any) -> Arm:
 
 def measure(model: Any, tokenizer: Any, gguf: Path, *, drafters: str = "none,sam+recycling", prompts: int = 12,
             max_new_tokens: int = 128, threads: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Every arm on the first ``prompts`` held-out prompts, in turn (module docstring); JSON-ready results."""
-    threads = threads or torch.get_num_threads()
+    """Every arm on the first ``prompts`` held-out prompts, in turn (module docstring); JSON-ready results.
+    torch's thread count is ``threads`` for the measurement and restored after it."""
+    before = torch.get_num_threads()
+    threads = threads or before
     torch.set_num_threads(threads)
+    try:
+        return _measure(model, tokenizer, gguf, drafters, prompts, max_new_tokens, threads, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(model: Any, tokenizer: Any, gguf: Path, drafters: str, prompts: int, max_new_tokens: int, threads: int,
+             progress: bool) -> dict[str, Any]:
     arms: dict[str, Arm] = {LLAMA: llamacpp_arm(gguf, threads)}
     for spec in parse_methods([drafters]):
         arms[f"run:{spec.label}"] = specdec_arm(model, tokenizer, spec)
