@@ -153,7 +153,7 @@ def write_checkpoint(shape: SizeShape, folder: Path, dtype: torch.dtype = torch.
         shards.setdefault(key, []).append((name, parameter.shape))
     generator = torch.Generator().manual_seed(seed)
     weight_map, total = {}, 0
-    for index, tensors in enumerate(shards.values(), 1):
+    for index, tensors in enumerate(tqdm(shards.values(), desc=f"writing {folder.name}", unit="shard", leave=False), 1):
         file = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
         drawn = {}
         for name, size in tensors:
@@ -169,11 +169,11 @@ def write_checkpoint(shape: SizeShape, folder: Path, dtype: torch.dtype = torch.
             total += tensor.numel() * tensor.element_size()
         save_file(drawn, str(folder / file), metadata={"format": "pt"})
         del drawn
-    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1) + "\n", encoding="utf-8")
     model.config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}  # last: a complete checkpoint's mark
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1) + "\n", encoding="utf-8")
     return folder
 
 
@@ -332,7 +332,8 @@ def markdown(report: dict[str, Any]) -> str:
                                f"{figures['modeled_tokens_per_s']:.2f}",
                                f"{figures['modeled_speedup_over_none']:.2f}x",
                                f"{figures['modeled_speedup_over_' + report['baseline']]:.2f}x"])
-    unit = "ms" if report.get("clock", "wall") == "wall" else f"ms of {report['clock']}"
+    wall = report.get("clock", "wall") == "wall"
+    unit = "ms" if wall else f"ms of {report['clock']} (the floor: wall clock)"
     text = (f"Verification cost, {unit}, by tree size at context {context} ({report['dtype']}; floor: "
             "max(weights read once, arithmetic at torch's GEMM peak)):\n\n"
             + markdown_table(["shape", "weights", "variant", *map(str, sizes)], curve_rows))
