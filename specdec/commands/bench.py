@@ -38,6 +38,7 @@ import torch
 from specdec.backends import TREE_OPS
 from specdec.bench import batched, llamacpp, oneoff, quality
 from specdec.bench import load as load_bench
+from specdec.bench import sizes as size_bench
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
 from specdec.bench.curves import ratio_table
@@ -263,12 +264,11 @@ def cmd_curves(args: argparse.Namespace) -> int:
 def cmd_sizes(args: argparse.Namespace) -> int:
     """Random-weight checkpoints of the shapes users run: curves and modeled speedups (:mod:`specdec.bench.sizes`)."""
     from specdec.backends import make_verifier
-    from specdec.bench import sizes
 
-    unknown = [name for name in args.shapes.split(",") if name not in sizes.SHAPES]
+    unknown = [name for name in args.shapes.split(",") if name not in size_bench.SHAPES]
     if unknown:
-        raise SpecDecError(f"unknown shape {unknown[0]!r}: known are {', '.join(sizes.SHAPES)}")
-    settings = sizes.SizesSettings(
+        raise SpecDecError(f"unknown shape {unknown[0]!r}: known are {', '.join(size_bench.SHAPES)}")
+    settings = size_bench.SizesSettings(
         dtype=getattr(torch, args.dtype), variants=args.variants, sizes=tuple(int(s) for s in args.sizes.split(",")),
         contexts=tuple(int(c) for c in args.contexts.split(",")), repeats=args.repeats, cpu_time=args.cpu_time,
         drafters=args.drafters, price=args.price, baseline=args.baseline, folder=args.folder,
@@ -277,15 +277,15 @@ def cmd_sizes(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(None)  # the recorded outputs' (the default model's); saved with each checkpoint
     eos = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
     context = DrafterContext(vocab_size=len(tokenizer), tokenizer=tokenizer, eos_token_ids=eos)
-    streams = sizes.default_streams(args.runs or sizes.DEFAULT_RUNS, args.streams)
+    streams = size_bench.default_streams(args.runs or size_bench.DEFAULT_RUNS, args.streams)
     verifier = None
-    if sizes.needs_model(args.drafters, context):  # recycling learns from the model's predictions: run it
+    if size_bench.needs_model(args.drafters, context):  # recycling learns from the model's predictions: run it
         default_model, _ = load_model(None)
         verifier = make_verifier(default_model)
-    shapes = {name: sizes.SHAPES[name] for name in args.shapes.split(",")}
-    report = sizes.measure(shapes, settings, streams, context, verifier, tokenizer, progress=not args.quiet)
+    shapes = {name: size_bench.SHAPES[name] for name in args.shapes.split(",")}
+    report = size_bench.measure(shapes, settings, streams, context, verifier, tokenizer, progress=not args.quiet)
     report["command"] = _command_line()
-    print(sizes.write(report, args.out))
+    print(size_bench.write(report, args.out))
     return 0
 
 
@@ -581,19 +581,19 @@ def register(sub: Any) -> None:
     sized = commands.add_parser("sizes", help="random-weight checkpoints of Llama-3.2-1B/3B, Llama-3.1-8B and "
                                 "Qwen2.5-1.5B shapes: verification curves, and the drafters' MODELED speedups on them "
                                 "(the default model's recorded outputs priced by each shape's curve)")
-    sized.add_argument("--shapes", default="llama-3.2-1b,llama-3.2-3b,llama-3.1-8b,qwen2.5-1.5b",
+    sized.add_argument("--shapes", default=",".join(size_bench.SHAPES),
                        help="comma-separated shapes (default: %(default)s)")
     sized.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="the checkpoints' dtype (default: "
                        "%(default)s)")
     sized.add_argument("--device", default=None, help="where the shapes run (default: cpu)")
-    sized.add_argument("--variants", default="hf=hf,specdec=specdec:kernels=cpu", metavar="SPECS",
+    sized.add_argument("--variants", default=size_bench.DEFAULT_VARIANTS, metavar="SPECS",
                        help="the curves' variants, as `specdec bench curves` takes them (default: %(default)s)")
     sized.add_argument("--sizes", default="1,4,8,16", help="tree sizes measured (default: %(default)s)")
     sized.add_argument("--contexts", default="1024", help="committed tokens (default: %(default)s)")
     sized.add_argument("--repeats", type=int, default=3)
     sized.add_argument("--cpu-time", action="store_true",
                        help="one thread, timed by its CPU time (as `specdec bench curves --cpu-time`)")
-    sized.add_argument("--drafters", default="none,pld,sam+recycling", metavar="SPECS",
+    sized.add_argument("--drafters", default=size_bench.DEFAULT_DRAFTERS, metavar="SPECS",
                        help="drafter specs modeled on each shape's curve (default: %(default)s)")
     sized.add_argument("--price", default="specdec", metavar="VARIANT",
                        help="the variant whose curve prices the drafters' steps (default: %(default)s)")
