@@ -351,6 +351,13 @@ def limited_line(limits: dict[str, str]) -> str:
     return ", limited as the kernel path is: " + " ".join(f"{key}={value}" for key, value in limits.items())
 
 
+def floor_ms(report: dict[str, Any]) -> list[float]:
+    """The floor of each size's verification in ``report``: the weights read once or the arithmetic at the
+    GEMM peak (2 flops per parameter per node), whichever is longer, in ms."""
+    peak, per_node = report["gemm_peak_gflops"], report["gflop_per_node"]
+    return [max(report["weight_read_ms"], per_node * size / peak * 1e3) for size in report["sizes"]]
+
+
 def markdown(report: dict[str, Any]) -> str:
     """ms per verification, and the ratio to the first variant's 1-node step at that context."""
     sizes, rows = report["sizes"], []
@@ -365,7 +372,7 @@ def markdown(report: dict[str, Any]) -> str:
         table += "\n\n" + first_call_line(report)
     if report.get("gemm_peak_gflops") and "weight_read_ms" in report:
         peak, per_node = report["gemm_peak_gflops"], report["gflop_per_node"]
-        floors = [max(report["weight_read_ms"], per_node * size / peak * 1e3) for size in sizes]
+        floors = floor_ms(report)
         table += ("\n\nFloor, max(weight read, arithmetic): "
                   + ", ".join(f"{size}: {ms:.1f} ms" for size, ms in zip(sizes, floors, strict=True))
                   + f" (arithmetic: {per_node} GFLOP per node at torch's measured GEMM peak of {peak} GFLOP/s,"

@@ -260,8 +260,8 @@ def cost_table(name: str, model_spec: str = "default") -> Any:
 REPLAY_MODES = ("stream", "request")
 
 
-def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
-                mode: str = "stream") -> list[dict[str, Any]]:
+def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any, mode: str = "stream", *,
+                model: Any = None, baseline: Any = None) -> list[dict[str, Any]]:
     """One drafter spec over every stream, in order: ``mode`` says what the streams share.
 
     - ``stream`` (as one :class:`~specdec.Generator` runs its requests, and as ``specdec
@@ -280,6 +280,13 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
     is the modelled speedup). ``store=false`` (or a size) sets the store ``sam`` drafts
     from, as for a Generator. Drafters that learn from the model's predictions cannot be
     replayed, nor can options that need a model (sampling, a backend).
+
+    ``model``: a verifier of the model that recorded the streams; a drafter that learns from the model's
+    predictions (``recycling``) then decodes each stream's prompt on it in place of the replay, on its
+    own feedback (the others are replayed still); the planner sees only ``cost`` all the same, and the
+    output is the model's (the recording's, but where a near tie went the other way; ``decoded`` says
+    which ran). ``baseline``: a second frozen cost, pricing plain decoding's tokens as ``baseline_s``
+    (plain decoding on another verifier).
     """
     if mode not in REPLAY_MODES:
         raise SpecDecError(f"unknown replay mode {mode!r}: {', '.join(REPLAY_MODES)}")
@@ -296,15 +303,17 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
         return make_factory(spec.name, options, stored)
 
     factory = new_factory()
-    if factory.create().feedback_topk:
+    learns = bool(factory.create().feedback_topk)
+    if learns and model is None:
         raise SpecDecError(f"{spec.label}: drafter {spec.name!r} learns from the model's predictions, which a "
                            "replay does not have; measure it with the model (`specdec bench`)")
+    model = model if learns else None
     acceptance, throughput = AcceptanceModel(), Throughput(fixed_overhead_s=0.0)  # shared across prompts
     rows = []
     for index, stream in enumerate(streams):
         if mode == "request" and index:
             factory = new_factory()
-        verifier = ReplayVerifier([*stream.prompt, *stream.output], context.vocab_size)
+        verifier = ReplayVerifier([*stream.prompt, *stream.output], context.vocab_size) if model is None else model
         planner = BudgetPlanner(verifier, budget, acceptance, throughput, cost=cost)
         rules = StopRules(len(stream.output), frozenset(context.eos_token_ids))
         drafter = factory.create()
@@ -312,17 +321,21 @@ def replay_spec(spec: Any, streams: Sequence[Stream], context: Any, cost: Any,
         finish = getattr(drafter, "finish", None)  # as Generator.generate: the sequence ended
         if finish is not None:
             finish()
-        if result.tokens != stream.output:
+        if model is None and result.tokens != stream.output:
             raise SpecDecError(f"the replay of question {stream.question_id} diverged: the loop or the replay is wrong")
-        run_s, plain_s, committed = 0.0, 0.0, len(stream.prompt)
+        run_s, plain_s, baseline_s, committed = 0.0, 0.0, 0.0, len(stream.prompt)
         one = np.ones(1, dtype=np.int64)
         for record in result.stats.records:
             run_s += float(cost.calibrated(np.array([record.tree_size]), committed)[0])
             plain_s += float(cost.calibrated(one, committed)[0]) * (record.accepted + 1)
+            if baseline is not None:
+                baseline_s += float(baseline.calibrated(one, committed)[0]) * (record.accepted + 1)
             committed += record.accepted + 1
         rows.append({"label": spec.label, "mode": mode, "question_id": stream.question_id,
                      "category": stream.category, "steps": result.stats.steps, "emitted": result.stats.emitted_by_steps,
-                     "nodes": sum(r.tree_size for r in result.stats.records), "run_s": run_s, "plain_s": plain_s})
+                     "nodes": sum(r.tree_size for r in result.stats.records), "run_s": run_s, "plain_s": plain_s,
+                     "decoded": "replay" if model is None else "model",
+                     **({} if baseline is None else {"baseline_s": baseline_s})})
     return rows
 
 

@@ -9,6 +9,7 @@
     specdec bench quality --check tests/data/quality_baseline.json     # MAT/steps on fixed prompts
     specdec bench costs --kind sam                  # a datastore's build, size, load and step costs
     specdec bench curves --out runs/curves          # verification cost by tree size, per kernel variant
+    specdec bench sizes --cpu-time --out runs/sizes  # random 1B/3B/8B shapes: curves, modeled drafter speedups
     specdec bench step --contexts 128,1024          # a plain step of run(drafter="none") against its forward
     specdec bench oneoff --out runs/oneoff          # what a user gets: one specdec.run per prompt vs HF generate
     specdec bench oneoff --fresh sam+recycling      # the same, one fresh process per prompt
@@ -37,6 +38,7 @@ import torch
 from specdec.backends import TREE_OPS
 from specdec.bench import batched, llamacpp, oneoff, quality
 from specdec.bench import load as load_bench
+from specdec.bench import sizes as size_bench
 from specdec.bench.corpora import GSM8K
 from specdec.bench.curves import measure as measure_curves
 from specdec.bench.curves import ratio_table
@@ -259,6 +261,34 @@ def cmd_curves(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sizes(args: argparse.Namespace) -> int:
+    """Random-weight checkpoints of the shapes users run: curves and modeled speedups (:mod:`specdec.bench.sizes`)."""
+    from specdec.backends import make_verifier
+
+    unknown = [name for name in args.shapes.split(",") if name not in size_bench.SHAPES]
+    if unknown:
+        raise SpecDecError(f"unknown shape {unknown[0]!r}: known are {', '.join(size_bench.SHAPES)}")
+    settings = size_bench.SizesSettings(
+        dtype=getattr(torch, args.dtype), variants=args.variants, sizes=tuple(int(s) for s in args.sizes.split(",")),
+        contexts=tuple(int(c) for c in args.contexts.split(",")), repeats=args.repeats, cpu_time=args.cpu_time,
+        drafters=args.drafters, price=args.price, baseline=args.baseline, folder=args.folder,
+        device=None if args.device is None else torch.device(args.device),
+    )
+    tokenizer = load_tokenizer(None)  # the recorded outputs' (the default model's); saved with each checkpoint
+    eos = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+    context = DrafterContext(vocab_size=len(tokenizer), tokenizer=tokenizer, eos_token_ids=eos)
+    streams = size_bench.default_streams(args.runs or size_bench.DEFAULT_RUNS, args.streams)
+    verifier = None
+    if size_bench.needs_model(args.drafters, context):  # recycling learns from the model's predictions: run it
+        default_model, _ = load_model(None)
+        verifier = make_verifier(default_model)
+    shapes = {name: size_bench.SHAPES[name] for name in args.shapes.split(",")}
+    report = size_bench.measure(shapes, settings, streams, context, verifier, tokenizer, progress=not args.quiet)
+    report["command"] = _command_line()
+    print(size_bench.write(report, args.out))
+    return 0
+
+
 def cmd_step(args: argparse.Namespace) -> int:
     from specdec.bench import step as step_bench
 
@@ -476,7 +506,7 @@ def register(sub: Any) -> None:
                        "down more than 3%%, more outputs that differ from their reference)")
     bench.set_defaults(func=cmd_bench)
     commands = bench.add_subparsers(dest="bench_command",
-                                    metavar="{replay,judge,quality,margins,costs,curves,step,oneoff,load,batch,soak,ratios}")
+                                    metavar="{replay,judge,quality,margins,costs,curves,sizes,step,oneoff,load,batch,soak,ratios}")
 
     replay = commands.add_parser("replay", help="drafter specs over a run's recorded greedy outputs: MAT and "
                                  "modelled speedup under frozen cost tables, no model, no clock")
@@ -547,6 +577,39 @@ def register(sub: Any) -> None:
                         "whose other jobs make wall clock swing")
     curves.add_argument("--out", default=None, metavar="DIR", help="write curves.json, curves.md, curves.png here")
     curves.set_defaults(func=cmd_curves)
+
+    sized = commands.add_parser("sizes", help="random-weight checkpoints of Llama-3.2-1B/3B, Llama-3.1-8B and "
+                                "Qwen2.5-1.5B shapes: verification curves, and the drafters' MODELED speedups on them "
+                                "(the default model's recorded outputs priced by each shape's curve)")
+    sized.add_argument("--shapes", default=",".join(size_bench.SHAPES),
+                       help="comma-separated shapes (default: %(default)s)")
+    sized.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="the checkpoints' dtype (default: "
+                       "%(default)s)")
+    sized.add_argument("--device", default=None, help="where the shapes run (default: cpu)")
+    sized.add_argument("--variants", default=size_bench.DEFAULT_VARIANTS, metavar="SPECS",
+                       help="the curves' variants, as `specdec bench curves` takes them (default: %(default)s)")
+    sized.add_argument("--sizes", default="1,4,8,16", help="tree sizes measured (default: %(default)s)")
+    sized.add_argument("--contexts", default="1024", help="committed tokens (default: %(default)s)")
+    sized.add_argument("--repeats", type=int, default=3)
+    sized.add_argument("--cpu-time", action="store_true",
+                       help="one thread, timed by its CPU time (as `specdec bench curves --cpu-time`)")
+    sized.add_argument("--drafters", default=size_bench.DEFAULT_DRAFTERS, metavar="SPECS",
+                       help="drafter specs modeled on each shape's curve (default: %(default)s)")
+    sized.add_argument("--price", default="specdec", metavar="VARIANT",
+                       help="the variant whose curve prices the drafters' steps (default: %(default)s)")
+    sized.add_argument("--baseline", default="hf", metavar="VARIANT",
+                       help="the variant whose one-node forward is the plain decoding compared with (default: "
+                       "%(default)s)")
+    sized.add_argument("--runs", nargs="+", type=Path, default=None, metavar="RUN",
+                       help="runs (made with --keep-outputs) whose reference's outputs are modeled (default: "
+                       "benchmarks/data/sam_streams/heldout and spec_bench)")
+    sized.add_argument("--streams", type=int, default=None, metavar="N", help="the first N recorded outputs only")
+    sized.add_argument("--folder", type=Path, default=None, metavar="DIR",
+                       help="write the checkpoints here and keep them (reused when present; default: a temporary "
+                       "folder per shape, removed once measured)")
+    sized.add_argument("--out", default=None, metavar="DIR", help="write sizes.json, sizes.md, sizes.png here")
+    sized.add_argument("--quiet", action="store_true", help="no progress bar")
+    sized.set_defaults(func=cmd_sizes)
 
     plain = commands.add_parser("step", help="a plain step of run(drafter='none') against its one-node forward: "
                                 "CPU time on 1 thread and wall time, the ratio, and where the rest goes")
