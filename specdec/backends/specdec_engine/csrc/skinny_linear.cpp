@@ -349,15 +349,20 @@ inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* par
 // group_pass_blocks for Q4_K (256-element blocks of 8 sub-blocks): each row's scales unpacked once a block,
 // then each pair of sub-blocks as four 16-lane vectors in increasing k (widen_q4_k_pair).
 template <int G, int RM>
-inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m) {
+inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m,
+                            Ahead ahead) {
   __m512 acc[G][RM];
   for (int r = 0; r < G; ++r)
     for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t row_bytes = B * 144;
   float scale[G][8], min[G][8];
+  int64_t target = ahead.next;
   for (int64_t blk = 0; blk < B; ++blk) {
     for (int r = 0; r < G; ++r) q4_k_scales(w_group + r * row_bytes + blk * 144, scale[r], min[r]);
     for (int pair = 0; pair < 4; ++pair) {
+      target += ahead.step;
+      for (; ahead.next < target && ahead.next < ahead.end; ahead.next += 64)
+        _mm_prefetch(ahead.base + ahead.next, _MM_HINT_T0);
       const int64_t k = blk * 256 + pair * 64;
       __m512 xv[RM][4];
       for (int c = 0; c < RM; ++c)
@@ -375,15 +380,12 @@ inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park,
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
 }
 
-// Rows [o_begin, o_end) of float x [M <= 4, K] by GGUF blocks of a 32-element type or Q4_K, 16 weight rows at a
-// time (groups of G streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
-// (the rows past the last whole 16 are the caller's).
 // Rows [o_begin, o_end) of float x [RM, K] by GGUF blocks of a 32-element type or Q4_K, 16 weight rows at a
 // time (groups of G streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
 // (the rows past the last whole 16 are the caller's).
 //
 // The 8 (or 4) rows of a group are 8 short streams a hardware prefetcher does not follow: without the
-// prefetches below the Q4_1 and Q8_0 kernels waited on memory about half their time (one thread, the
+// prefetches below (Q4_K's too) the Q4_1 and Q8_0 kernels waited on memory about half their time (one thread, the
 // default model's weights, 1 x row: 19.2 -> 10.5 ms with them). Each group prefetches the weight's lines
 // kAhead bytes ahead of its own start, `step` a block: every line once, a group or so before it is read,
 // past the end of the task into the next rows, never past the weight's end. Prefetches change no result.
@@ -398,12 +400,12 @@ inline int64_t rows_blocks_g(const float* x, const uint8_t* w, float* y, int64_t
     for (int g = 0; g < 16; g += G) {
       const uint8_t* w_group = w + (o + g) * B * BYTES;
       float* group_park = park + g * 16;
-      if constexpr (BYTES == 144) {
-        group_pass_q4_k<G, RM>(x, w_group, group_park, K, B, 0);
+      const int64_t start = ((o + g) * B * BYTES + kAhead + 63) / 64 * 64;
+      const char* base = reinterpret_cast<const char*>(w);
+      if constexpr (BYTES == 144) {  // a quarter of a block at a time
+        group_pass_q4_k<G, RM>(x, w_group, group_park, K, B, 0, Ahead{base, start, weight_bytes, G * BYTES / 4});
       } else {
-        const int64_t start = ((o + g) * B * BYTES + kAhead + 63) / 64 * 64;
-        group_pass_blocks<BYTES, G, RM>(x, w_group, group_park, K, B, 0,
-                                        Ahead{reinterpret_cast<const char*>(w), start, weight_bytes, G * BYTES});
+        group_pass_blocks<BYTES, G, RM>(x, w_group, group_park, K, B, 0, Ahead{base, start, weight_bytes, G * BYTES});
       }
     }
     for (int64_t c = 0; c < RM; ++c) {
