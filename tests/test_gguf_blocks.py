@@ -119,9 +119,9 @@ def test_a_product_with_blocks_is_the_float_product_bitwise(
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
-@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_a_row_group_with_an_infinite_or_nan_scale_is_the_float_product(kernels: Any, kind: str, m: int) -> None:
-    """The streamed row groups (1-3 rows of x, 16 weight rows at a time: Q4_K's included) widen 8 rows'
+    """The streamed row groups (1-4 rows of x, 16 weight rows at a time: Q4_K's 1-3 included) widen 8 rows'
     scales in one conversion, but where one of them is inf or NaN (which a file's load check refuses, the op
     does not): each row's own widening then, the same values; the finite rows bitwise, NaN payloads too."""
     del kernels

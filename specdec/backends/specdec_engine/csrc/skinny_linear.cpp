@@ -252,59 +252,117 @@ inline void group_pass(const float* x, const weight_t* w_group, float* park, int
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
 }
 
-// One group of G rows of GGUF blocks of a 32-element type (BYTES per block), each streamed start to end and
-// widened block by block in registers (widen_block32: the two 16-lane k steps of a block, which the
-// accumulators take in increasing k as group_pass takes a float row's), against RM rows of x (from row
-// m): the accumulators parked as group_pass parks them. Each weight byte is read from memory once and
-// never stored widened: a plain step reads the file's bytes, not float32's (Q4_1: 0.625 bytes a weight).
-template <int BYTES, int G, int RM>
-inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m) {
-  __m512 acc[G][RM];
-  for (int r = 0; r < G; ++r)
-    for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
-  const int64_t row_bytes = B * BYTES;
-  alignas(64) float scales[16];
-  for (int64_t blk = 0; blk < B; ++blk) {
-    __m512 x0[RM], x1[RM];
-    for (int c = 0; c < RM; ++c) {
-      x0[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32);
-      x1[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32 + 16);
-    }
-    // the G rows' scales in one conversion (group_scales8), or each row's own where one is inf or NaN
-    const bool together = G == 8 && group_scales8<BYTES>(w_group, row_bytes, blk, scales);
-    for (int r = 0; r < G; ++r) {
-      __m512 first, second;
-      const uint8_t* b = w_group + r * row_bytes + blk * BYTES;
-      if (together) {
-        constexpr int kStride = BYTES == 20 ? 2 : 1;
-        widen_block32_scaled<BYTES>(b, _mm512_set1_ps(scales[kStride * r]),
-                                    BYTES == 20 ? _mm512_set1_ps(scales[kStride * r + 1]) : _mm512_setzero_ps(),
-                                    first, second);
+// The scales of blocks [blk, blk + count) of G rows (`row_bytes` apart from `w_group`) as floats, block i's
+// at out + i * kScales: Q4_1's d and m of row r at [2r], [2r + 1], the other types' d at [r]. Eight halves
+// at a time in one F16C conversion, or each its own (half_to_float) where one of the eight is inf or NaN,
+// which only that widens as numpy does: the same values. Converted ahead of their use, not block by
+// block: a vector stored and at once read back lane by lane waits on the store (measured: the streamed
+// Q4_1 kernel's 8-row groups took ~11 cycles a row and block so, ~5 this way).
+template <int BYTES, int G>
+inline void group_scales(const uint8_t* w_group, int64_t row_bytes, int64_t blk, int64_t count, float* out) {
+  constexpr int kPer = BYTES == 20 ? 2 : 1;             // halves a row and block
+  constexpr int kHalves = kPer * G;                      // a block's
+  constexpr int kPadded = kHalves < 8 ? 8 : kHalves;     // whole chunks of 8
+  if constexpr (kHalves < 8) {  // Q8_0's 4 rows: each its own (a vector measured slower)
+    for (int64_t i = 0; i < count; ++i)
+      for (int r = 0; r < G; ++r) out[i * kPadded + r] = half_fast(w_group + r * row_bytes + (blk + i) * BYTES);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    alignas(16) uint16_t h[kPadded] = {};
+    const uint8_t* b = w_group + (blk + i) * BYTES;
+    for (int r = 0; r < G; ++r) std::memcpy(&h[kPer * r], b + r * row_bytes, kPer * sizeof(uint16_t));
+    float* o = out + i * kPadded;
+    for (int c = 0; c < kPadded; c += 8) {
+      const __m128i halves = _mm_load_si128(reinterpret_cast<const __m128i*>(h + c));
+      const __m128i exponent = _mm_set1_epi16(0x7C00);
+      if (_mm_cmpeq_epi16_mask(_mm_and_si128(halves, exponent), exponent) == 0) {
+        _mm256_storeu_ps(o + c, _mm256_cvtph_ps(halves));
       } else {
-        widen_block32<BYTES>(b, first, second);
-      }
-      for (int c = 0; c < RM; ++c) {
-        acc[r][c] = _mm512_fmadd_ps(first, x0[c], acc[r][c]);
-        acc[r][c] = _mm512_fmadd_ps(second, x1[c], acc[r][c]);
+        for (int k = 0; k < 8; ++k) o[c + k] = half_to_float(h[c + k]);
       }
     }
   }
+}
+
+// Lines of a weight to prefetch (into L1) as a group streams: from byte `next` (a line's start) up to `end`
+// (the weight's size: no address past it is formed), `step` bytes a block (the group's bytes a block), so
+// the requests keep a fixed distance ahead of the reads, spread over the blocks' arithmetic.
+struct Ahead {
+  const char* base;
+  int64_t next, end, step;
+};
+
+// One group of G rows of GGUF blocks of a 32-element type (BYTES per block), each streamed start to end and
+// widened block by block in registers (widen_block32_scaled: the two 16-lane k steps of a block, which the
+// accumulators take in increasing k as group_pass takes a float row's), against RM rows of x (from row
+// m): the accumulators parked as group_pass parks them. Each weight byte is read from memory once and never stored widened: a plain step reads the file's bytes, not float32's
+// (Q4_1: 0.625 bytes a weight).
+template <int BYTES, int G, int RM>
+inline void group_pass_blocks(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m,
+                              Ahead ahead) {
+  constexpr int kStride = BYTES == 20 ? 2 : 1;
+  __m512 acc[G][RM];
+#pragma GCC unroll 16
+  for (int r = 0; r < G; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t row_bytes = B * BYTES;
+  constexpr int kScales = (BYTES == 20 ? 2 : 1) * G < 8 ? 8 : (BYTES == 20 ? 2 : 1) * G;  // group_scales' stride
+  constexpr int64_t kChunk = 16;  // blocks whose scales are converted together
+  alignas(64) float scales[kChunk * kScales];
+  int64_t target = ahead.next;
+  for (int64_t chunk = 0; chunk < B; chunk += kChunk) {
+    const int64_t count = std::min(kChunk, B - chunk);
+    group_scales<BYTES, G>(w_group, row_bytes, chunk, count, scales);
+    for (int64_t blk = chunk; blk < chunk + count; ++blk) {
+      target += ahead.step;
+      for (; ahead.next < target && ahead.next < ahead.end; ahead.next += 64)
+        _mm_prefetch(ahead.base + ahead.next, _MM_HINT_T0);
+      __m512 x0[RM], x1[RM];
+#pragma GCC unroll 4
+      for (int c = 0; c < RM; ++c) {
+        x0[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32);
+        x1[c] = _mm512_loadu_ps(x + (m + c) * K + blk * 32 + 16);
+      }
+      const float* sc = scales + (blk - chunk) * kScales;
+#pragma GCC unroll 16
+      for (int r = 0; r < G; ++r) {
+        __m512 first, second;
+        widen_block32_scaled<BYTES>(w_group + r * row_bytes + blk * BYTES, _mm512_set1_ps(sc[kStride * r]),
+                                    BYTES == 20 ? _mm512_set1_ps(sc[kStride * r + 1]) : _mm512_setzero_ps(), first,
+                                    second);
+#pragma GCC unroll 4
+        for (int c = 0; c < RM; ++c) {
+          acc[r][c] = _mm512_fmadd_ps(first, x0[c], acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(second, x1[c], acc[r][c]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
   for (int c = 0; c < RM; ++c)
+#pragma GCC unroll 16
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
 }
 
 // group_pass_blocks for Q4_K (256-element blocks of 8 sub-blocks): each row's scales unpacked once a block,
 // then each pair of sub-blocks as four 16-lane vectors in increasing k (widen_q4_k_pair).
 template <int G, int RM>
-inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m) {
+inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park, int64_t K, int64_t B, int64_t m,
+                            Ahead ahead) {
   __m512 acc[G][RM];
   for (int r = 0; r < G; ++r)
     for (int c = 0; c < RM; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t row_bytes = B * 144;
   float scale[G][8], min[G][8];
+  int64_t target = ahead.next;
   for (int64_t blk = 0; blk < B; ++blk) {
     for (int r = 0; r < G; ++r) q4_k_scales(w_group + r * row_bytes + blk * 144, scale[r], min[r]);
     for (int pair = 0; pair < 4; ++pair) {
+      target += ahead.step;
+      for (; ahead.next < target && ahead.next < ahead.end; ahead.next += 64)
+        _mm_prefetch(ahead.base + ahead.next, _MM_HINT_T0);
       const int64_t k = blk * 256 + pair * 64;
       __m512 xv[RM][4];
       for (int c = 0; c < RM; ++c)
@@ -322,46 +380,60 @@ inline void group_pass_q4_k(const float* x, const uint8_t* w_group, float* park,
     for (int r = 0; r < G; ++r) _mm512_storeu_ps(park + ((m + c) * 16 + r) * 16, acc[r][c]);
 }
 
-// Rows [o_begin, o_end) of float x [M <= 3, K] by GGUF blocks of a 32-element type or Q4_K, 16 weight rows at a
-// time (two groups of 8 streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
+// Rows [o_begin, o_end) of float x [RM, K] by GGUF blocks of a 32-element type or Q4_K, 16 weight rows at a
+// time (groups of G streams, as rows() streams float rows): y's rows [o_begin, o) where o is returned
 // (the rows past the last whole 16 are the caller's).
-template <int BYTES>
-inline int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N,
-                                    int64_t B, int64_t o_begin, int64_t o_end) {
-  alignas(64) float park[3 * 16 * 16];
+//
+// The 8 (or 4) rows of a group are 8 short streams a hardware prefetcher does not follow: without the
+// prefetches below (Q4_K's too) the Q4_1 and Q8_0 kernels waited on memory about half their time (one thread, the
+// default model's weights, 1 x row: 19.2 -> 10.5 ms with them). Each group prefetches the weight's lines
+// kAhead bytes ahead of its own start, `step` a block: every line once, a group or so before it is read,
+// past the end of the task into the next rows, never past the weight's end. Prefetches change no result.
+template <int BYTES, int RM, int G>
+inline int64_t rows_blocks_g(const float* x, const uint8_t* w, float* y, int64_t K, int64_t N, int64_t B,
+                             int64_t o_begin, int64_t o_end) {
+  constexpr int64_t kAhead = 4096;  // measured: 2,048 slower, 8,192 and 16,384 no faster
+  alignas(64) float park[RM * 16 * 16];
+  const int64_t weight_bytes = N * B * BYTES;
   int64_t o = o_begin;
   for (; o + 16 <= o_end; o += 16) {
-    for (int g = 0; g < 16; g += 8) {
+    for (int g = 0; g < 16; g += G) {
       const uint8_t* w_group = w + (o + g) * B * BYTES;
       float* group_park = park + g * 16;
-      if constexpr (BYTES == 144) {
-        if (M == 1) {
-          group_pass_q4_k<8, 1>(x, w_group, group_park, K, B, 0);
-        } else if (M == 2) {
-          group_pass_q4_k<8, 2>(x, w_group, group_park, K, B, 0);
-        } else {
-          group_pass_q4_k<8, 3>(x, w_group, group_park, K, B, 0);
-        }
-      } else if (M == 1) {
-        group_pass_blocks<BYTES, 8, 1>(x, w_group, group_park, K, B, 0);
-      } else if (M == 2) {
-        group_pass_blocks<BYTES, 8, 2>(x, w_group, group_park, K, B, 0);
+      const int64_t start = ((o + g) * B * BYTES + kAhead + 63) / 64 * 64;
+      const char* base = reinterpret_cast<const char*>(w);
+      if constexpr (BYTES == 144) {  // a quarter of a block at a time
+        group_pass_q4_k<G, RM>(x, w_group, group_park, K, B, 0, Ahead{base, start, weight_bytes, G * BYTES / 4});
       } else {
-        group_pass_blocks<BYTES, 8, 3>(x, w_group, group_park, K, B, 0);
+        group_pass_blocks<BYTES, G, RM>(x, w_group, group_park, K, B, 0, Ahead{base, start, weight_bytes, G * BYTES});
       }
     }
-    for (int64_t m = 0; m < M; ++m) {
+    for (int64_t c = 0; c < RM; ++c) {
       __m512 acc[16];
-      for (int r = 0; r < 16; ++r) acc[r] = _mm512_load_ps(park + (m * 16 + r) * 16);
-      _mm512_storeu_ps(y + m * N + o, lane_sums16(acc));
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_load_ps(park + (c * 16 + r) * 16);
+      _mm512_storeu_ps(y + c * N + o, lane_sums16(acc));
     }
   }
   return o;
 }
 
+// 1-4 x rows of a 32-element type, 1-3 of Q4_K: groups of 8 weight rows for 1-3 x rows (8 x 3 accumulators:
+// some spill, measured faster than 4 rows), of 4 for 4 x rows.
+template <int BYTES>
+inline int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N,
+                                    int64_t B, int64_t o_begin, int64_t o_end) {
+  if (M == 1) return rows_blocks_g<BYTES, 1, 8>(x, w, y, K, N, B, o_begin, o_end);
+  if (M == 2) return rows_blocks_g<BYTES, 2, 8>(x, w, y, K, N, B, o_begin, o_end);
+  if (M == 3) return rows_blocks_g<BYTES, 3, 8>(x, w, y, K, N, B, o_begin, o_end);
+  if constexpr (BYTES != 144) {
+    if (M == 4) return rows_blocks_g<BYTES, 4, 4>(x, w, y, K, N, B, o_begin, o_end);
+  }
+  return o_begin;
+}
+
 int64_t rows_blocks_streamed(const float* x, const uint8_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t B,
                              int64_t block_bytes, int64_t o_begin, int64_t o_end) {
-  if (M < 1 || M > 3) return o_begin;
+  if (M < 1 || M > 4) return o_begin;
   if (block_bytes == 20) return rows_blocks_streamed<20>(x, w, y, M, K, N, B, o_begin, o_end);
   if (block_bytes == 18) return rows_blocks_streamed<18>(x, w, y, M, K, N, B, o_begin, o_end);
   if (block_bytes == 34) return rows_blocks_streamed<34>(x, w, y, M, K, N, B, o_begin, o_end);
@@ -563,8 +635,8 @@ std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList weights,
 #if SPECDEC_X86
       if (avx512_family(isa)) {
         const bool stream = isa == Isa::kAvx512;
-        // 1-3 x rows of a 32-element type (the default model's): widened in registers on the way (the same
-        // bits); the rest (more rows, the K-quants, a share's last rows) through a widened buffer.
+        // 1-4 x rows of a 32-element type (the default model's), 1-3 of Q4_K: widened in registers on the way
+        // (the same bits); the rest (more rows, Q6_K, a share's last rows) through a widened buffer.
         const int64_t done = stream ? avx512::rows_blocks_streamed(xp, wp, yp, M, K, N, B, bytes, b, e) : b;
         if (done == e) return;
         return rows_blocks(xp, wp, yp, M, K, N, B, bytes, done, e, avx512::widen_row,
